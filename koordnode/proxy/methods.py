@@ -1,0 +1,44 @@
+"""The CRI methods whose requests the proxy hands to the runtime hooks.
+
+Everything not listed here is relayed as bytes without being parsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from koordnode.cri import api_pb2 as pb
+
+RUNTIME_SERVICE = "/runtime.v1.RuntimeService/"
+OLD_API_PREFIX = "/runtime.v1alpha2."
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    path: str
+    request_cls: type
+    response_cls: type
+
+
+def _spec(name: str) -> MethodSpec:
+    return MethodSpec(
+        name=name,
+        path=RUNTIME_SERVICE + name,
+        request_cls=getattr(pb, f"{name}Request"),
+        response_cls=getattr(pb, f"{name}Response"),
+    )
+
+
+INTERCEPTED_METHODS = (
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "UpdateContainerResources",
+    "StopContainer",
+    "RemoveContainer",
+)
+
+SPECS_BY_PATH: dict[str, MethodSpec] = {s.path: s for s in map(_spec, INTERCEPTED_METHODS)}

@@ -1,0 +1,576 @@
+"""A transparent HTTP/2 relay between one CRI client connection and one backend connection.
+
+Why a frame relay and not a gRPC server + client: a pass-through call is relayed as the very
+bytes both ends wrote, so status codes, metadata, deadlines, streaming, unknown methods and the
+old v1alpha2 API behave exactly as with containerd, and the cost is one parse of each frame
+header plus one HPACK decode per header block. Only the request body of intercepted methods is
+held back, handed to the hooks, and re-sent (possibly changed). Responses are never changed:
+the relay copies the response of an intercepted call for the Post hooks as it passes.
+
+Invariants kept here:
+- Header blocks are forwarded in order and unchanged, so both HPACK dynamic tables stay in sync
+  with the real endpoints; we decode them (read-only) with decoders of our own.
+- Connection flow control: when a hook changes a request's size, the client's idea of the
+  backend's connection window drifts from the real one. We track the real window and correct
+  the drift: extra WINDOW_UPDATE to the client when we sent less, withheld increments when we
+  sent more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Protocol
+
+import hpack
+import structlog
+
+from koordnode.proxy import h2wire as w
+
+log = structlog.get_logger("koordnode.proxy")
+
+# Header lists are only observed; a generous bound avoids rejecting what the endpoints accept.
+_MAX_HEADER_LIST = 16 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class BeforeResult:
+    body: bytes  # gRPC-framed request body to send to the backend
+    ctx: Any = None  # handed back to CallHandler.after
+    fail: tuple[int, str] | None = None  # (grpc code, message): answer the client with this instead
+
+
+class CallHandler(Protocol):
+    def lookup(self, path: str) -> Any | None: ...
+
+    async def before(self, spec: Any, body: bytes) -> BeforeResult: ...
+
+    def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None: ...
+
+    def opened(self) -> None: ...
+
+    def closed(self) -> None: ...
+
+
+class _Intercepted:
+    __slots__ = (
+        "sid", "spec", "req_chunks", "req_flow", "buffering", "cancelled", "ctx",
+        "server_window", "resp_chunks", "resp_end_stream", "response_done", "window_event",
+    )
+
+    def __init__(self, sid: int, spec: Any, server_window: int) -> None:
+        self.sid = sid
+        self.spec = spec
+        self.req_chunks: list[bytes] = []
+        self.req_flow = 0  # flow-controlled bytes the client spent on the request body
+        self.buffering = True
+        self.cancelled = False
+        self.ctx: Any = None
+        self.server_window = server_window
+        self.resp_chunks: list[bytes] = []
+        self.resp_end_stream = False
+        self.response_done = False
+        self.window_event = asyncio.Event()
+
+
+class _HeaderBlock:
+    """Accumulates a header block across CONTINUATION frames."""
+
+    __slots__ = ("sid", "flags", "fragments")
+
+    def __init__(self, sid: int, flags: int, fragment: bytes) -> None:
+        self.sid = sid
+        self.flags = flags
+        self.fragments = [fragment]
+
+
+class Relay:
+    """One client connection, relayed to its own backend connection."""
+
+    def __init__(self, handler: CallHandler, backend_path: str, registry: set[Relay]) -> None:
+        self.handler = handler
+        self.backend_path = backend_path
+        self.registry = registry
+        self.loop = asyncio.get_running_loop()
+        self.client: asyncio.Transport | None = None
+        self.backend: asyncio.Transport | None = None
+        self._pending_to_backend: list[bytes] = []
+        self._cbuf = bytearray()
+        self._bbuf = bytearray()
+        self._preface_done = False
+        self._opaque = False  # not HTTP/2 prior knowledge: relay bytes blindly
+        self._c2s_hpack = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
+        self._s2c_hpack = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
+        self._c2s_block: _HeaderBlock | None = None
+        self._s2c_block: _HeaderBlock | None = None
+        self._hpack_broken = False  # after a decode error we stop intercepting new streams
+        self.streams: dict[int, _Intercepted] = {}
+        self._seen_streams_hwm = 0  # highest client stream id seen (new-stream detection)
+        self.open_streams: set[int] = set()  # every call in flight, intercepted or not
+        self.server_conn_window = w.DEFAULT_WINDOW
+        self.server_initial_window = w.DEFAULT_WINDOW
+        self.server_max_frame = w.DEFAULT_MAX_FRAME
+        self._conn_debt = 0  # bytes we sent the backend beyond what the client accounted for
+        self._conn_window_event = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    # ---- connection lifecycle -------------------------------------------------------------
+
+    def client_connected(self, transport: asyncio.Transport) -> None:
+        self.client = transport
+        self.registry.add(self)
+        self.handler.opened()
+        self._spawn(self._connect_backend())
+
+    async def _connect_backend(self) -> None:
+        try:
+            transport, _ = await self.loop.create_unix_connection(
+                lambda: _BackendProtocol(self), self.backend_path
+            )
+        except OSError as exc:
+            # As if the runtime itself were down: the client sees its connection closed and
+            # reports UNAVAILABLE, exactly what it would see against a stopped containerd.
+            log.warning("backend unreachable", backend=self.backend_path, error=str(exc))
+            self.close()
+            return
+        if self._closed:
+            transport.close()
+            return
+        self.backend = transport
+        for chunk in self._pending_to_backend:
+            transport.write(chunk)
+        self._pending_to_backend.clear()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.registry.discard(self)
+        for st in self.streams.values():
+            st.cancelled = True
+            st.window_event.set()
+        self._conn_window_event.set()
+        if self.client is not None:
+            self.client.close()
+        if self.backend is not None:
+            self.backend.close()
+        self.handler.closed()
+
+    @property
+    def busy(self) -> bool:
+        """True while a call on this connection is unfinished."""
+        return bool(self.open_streams) or bool(self.streams)
+
+    def go_away(self) -> None:
+        """Tell the client to open no new streams here (graceful shutdown)."""
+        if self.client is not None and not self._closed and self._preface_done and not self._opaque:
+            payload = (self._seen_streams_hwm & 0x7FFFFFFF).to_bytes(4, "big") + bytes(4)
+            self._to_client(w.frame(w.GOAWAY, 0, 0, payload))
+
+    def _spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _to_backend(self, data: bytes) -> None:
+        if self.backend is not None:
+            self.backend.write(data)
+        elif not self._closed:
+            self._pending_to_backend.append(data)
+
+    def _to_client(self, data: bytes) -> None:
+        if self.client is not None and not self._closed:
+            self.client.write(data)
+
+    # ---- client -> backend ----------------------------------------------------------------
+
+    def from_client(self, data: bytes) -> None:
+        if self._opaque:
+            self._to_backend(data)
+            return
+        buf = self._cbuf
+        buf += data
+        pos = 0
+        if not self._preface_done:
+            if len(buf) < len(w.PREFACE):
+                if not w.PREFACE.startswith(bytes(buf)):
+                    self._go_opaque_client()
+                return
+            if bytes(buf[: len(w.PREFACE)]) != w.PREFACE:
+                self._go_opaque_client()
+                return
+            self._preface_done = True
+            pos = len(w.PREFACE)
+        out_start = 0
+        n = len(buf)
+        while n - pos >= 9:
+            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            end = pos + 9 + length
+            if end > n:
+                break
+            replacement = self._client_frame(
+                buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF,
+                memoryview(buf)[pos + 9 : end], length,
+            )
+            if replacement is not None:
+                if pos > out_start:
+                    self._to_backend(bytes(buf[out_start:pos]))
+                if replacement:
+                    self._to_backend(replacement)
+                out_start = end
+            pos = end
+        if pos > out_start:
+            self._to_backend(bytes(buf[out_start:pos]))
+        del buf[:pos]
+
+    def _go_opaque_client(self) -> None:
+        log.warning("client did not start with the HTTP/2 preface; relaying bytes unparsed")
+        self._opaque = True
+        data = bytes(self._cbuf)
+        self._cbuf.clear()
+        self._to_backend(data)
+
+    def _client_frame(self, ftype: int, flags: int, sid: int, payload: memoryview, length: int) -> bytes | None:
+        """Handle one client frame; None forwards it as is, bytes replace it (b"" drops it)."""
+        if ftype == w.DATA:
+            st = self.streams.get(sid)
+            if st is None or not st.buffering:
+                self.server_conn_window -= length
+                return None
+            try:
+                st.req_chunks.append(w.frame_payload(ftype, flags, payload))
+            except ValueError:
+                return None  # malformed padding: let the backend judge it
+            st.req_flow += length
+            if flags & w.FLAG_END_STREAM:
+                st.buffering = False
+                self._spawn(self._run_before(st))
+            return b""
+        if ftype == w.HEADERS:
+            try:
+                fragment = w.frame_payload(ftype, flags, payload)
+            except ValueError:
+                return None
+            block = _HeaderBlock(sid, flags, fragment)
+            if flags & w.FLAG_END_HEADERS:
+                self._client_headers(block)
+            else:
+                self._c2s_block = block
+            return None
+        if ftype == w.CONTINUATION:
+            block = self._c2s_block
+            if block is not None and block.sid == sid:
+                block.fragments.append(bytes(payload))
+                if flags & w.FLAG_END_HEADERS:
+                    self._c2s_block = None
+                    self._client_headers(block)
+            return None
+        if ftype == w.RST_STREAM:
+            self.open_streams.discard(sid)
+            st = self.streams.pop(sid, None)
+            if st is not None:
+                st.cancelled = True
+                st.window_event.set()
+            return None
+        if ftype == w.SETTINGS and not flags & w.FLAG_ACK:
+            table = w.parse_settings(payload).get(w.SETTINGS_HEADER_TABLE_SIZE)
+            if table is not None:
+                self._s2c_hpack.max_allowed_table_size = table
+            return None
+        return None
+
+    def _client_headers(self, block: _HeaderBlock) -> None:
+        if self._hpack_broken:
+            return
+        try:
+            headers = self._c2s_hpack.decode(b"".join(block.fragments), raw=False)
+        except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
+            self._hpack_broken = True
+            log.error("cannot decode request headers; interception disabled on this connection",
+                      error=repr(exc))
+            return
+        sid = block.sid
+        if sid <= self._seen_streams_hwm:
+            return  # trailers of an existing stream
+        self._seen_streams_hwm = sid
+        self.open_streams.add(sid)
+        if block.flags & w.FLAG_END_STREAM:
+            return  # no body to intercept
+        path = None
+        for name, value in headers:
+            if name == ":path":
+                path = value
+                break
+        if path is None:
+            return
+        spec = self.handler.lookup(path)
+        if spec is not None:
+            self.streams[sid] = _Intercepted(sid, spec, self.server_initial_window)
+
+    async def _run_before(self, st: _Intercepted) -> None:
+        body = b"".join(st.req_chunks)
+        st.req_chunks = []
+        try:
+            result = await self.handler.before(st.spec, body)
+        except Exception as exc:  # the handler is fail-open itself; this is a last resort
+            log.exception("interception failed; forwarding the original request", error=repr(exc))
+            result = BeforeResult(body=body)
+        st.ctx = result.ctx
+        if st.cancelled or self._closed or st.response_done:
+            self._settle_flow(st.req_flow, 0)
+            self.streams.pop(st.sid, None)
+            return
+        if result.fail is not None:
+            code, message = result.fail
+            self._to_backend(w.rst_stream(st.sid))
+            self._to_client(w.grpc_error_trailers(st.sid, code, message))
+            self._settle_flow(st.req_flow, 0)
+            self.streams.pop(st.sid, None)
+            self.handler.after(st.ctx, b"", code, message)
+            return
+        await self._send_body(st, result.body)
+
+    async def _send_body(self, st: _Intercepted, body: bytes) -> None:
+        sent = 0
+        remaining = body
+        while True:
+            chunk_len = min(len(remaining), self.server_max_frame)
+            while chunk_len > 0 and (self.server_conn_window < chunk_len or st.server_window < chunk_len):
+                # Wait for the backend's flow control window; send what fits first.
+                fit = min(self.server_conn_window, st.server_window)
+                if fit > 0:
+                    chunk_len = fit
+                    break
+                self._conn_window_event.clear()
+                st.window_event.clear()
+                waits = [asyncio.ensure_future(self._conn_window_event.wait()),
+                         asyncio.ensure_future(st.window_event.wait())]
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for fut in waits:
+                    fut.cancel()
+                if st.cancelled or self._closed:
+                    self._settle_flow(st.req_flow, sent)
+                    return
+            chunk, remaining = remaining[:chunk_len], remaining[chunk_len:]
+            last = not remaining
+            self._to_backend(w.frame(w.DATA, w.FLAG_END_STREAM if last else 0, st.sid, chunk))
+            self.server_conn_window -= len(chunk)
+            st.server_window -= len(chunk)
+            sent += len(chunk)
+            if last:
+                break
+        self._settle_flow(st.req_flow, sent)
+        if st.response_done:
+            self.streams.pop(st.sid, None)
+
+    def _settle_flow(self, client_spent: int, backend_got: int) -> None:
+        """Re-align the client's view of the backend connection window with the real one."""
+        drift = client_spent - backend_got
+        if drift > 0:
+            # The backend will never return credit for bytes it did not get: give it ourselves,
+            # first paying off any debt from earlier grown requests.
+            pay = min(drift, self._conn_debt)
+            self._conn_debt -= pay
+            drift -= pay
+            if drift:
+                self._to_client(w.window_update(0, drift))
+        elif drift < 0:
+            self._conn_debt += -drift
+
+    # ---- backend -> client ----------------------------------------------------------------
+
+    def from_backend(self, data: bytes) -> None:
+        if self._opaque:
+            self._to_client(data)
+            return
+        buf = self._bbuf
+        buf += data
+        pos = 0
+        out_start = 0
+        n = len(buf)
+        while n - pos >= 9:
+            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            end = pos + 9 + length
+            if end > n:
+                break
+            replacement = self._backend_frame(
+                buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF,
+                memoryview(buf)[pos + 9 : end],
+            )
+            if replacement is not None:
+                if pos > out_start:
+                    self._to_client(bytes(buf[out_start:pos]))
+                if replacement:
+                    self._to_client(replacement)
+                out_start = end
+            pos = end
+        if pos > out_start:
+            self._to_client(bytes(buf[out_start:pos]))
+        del buf[:pos]
+
+    def _backend_frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bytes | None:
+        if flags & w.FLAG_END_STREAM and ftype in (w.DATA, w.HEADERS):
+            self.open_streams.discard(sid)
+        if ftype == w.DATA:
+            st = self.streams.get(sid)
+            if st is not None and not st.response_done:
+                try:
+                    st.resp_chunks.append(w.frame_payload(ftype, flags, payload))
+                except ValueError:
+                    pass
+                if flags & w.FLAG_END_STREAM:
+                    self._finish_response(st, None, "stream ended without trailers")
+            return None
+        if ftype in (w.HEADERS, w.CONTINUATION):
+            if ftype == w.HEADERS:
+                try:
+                    fragment = w.frame_payload(ftype, flags, payload)
+                except ValueError:
+                    return None
+                block = _HeaderBlock(sid, flags, fragment)
+                if flags & w.FLAG_END_HEADERS:
+                    self._backend_headers(block)
+                else:
+                    self._s2c_block = block
+            else:
+                block = self._s2c_block
+                if block is not None and block.sid == sid:
+                    block.fragments.append(bytes(payload))
+                    if flags & w.FLAG_END_HEADERS:
+                        self._s2c_block = None
+                        self._backend_headers(block)
+            return None
+        if ftype == w.WINDOW_UPDATE:
+            if len(payload) != 4:
+                return None
+            inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+            if sid == 0:
+                self.server_conn_window += inc
+                self._conn_window_event.set()
+                if self._conn_debt:
+                    take = min(self._conn_debt, inc)
+                    self._conn_debt -= take
+                    inc -= take
+                    return w.window_update(0, inc) if inc else b""
+                return None
+            st = self.streams.get(sid)
+            if st is not None:
+                st.server_window += inc
+                st.window_event.set()
+            return None
+        if ftype == w.SETTINGS and not flags & w.FLAG_ACK:
+            settings = w.parse_settings(payload)
+            if w.SETTINGS_INITIAL_WINDOW_SIZE in settings:
+                new = settings[w.SETTINGS_INITIAL_WINDOW_SIZE]
+                delta = new - self.server_initial_window
+                self.server_initial_window = new
+                for st in self.streams.values():
+                    st.server_window += delta
+                    st.window_event.set()
+            if w.SETTINGS_MAX_FRAME_SIZE in settings:
+                self.server_max_frame = settings[w.SETTINGS_MAX_FRAME_SIZE]
+            if w.SETTINGS_HEADER_TABLE_SIZE in settings:
+                self._c2s_hpack.max_allowed_table_size = settings[w.SETTINGS_HEADER_TABLE_SIZE]
+            return None
+        if ftype == w.RST_STREAM:
+            self.open_streams.discard(sid)
+            st = self.streams.get(sid)
+            if st is not None:
+                st.cancelled = True
+                st.window_event.set()
+                self._finish_response(st, None, "stream reset by the runtime")
+            return None
+        return None
+
+    def _backend_headers(self, block: _HeaderBlock) -> None:
+        if self._hpack_broken:
+            return
+        try:
+            headers = self._s2c_hpack.decode(b"".join(block.fragments), raw=False)
+        except Exception as exc:
+            self._hpack_broken = True
+            log.error("cannot decode response headers; interception disabled on this connection",
+                      error=repr(exc))
+            return
+        st = self.streams.get(block.sid)
+        if st is None or not block.flags & w.FLAG_END_STREAM:
+            return
+        status: int | None = None
+        message = ""
+        for name, value in headers:
+            if name == "grpc-status":
+                try:
+                    status = int(value)
+                except ValueError:
+                    status = None
+            elif name == "grpc-message":
+                message = _percent_decode(value)
+        self._finish_response(st, status, message)
+
+    def _finish_response(self, st: _Intercepted, status: int | None, message: str) -> None:
+        if st.response_done:
+            return
+        st.response_done = True
+        if not st.buffering and st.ctx is not None or st.cancelled:
+            self.streams.pop(st.sid, None)
+        body = b"".join(st.resp_chunks)
+        st.resp_chunks = []
+        if st.ctx is not None:
+            try:
+                self.handler.after(st.ctx, body, status, message)
+            except Exception:
+                log.exception("post-call handling failed")
+
+
+def _percent_decode(value: str) -> str:
+    if "%" not in value:
+        return value
+    import urllib.parse
+
+    return urllib.parse.unquote(value, errors="replace")
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, handler: CallHandler, backend_path: str, registry: set[Relay]) -> None:
+        self.relay = Relay(handler, backend_path, registry)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.relay.client_connected(transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.relay.from_client(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.close()
+
+    def pause_writing(self) -> None:
+        if self.relay.backend is not None:
+            self.relay.backend.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.relay.backend is not None:
+            self.relay.backend.resume_reading()
+
+
+class _BackendProtocol(asyncio.Protocol):
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def data_received(self, data: bytes) -> None:
+        self.relay.from_backend(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.close()
+
+    def pause_writing(self) -> None:
+        if self.relay.client is not None:
+            self.relay.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.relay.client is not None:
+            self.relay.client.resume_reading()
+
+
+def client_protocol_factory(handler: CallHandler, backend_path: str, registry: set[Relay]):
+    return lambda: _ClientProtocol(handler, backend_path, registry)

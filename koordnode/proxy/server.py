@@ -1,0 +1,88 @@
+"""The CRI socket kubelet talks to: accept connections and relay each one to the backend."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+import structlog
+
+from koordnode.proxy.relay import CallHandler, Relay, client_protocol_factory
+
+log = structlog.get_logger("koordnode.proxy")
+
+
+class SocketInUseError(RuntimeError):
+    pass
+
+
+def prepare_socket_path(path: str) -> None:
+    """Create the socket's directory and remove a stale socket; refuse to clobber anything else."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUseError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(str(p))
+    except OSError:
+        p.unlink()  # nobody answers: left over from a previous run
+        log.info("removed stale socket", path=path)
+        return
+    finally:
+        probe.close()
+    raise SocketInUseError(f"{path} is in use by another process (is koordnode already running?)")
+
+
+class ProxyServer:
+    def __init__(self, listen: str, backend: str, handler: CallHandler) -> None:
+        self.listen = listen
+        self.backend = backend
+        self.handler = handler
+        self.relays: set[Relay] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        prepare_socket_path(self.listen)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            client_protocol_factory(self.handler, self.backend, self.relays), self.listen
+        )
+        os.chmod(self.listen, 0o660)
+        log.info("serving CRI", listen=self.listen, backend=self.backend)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, let intercepted calls in flight finish (bounded), then close."""
+        if self._server is None:
+            return
+        self._server.close()
+        for relay in list(self.relays):
+            relay.go_away()
+        deadline = time.monotonic() + grace_s
+        while any(r.busy for r in self.relays) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        unfinished = sum(len(r.open_streams) for r in self.relays)
+        if unfinished:
+            log.warning("closing with calls still in flight", calls=unfinished, grace_s=grace_s)
+        for relay in list(self.relays):
+            relay.close()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
+        except asyncio.TimeoutError:
+            pass
+        try:
+            if stat.S_ISSOCK(os.lstat(self.listen).st_mode):
+                os.unlink(self.listen)
+        except FileNotFoundError:
+            pass
+        self._server = None
+        log.info("stopped serving CRI", listen=self.listen)
