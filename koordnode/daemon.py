@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from koordnode import __version__
+from koordnode.admin.server import AdminServer
 from koordnode.hooks.chain import HookChain
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
@@ -37,6 +38,7 @@ class Daemon:
         )
         self.handler = HookCallHandler(self.chain, self.state, self.stats)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
+        self.admin = AdminServer(config.admin.socket, self.status)
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task] = set()
 
@@ -48,6 +50,7 @@ class Daemon:
 
     async def start(self) -> None:
         await self.server.start()
+        await self.admin.start()
         # Serve first: if the runtime is down, calls fail as they would without us, and the
         # state is rebuilt once it answers.
         self.spawn(rebuild_until_done(self.state, self.config.proxy.backend))
@@ -60,6 +63,7 @@ class Daemon:
 
     async def stop(self) -> None:
         await self.server.stop(SHUTDOWN_GRACE_S)
+        await self.admin.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

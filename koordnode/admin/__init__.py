@@ -1,0 +1,1 @@
+"""The local, root-only admin endpoint behind `koordnode status`."""

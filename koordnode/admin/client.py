@@ -1,0 +1,80 @@
+"""`koordnode status`: ask the running daemon over its admin socket and print the answer."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any
+
+
+def fetch_status(path: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+        sock.sendall(b"status\n")
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    reply = json.loads(b"".join(chunks))
+    if not reply.get("ok"):
+        raise RuntimeError(reply.get("error", "unknown error"))
+    return reply["status"]
+
+
+def render_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"koordnode {status.get('version')}  up {status.get('uptime_s')} s",
+        f"listen  {status.get('listen')}",
+        f"backend {status.get('backend')}",
+    ]
+    proxy = status.get("proxy", {})
+    lines.append(
+        f"proxy   {proxy.get('connections_open', 0)} connections open, "
+        f"{proxy.get('intercepted_calls', 0)} intercepted calls"
+    )
+    for name, count in sorted(proxy.get("hook_failures", {}).items()):
+        lines.append(f"  hook failure {name}: {count}")
+    if status.get("rebuild_error"):
+        lines.append(f"state   not rebuilt yet: {status['rebuild_error']}")
+    for extra in status.get("sections", []):
+        lines.append(extra)
+    pods = status.get("pods", [])
+    lines.append(f"pods    {len(pods)}")
+    for pod in pods:
+        qos = pod.get("qos_class") or "-"
+        lines.append(f"  {pod['namespace']}/{pod['name']}  {pod['state']}  qos={qos}  {pod['sandbox_id'][:13]}")
+        if pod.get("qos_reason"):
+            lines.append(f"    why: {pod['qos_reason']}")
+        for key in ("applied", "skipped", "notes"):
+            for item in pod.get(key, []) or []:
+                lines.append(f"    {key[:-1] if key != 'notes' else 'note'}: {item}")
+        for c in pod.get("containers", []):
+            lines.append(f"    {c['name']}  {c['state']}  {c['container_id'][:13]}  {c.get('resources', {})}")
+            for key in ("applied", "skipped", "notes"):
+                for item in c.get(key, []) or []:
+                    lines.append(f"      {key[:-1] if key != 'notes' else 'note'}: {item}")
+    return "\n".join(lines)
+
+
+def status_command(config: Any, as_json: bool) -> int:
+    path = config.admin.socket
+    try:
+        status = fetch_status(path)
+    except FileNotFoundError:
+        print(f"koordnode is not running (no admin socket at {path})", file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"permission denied on {path}: `koordnode status` must run as root", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"cannot get status from {path}: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(status, indent=2, sort_keys=True, default=str))
+    else:
+        print(render_status(status))
+    return 0

@@ -1,0 +1,257 @@
+"""The ``koordnode`` command: run the daemon, check the config, show status and versions.
+
+Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import platform
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from koordnode import __version__
+from koordnode.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    LogConfig,
+    LogFormat,
+    LogLevel,
+    ProxyConfig,
+    load_config,
+    to_dict,
+    to_toml,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+_DEFAULT_PROXY = ProxyConfig()
+_DEFAULT_LOG = LogConfig()
+
+_DESCRIPTION = """\
+koordnode: node-local QoS daemon for Kubernetes colocation.
+
+A CRI proxy between kubelet and containerd that applies cgroup settings per QoS class
+(SYSTEM, LSE, LSR, LS, BE) when pods and containers are created. Hooks fail open: if one
+fails or is too slow, the original request goes to the runtime unchanged.
+"""
+
+_EPILOG = f"""\
+configuration:
+  TOML, by default {DEFAULT_CONFIG_PATH}; if that file does not exist,
+  built-in defaults apply. A path given with --config must exist. Every key, its default
+  and unit are listed in the example koordnode.toml shipped with the package.
+
+exit codes:
+  0 success, 1 runtime failure, 2 usage or configuration error
+
+examples:
+  koordnode check-config --config /etc/koordnode/koordnode.toml
+  koordnode run --backend unix:///run/containerd/containerd.sock
+  kubelet --container-runtime-endpoint=unix://{_DEFAULT_PROXY.listen}
+
+Run `koordnode <command> --help` for the options of a command.
+"""
+
+
+def _add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML config file (default: {DEFAULT_CONFIG_PATH}; built-in defaults apply "
+        "when that file does not exist, but a file named here must exist)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="koordnode",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"koordnode {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    run = commands.add_parser(
+        "run",
+        help="serve CRI on the listen socket and forward calls to the backend runtime",
+        description="Serve CRI on the listen socket and forward every call to the backend "
+        "runtime, running the QoS hooks on the calls they intercept. Stops on SIGTERM or "
+        "SIGINT after finishing in-flight calls. Config errors are printed and exit with 2.",
+    )
+    _add_config_option(run)
+    run.add_argument(
+        "--listen",
+        metavar="PATH",
+        help="CRI socket to serve, a path or unix://path; overrides [proxy] listen "
+        f"(default: {_DEFAULT_PROXY.listen})",
+    )
+    run.add_argument(
+        "--backend",
+        metavar="PATH",
+        help="CRI socket of the container runtime, a path or unix://path; overrides "
+        f"[proxy] backend (default: {_DEFAULT_PROXY.backend})",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=typing.get_args(LogLevel),
+        help=f"overrides [log] level (default: {_DEFAULT_LOG.level})",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=typing.get_args(LogFormat),
+        help=f"overrides [log] format (default: {_DEFAULT_LOG.format})",
+    )
+    run.set_defaults(handler=_cmd_run)
+
+    check = commands.add_parser(
+        "check-config",
+        help="validate the config file and print the effective configuration",
+        description="Validate the config file. On success print 'config OK: <source>' and "
+        "the effective configuration (defaults filled in) and exit 0; otherwise print "
+        "every error with its key path to stderr and exit 2.",
+    )
+    _add_config_option(check)
+    check.add_argument(
+        "--json", action="store_true", help="print the effective configuration as JSON"
+    )
+    check.set_defaults(handler=_cmd_check_config)
+
+    status = commands.add_parser(
+        "status",
+        help="ask the running daemon for pods, classes and applied values (root)",
+        description="Query the running daemon on its admin socket ([admin] socket) and print "
+        "every pod with its QoS class, why, and the values applied and last verified.",
+    )
+    _add_config_option(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(handler=_cmd_status)
+
+    version = commands.add_parser(
+        "version",
+        help="print the koordnode, Python, grpcio and protobuf versions",
+        description="Print the koordnode version and those of Python, grpcio and protobuf.",
+    )
+    version.set_defaults(handler=_cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return int(args.handler(args))
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def _cmd_version(_args: argparse.Namespace) -> int:
+    print(f"koordnode {__version__}")
+    print(f"python {platform.python_version()} ({platform.python_implementation()})")
+    for dist in ("grpcio", "protobuf", "structlog"):
+        print(f"{dist} {_dist_version(dist)}")
+    return EXIT_OK
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    if config.uses_defaults:
+        print(f"config OK: {config.source} ({DEFAULT_CONFIG_PATH} not found; built-in defaults)")
+    else:
+        print(f"config OK: {config.source}")
+    if args.json:
+        print(json.dumps(to_dict(config), indent=2))
+    else:
+        print(to_toml(config), end="")
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    overrides = {
+        "proxy": {"listen": args.listen, "backend": args.backend},
+        "log": {"level": args.log_level, "format": args.log_format},
+    }
+    config = _load(args.config, overrides)
+    if config is None:
+        return EXIT_USAGE
+    # Imported here so that the rest of the CLI works without the daemon's dependencies.
+    from koordnode.logsetup import configure_logging, get_logger
+
+    configure_logging(config.log.level, config.log.format)
+    get_logger("koordnode.cli").info(
+        "config loaded", source=config.source, listen=config.proxy.listen,
+        backend=config.proxy.backend,
+    )
+    daemon = _optional_module("koordnode.daemon")
+    if daemon is None:
+        print("koordnode run: the daemon (koordnode.daemon) is not available in this build",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    return int(daemon.run(config))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    client = _optional_module("koordnode.admin.client")
+    if client is None:
+        print("koordnode status: not available in this build (koordnode.admin.client is "
+              "missing)", file=sys.stderr)
+        return EXIT_FAILURE
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    return int(client.status_command(config, as_json=args.json))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _load(path: str | None, overrides: dict[str, Any] | None = None) -> Config | None:
+    """Load the config, or print every error to stderr and return None."""
+    try:
+        return load_config(path, overrides=overrides)
+    except ConfigError as exc:
+        print(f"koordnode: {exc}", file=sys.stderr)
+        return None
+
+
+def _optional_module(name: str) -> Any:
+    """Import ``name``; None only if that module (or its package) does not exist.
+
+    An ImportError raised *inside* an existing module is a bug and propagates.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            return None
+        raise
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

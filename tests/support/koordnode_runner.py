@@ -1,0 +1,169 @@
+"""Run koordnode for tests: as a real process (`koordnode run`) or in-process with extra hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from koordnode.admin.client import fetch_status
+from koordnode.config import parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def short_socket_dir() -> Path:
+    # sun_path is 108 bytes; pytest tmp paths can be longer.
+    return Path(tempfile.mkdtemp(prefix="kn-sock-"))
+
+
+def wait_for_socket(path: str | Path, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"koordnode exited early with {proc.returncode}")
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(path))
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nobody listens on {path} after {timeout_s} s")
+
+
+def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "") -> tuple[Path, str, str]:
+    listen = str(sockdir / "koordnode.sock")
+    admin = str(sockdir / "admin.sock")
+    text = (
+        f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
+        f'[admin]\nsocket = "{admin}"\n'
+        f'[log]\nformat = "json"\nlevel = "info"\n' + extra
+    )
+    path = workdir / "koordnode.toml"
+    path.write_text(text)
+    return path, listen, admin
+
+
+class KoordnodeProcess:
+    """`python -m koordnode run --config ...` as a child process."""
+
+    def __init__(self, workdir: Path, backend: str, extra_toml: str = "") -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sockdir = short_socket_dir()
+        self.config_path, self.listen, self.admin = write_config(self.workdir, backend, self.sockdir, extra_toml)
+        self.log_path = self.workdir / "koordnode.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> KoordnodeProcess:
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "koordnode", "run", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+        )
+        log.close()
+        wait_for_socket(self.listen, proc=self.proc)
+        wait_for_socket(self.admin, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def status(self) -> dict:
+        return fetch_status(self.admin)
+
+    def wait_rebuilt(self, timeout_s: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st.get("rebuilt_at"):
+                return st
+            time.sleep(0.1)
+        raise TimeoutError("state not rebuilt")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class InProcessKoordnode:
+    """The daemon on an event loop in a thread, so tests can add hooks of their own."""
+
+    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", extra_hooks=()) -> None:
+        self.sockdir = short_socket_dir()
+        path, self.listen, self.admin = write_config(Path(workdir), backend, self.sockdir, extra_toml)
+        self.config = parse_config(path.read_text(), str(path))
+        self.extra_hooks = list(extra_hooks)
+        self.daemon = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> InProcessKoordnode:
+        from koordnode.daemon import Daemon
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self.daemon = Daemon(self.config)
+            self.daemon.chain.hooks.extend(self.extra_hooks)
+            await self.daemon.start()
+            self._ready.set()
+            await self.daemon.serve_forever()
+            await self.daemon.stop()
+
+        def target() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # surfaced by start()/stop()
+                self._error = exc
+                self._ready.set()
+
+        self._thread = threading.Thread(target=target, name="koordnode", daemon=True)
+        self._thread.start()
+        self._ready.wait(20)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn, timeout_s: float = 10.0):
+        """Run fn() on the daemon's loop (state is single-threaded) and return its result."""
+        fut = asyncio.run_coroutine_threadsafe(_as_coro(fn), self._loop)
+        return fut.result(timeout_s)
+
+    def wait_rebuilt(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.call(lambda: self.daemon.state.rebuilt_at):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("state not rebuilt")
+
+    def stop(self) -> None:
+        if self._loop is not None and self.daemon is not None:
+            self._loop.call_soon_threadsafe(self.daemon.request_stop)
+        if self._thread is not None:
+            self._thread.join(20)
+        if self._error is not None:
+            raise self._error
+
+
+async def _as_coro(fn):
+    return fn()

@@ -1,0 +1,298 @@
+"""The koordnode command line, and the logging it sets up."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from koordnode import __version__
+from koordnode import cli
+from koordnode import config as config_module
+from koordnode import logsetup
+from koordnode.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "packaging" / "koordnode.toml"
+
+
+@pytest.fixture(autouse=True)
+def absent_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The machine may have a real /etc/koordnode/koordnode.toml; tests must not read it."""
+    path = tmp_path / "etc" / "koordnode.toml"
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", str(path))
+    return path
+
+
+@pytest.fixture
+def bad_config(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.toml"
+    path.write_text('[proxy]\nlistn = "/x"\nhook_timeout_ms = "fast"\n[log]\nformat = "xml"\n')
+    return path
+
+
+@pytest.fixture
+def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
+    """Stand in for koordnode.daemon (and logging setup); records the config it is given."""
+    calls: list[Config] = []
+    module = types.ModuleType("koordnode.daemon")
+    module.run = lambda config: calls.append(config) or 7  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "koordnode.daemon", module)
+    monkeypatch.setattr(logsetup, "configure_logging", lambda level, fmt: None)
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# version and help
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"koordnode {__version__}"
+    assert lines[1].startswith(f"python {sys.version_info.major}.{sys.version_info.minor}.")
+    assert any(line.startswith("grpcio ") for line in lines)
+    assert any(line.startswith("protobuf ") for line in lines)
+
+
+def test_python_dash_m_koordnode_works() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "koordnode", "version"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"koordnode {__version__}\n")
+
+
+def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("run", "check-config", "status", "version"):
+        assert f"    {command}" in out
+    assert "/etc/koordnode/koordnode.toml" in out
+    assert "exit codes" in out
+
+
+def test_run_help_lists_flags_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for flag in ("--config PATH", "--listen PATH", "--backend PATH", "--log-level",
+                 "--log-format"):
+        assert flag in out
+    assert "(default: /var/run/koordnode/koordnode.sock)" in out
+    assert "(default: /run/containerd/containerd.sock)" in out
+
+
+def test_no_command_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "usage: koordnode" in capsys.readouterr().err
+
+
+def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bogus"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# check-config
+
+
+def test_check_config_good_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "k.toml"
+    path.write_text('[proxy]\nbackend = "unix:///run/other.sock"\n')
+    assert cli.main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"config OK: {path}"
+    assert 'backend = "/run/other.sock"' in out  # effective, normalised values
+    assert "hook_timeout_ms = 200" in out  # defaults filled in
+
+
+def test_check_config_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check-config", "--config", str(EXAMPLE), "--json"]) == 0
+    out = capsys.readouterr().out
+    body = json.loads(out.split("\n", 1)[1])
+    assert body["proxy"]["hook_timeout_ms"] == 200
+    assert body["log"] == {"level": "info", "format": "json"}
+
+
+def test_check_config_without_file_uses_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check-config"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("config OK: <defaults>")
+    assert "built-in defaults" in first
+
+
+def test_check_config_bad_file_prints_every_error(
+    capsys: pytest.CaptureFixture[str], bad_config: Path
+) -> None:
+    assert cli.main(["check-config", "--config", str(bad_config)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert str(bad_config) in captured.err
+    assert 'proxy.listn: unknown key (did you mean "listen"?)' in captured.err
+    assert 'proxy.hook_timeout_ms: expected an integer in [1, 60000], got "fast"' in captured.err
+    assert 'log.format: expected one of "json", "console", got "xml"' in captured.err
+
+
+def test_check_config_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    assert cli.main(["check-config", "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "config file not found" in err
+
+
+def test_check_config_malformed_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[proxy\n")
+    assert cli.main(["check-config", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid TOML" in err and "line 1" in err
+
+
+def test_check_config_as_a_subprocess(bad_config: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "koordnode.cli", "check-config", "--config", str(bad_config)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert "proxy.listn: unknown key" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# run and status (their back ends are stood in for)
+
+
+def test_run_passes_config_with_flag_overrides(
+    fake_daemon: list[Config], tmp_path: Path
+) -> None:
+    path = tmp_path / "k.toml"
+    path.write_text('[proxy]\nlisten = "/file.sock"\nhook_timeout_ms = 30\n')
+    code = cli.main(["run", "--config", str(path), "--backend", "unix:///run/b.sock",
+                     "--log-level", "debug"])
+    assert code == 7  # the daemon's exit code
+    [config] = fake_daemon
+    assert config.proxy.listen == "/file.sock"
+    assert config.proxy.backend == "/run/b.sock"
+    assert config.proxy.hook_timeout_ms == 30
+    assert config.log.level == "debug"
+    assert config.source == str(path)
+
+
+def test_run_with_bad_config_exits_2_before_starting(
+    fake_daemon: list[Config], bad_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "--config", str(bad_config)]) == 2
+    assert fake_daemon == []
+    assert "proxy.listn: unknown key" in capsys.readouterr().err
+
+
+def test_run_with_bad_flag_value_exits_2(
+    fake_daemon: list[Config], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "--listen", "tcp://0.0.0.0:1"]) == 2
+    assert fake_daemon == []
+    assert 'proxy.listen: only unix sockets are supported, got "tcp://0.0.0.0:1"' in (
+        capsys.readouterr().err
+    )
+
+
+def test_status_not_available(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "koordnode.admin.client", None)  # import fails
+    assert cli.main(["status"]) == 1
+    assert "not available" in capsys.readouterr().err
+
+
+def test_status_calls_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Config, bool]] = []
+    module = types.ModuleType("koordnode.admin.client")
+
+    def status_command(config: Config, as_json: bool) -> int:
+        calls.append((config, as_json))
+        return 0
+
+    module.status_command = status_command  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "koordnode.admin.client", module)
+    assert cli.main(["status", "--json"]) == 0
+    assert calls == [(Config(), True)]
+
+
+def test_an_import_error_inside_an_existing_module_is_not_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(name: str) -> Any:
+        raise ModuleNotFoundError("No module named 'nonexistent_dep'", name="nonexistent_dep")
+
+    monkeypatch.setattr(cli.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["status"])
+
+
+# ---------------------------------------------------------------------------------------------
+# logging setup
+
+
+@pytest.fixture
+def log_stream() -> Any:
+    stream = io.StringIO()
+    yield stream
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logsetup._OurHandler)]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
+
+
+def test_json_logs_from_structlog_and_stdlib(log_stream: io.StringIO) -> None:
+    log = logsetup.get_logger("koordnode.test")  # obtained before configuring, on purpose
+    logsetup.configure_logging("info", "json", stream=log_stream)
+    log.info("call done", method="/runtime.v1.RuntimeService/Version", ms=0.2)
+    log.debug("not shown")
+    logging.getLogger("grpc.test").warning("stdlib says %s", "hi")
+    records = [json.loads(line) for line in log_stream.getvalue().splitlines()]
+    assert len(records) == 2
+    ours, theirs = records
+    assert ours["event"] == "call done" and ours["level"] == "info"
+    assert ours["logger"] == "koordnode.test" and ours["ms"] == 0.2
+    assert ours["timestamp"].endswith("Z") and "T" in ours["timestamp"]
+    assert theirs["event"] == "stdlib says hi" and theirs["level"] == "warning"
+    assert theirs["logger"] == "grpc.test"
+
+
+def test_reconfiguring_changes_level_and_format(log_stream: io.StringIO) -> None:
+    log = logsetup.get_logger("koordnode.test")
+    logsetup.configure_logging("warning", "json", stream=log_stream)
+    log.info("dropped")
+    logsetup.configure_logging("debug", "console", stream=log_stream)
+    log.debug("kept", pod="p1")
+    out = log_stream.getvalue()
+    assert "dropped" not in out
+    assert "kept" in out and "pod=p1" in out and not out.lstrip().startswith("{")
+    assert sum(isinstance(h, logsetup._OurHandler) for h in logging.getLogger().handlers) == 1
+
+
+def test_exceptions_are_rendered_in_json(log_stream: io.StringIO) -> None:
+    logsetup.configure_logging("info", "json", stream=log_stream)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logsetup.get_logger("koordnode.test").exception("hook failed")
+    record = json.loads(log_stream.getvalue())
+    assert "RuntimeError: boom" in record["exception"]
+
+
+def test_bad_level_or_format_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        logsetup.configure_logging("verbose", "json")
+    with pytest.raises(ValueError):
+        logsetup.configure_logging("info", "xml")

@@ -1,0 +1,328 @@
+"""Proves the containerd test bed: images, CRI readiness, a real pod, clean teardown.
+
+The first group runs anywhere (pure image building and helpers); the e2e group
+needs root and the real containerd bed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from testbed.containerd_bed import (
+    CGROUP_FS_ROOT,
+    SHIM_SOCKET_DIR,
+    ContainerdBed,
+    _decode_conditions,
+    _decode_fields,
+    _encode_bytes_field,
+    _encode_str_field,
+    _encode_varint,
+    _listening_unix_paths,
+    _mount_points,
+)
+from testbed.fixtures import containerd_bed  # noqa: F401  (shared; harmless if conftest also provides it)
+from testbed.images import (
+    BUSYBOX_IMAGE_REF,
+    MEDIA_TYPE_LAYER,
+    PAUSE_CMD,
+    PAUSE_IMAGE_REF,
+    ImageBuildError,
+    build_image_archive,
+    build_test_images,
+)
+
+# --------------------------------------------------------------------------
+# Fast tests (no root, no containerd)
+# --------------------------------------------------------------------------
+
+
+def _read_archive(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_image_archives_are_deterministic(tmp_path: Path) -> None:
+    first = build_test_images(tmp_path / "a")
+    second = build_test_images(tmp_path / "b")
+    for one, two in zip(first, second):
+        assert one.archive.read_bytes() == two.archive.read_bytes()
+        assert one.config_digest == two.config_digest
+
+
+def test_image_archive_is_a_valid_oci_layout(tmp_path: Path) -> None:
+    pause, _ = build_test_images(tmp_path)
+    files = _read_archive(pause.archive)
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    for name, data in files.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(data).hexdigest() == name.rsplit("/", 1)[1]
+
+    index = json.loads(files["index.json"])
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == PAUSE_IMAGE_REF
+    manifest = json.loads(files["blobs/sha256/" + entry["digest"].split(":")[1]])
+    assert manifest["config"]["digest"] == pause.config_digest
+    config = json.loads(files["blobs/sha256/" + pause.config_digest.split(":")[1]])
+    assert config["config"]["Cmd"] == PAUSE_CMD
+    (layer_desc,) = manifest["layers"]
+    assert layer_desc["mediaType"] == MEDIA_TYPE_LAYER
+    assert config["rootfs"]["diff_ids"] == [layer_desc["digest"]]
+
+    layer_path = tmp_path / "layer.tar"
+    layer_path.write_bytes(files["blobs/sha256/" + layer_desc["digest"].split(":")[1]])
+    with tarfile.open(layer_path) as layer:
+        members = {m.name: m for m in layer.getmembers()}
+    assert members["bin/busybox"].isfile() and members["bin/busybox"].mode & 0o111
+    for applet in ("bin/sh", "bin/sleep", "bin/cat", "bin/echo"):
+        assert members[applet].issym() and members[applet].linkname == "/bin/busybox"
+
+
+def test_image_build_rejects_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ImageBuildError):
+        build_image_archive(tmp_path / "x.tar", "docker.io/x/y:t", ["sh"], busybox=tmp_path / "missing")
+    with pytest.raises(ValueError):
+        build_image_archive(tmp_path / "x.tar", "docker.io/x/untagged", ["sh"])
+
+
+def test_pause_command_exits_promptly_on_sigterm() -> None:
+    # Run the pause command on the host busybox: it must idle, then stop on TERM.
+    assert PAUSE_CMD[0] == "/bin/sh"
+    proc = subprocess.Popen(["/bin/busybox", "sh", *PAUSE_CMD[1:]])
+    try:
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.terminate()
+        assert proc.wait(timeout=3) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_protobuf_wire_helpers_round_trip() -> None:
+    assert _encode_varint(300) == b"\xac\x02"
+    condition = _encode_str_field(1, "RuntimeReady") + _encode_varint((2 << 3) | 0) + _encode_varint(1)
+    status = _encode_bytes_field(1, _encode_bytes_field(1, condition))
+    assert _decode_conditions(status) == {"RuntimeReady": True}
+    assert list(_decode_fields(_encode_str_field(3, "x"))) == [(3, b"x")]
+
+
+def test_pod_cgroup_parent_follows_kubelet_cgroupfs_layout(tmp_path: Path) -> None:
+    bed = ContainerdBed(tmp_path)
+    prefix = bed.cgroup_prefix
+    assert prefix.startswith("/koordnode-test-")
+    assert bed.pod_cgroup_parent("BestEffort", "u1") == f"{prefix}/kubepods/besteffort/podu1"
+    assert bed.pod_cgroup_parent("burstable", "u1") == f"{prefix}/kubepods/burstable/podu1"
+    assert bed.pod_cgroup_parent("Guaranteed", "u1") == f"{prefix}/kubepods/podu1"
+    assert ContainerdBed(tmp_path, cgroup_prefix="").pod_cgroup_parent("burstable", "u") == "/kubepods/burstable/podu"
+    with pytest.raises(ValueError):
+        bed.pod_cgroup_parent("platinum", "u1")
+    with pytest.raises(ValueError):
+        bed.cleanup_cgroups("/kubepods/not-ours")
+
+
+def _run_pytest_with_missing_prerequisites(tmp_path: Path, ci: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(
+        "import testbed.fixtures as f\n"
+        "f.missing_prerequisites = lambda: ['pretend binary missing']\n"
+        "from testbed.fixtures import containerd_bed\n"
+    )
+    (tmp_path / "test_uses_bed.py").write_text("def test_uses_bed(containerd_bed):\n    pass\n")
+    env = dict(os.environ, CI=ci, PYTHONPATH=str(Path(__file__).parent))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )
+
+
+def test_fixture_skips_without_prerequisites_but_fails_in_ci(tmp_path: Path) -> None:
+    skipped = _run_pytest_with_missing_prerequisites(tmp_path, ci="false")
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
+    assert "pretend binary missing" in skipped.stdout
+    failed = _run_pytest_with_missing_prerequisites(tmp_path, ci="true")
+    assert failed.returncode != 0 and "1 error" in failed.stdout, failed.stdout
+    assert "CI=true" in failed.stdout
+
+
+# --------------------------------------------------------------------------
+# End-to-end tests on the real bed
+# --------------------------------------------------------------------------
+
+try:
+    from koordnode.cri import api_pb2 as api
+    from koordnode.cri import api_pb2_grpc as api_grpc
+except ImportError:  # the generated stubs are a build product
+    api = api_grpc = None
+
+requires_stubs = pytest.mark.skipif(api is None, reason="generated CRI stubs koordnode.cri.api_pb2* missing")
+
+
+def _wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class BusyboxPod:
+    """A one-container pod run straight against the bed's CRI."""
+
+    def __init__(self, bed: ContainerdBed, log_root: Path, command: list[str], qos: str = "besteffort") -> None:
+        self.bed = bed
+        self.runtime = api_grpc.RuntimeServiceStub(bed.channel())
+        self.uid = str(uuid.uuid4())
+        self.cgroup_parent = bed.pod_cgroup_parent(qos, self.uid)
+        self.log_dir = log_root / self.uid
+        self.log_dir.mkdir(parents=True)
+        self.sandbox_config = api.PodSandboxConfig(
+            metadata=api.PodSandboxMetadata(name="bed-probe", uid=self.uid, namespace="default", attempt=0),
+            hostname="bed-probe",
+            log_directory=str(self.log_dir),
+            linux=api.LinuxPodSandboxConfig(cgroup_parent=self.cgroup_parent),
+        )
+        self.command = command
+        self.pod_id = ""
+        self.container_id = ""
+
+    def run(self) -> None:
+        self.pod_id = self.runtime.RunPodSandbox(
+            api.RunPodSandboxRequest(config=self.sandbox_config), timeout=60
+        ).pod_sandbox_id
+        container_config = api.ContainerConfig(
+            metadata=api.ContainerMetadata(name="main", attempt=0),
+            image=api.ImageSpec(image=self.bed.busybox_image),
+            command=self.command,
+            log_path="main/0.log",
+            linux=api.LinuxContainerConfig(resources=api.LinuxContainerResources(cpu_shares=2)),
+        )
+        self.container_id = self.runtime.CreateContainer(
+            api.CreateContainerRequest(
+                pod_sandbox_id=self.pod_id, config=container_config, sandbox_config=self.sandbox_config
+            ),
+            timeout=60,
+        ).container_id
+        self.runtime.StartContainer(api.StartContainerRequest(container_id=self.container_id), timeout=60)
+
+    def state(self) -> int:
+        return self.runtime.ContainerStatus(
+            api.ContainerStatusRequest(container_id=self.container_id), timeout=10
+        ).status.state
+
+    def log_text(self) -> str:
+        path = self.log_dir / "main" / "0.log"
+        return path.read_text() if path.exists() else ""
+
+    def remove(self) -> None:
+        self.runtime.StopPodSandbox(api.StopPodSandboxRequest(pod_sandbox_id=self.pod_id), timeout=60)
+        self.runtime.RemovePodSandbox(api.RemovePodSandboxRequest(pod_sandbox_id=self.pod_id), timeout=60)
+
+
+@pytest.mark.e2e
+@requires_stubs
+def test_cri_answers_version_over_the_bed_socket(containerd_bed: ContainerdBed) -> None:
+    runtime = api_grpc.RuntimeServiceStub(containerd_bed.channel())
+    version = runtime.Version(api.VersionRequest(version="v1"), timeout=10)
+    assert version.runtime_name == "containerd"
+    assert version.runtime_api_version == "v1"
+    assert containerd_bed.runtime_conditions() == {"RuntimeReady": True, "NetworkReady": True}
+    assert containerd_bed.socket.is_socket()
+    assert containerd_bed.address == f"unix://{containerd_bed.socket}"
+
+
+@pytest.mark.e2e
+@requires_stubs
+def test_bed_images_are_listed_by_cri(containerd_bed: ContainerdBed) -> None:
+    images = api_grpc.ImageServiceStub(containerd_bed.channel())
+    tags = {tag for image in images.ListImages(api.ListImagesRequest(), timeout=10).images for tag in image.repo_tags}
+    assert {containerd_bed.pause_image, containerd_bed.busybox_image} <= tags
+    assert containerd_bed.pause_image == PAUSE_IMAGE_REF and containerd_bed.busybox_image == BUSYBOX_IMAGE_REF
+
+
+@pytest.mark.e2e
+@requires_stubs
+def test_busybox_pod_runs_logs_and_lands_in_expected_cgroup(
+    containerd_bed: ContainerdBed, tmp_path: Path
+) -> None:
+    bed = containerd_bed
+    pod = BusyboxPod(bed, tmp_path, ["sh", "-c", "echo hello; sleep 3600"])
+    started = time.monotonic()
+    pod.run()
+    try:
+        _wait_for(lambda: pod.state() == api.CONTAINER_RUNNING, 30, "container RUNNING")
+        print(f"pod start to RUNNING: {time.monotonic() - started:.2f}s")
+        _wait_for(lambda: "hello" in pod.log_text(), 10, "'hello' in the container log")
+
+        container_cgroup = bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.container_id}")
+        assert container_cgroup.is_dir()
+        assert (container_cgroup / "cpu.shares").read_text().strip() == "2"
+        assert (container_cgroup / "cgroup.procs").read_text().split(), "container has processes"
+        assert bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.pod_id}").is_dir(), "sandbox cgroup"
+        assert str(bed.state) in "".join(mp for mp, _ in _mount_points()), "netns mounted under bed state"
+        assert Path(f"/sys/class/net/{bed.bridge_name}").exists()
+    finally:
+        pod.remove()
+
+    assert pod.pod_id not in bed.list_pod_ids()
+    assert pod.container_id not in bed.list_container_ids()
+    assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.container_id}").exists()
+    assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.pod_id}").exists()
+    _wait_for(lambda: not bed._shim_pids(), 10, "the pod's shim to exit")
+    # containerd leaves the pod-level parent (kubelet's job); the bed removes it.
+    bed.cleanup_cgroups(pod.cgroup_parent)
+    assert not any((mount / pod.cgroup_parent.lstrip("/")).exists() for mount in CGROUP_FS_ROOT.iterdir())
+
+
+@pytest.mark.e2e
+@requires_stubs
+def test_stop_leaves_nothing_behind_even_with_a_running_pod(
+    containerd_bed: ContainerdBed, tmp_path: Path
+) -> None:
+    # A second bed next to the session one also proves two beds don't collide.
+    bed = ContainerdBed(tmp_path / "bed")
+    bed.start()
+    assert bed.socket != containerd_bed.socket and bed.cni_subnet != containerd_bed.cni_subnet
+    pod = BusyboxPod(bed, tmp_path / "logs", ["sleep", "3600"], qos="burstable")
+    pod.run()
+    _wait_for(lambda: pod.state() == api.CONTAINER_RUNNING, 30, "container RUNNING")
+    shims = bed._shim_pids()
+    assert shims
+    shim_sockets = [path for pid in shims for path in _listening_unix_paths(pid)]
+    assert any(path.startswith(str(SHIM_SOCKET_DIR)) for path in shim_sockets)
+    containerd_pid = bed._process.pid
+
+    bed.stop()
+
+    assert not bed.running and not Path(f"/proc/{containerd_pid}").exists()
+    assert not bed._shim_pids()
+    assert not any(os.path.exists(path) for path in shim_sockets)
+    assert not [mp for mp, _ in _mount_points() if mp.startswith(str(bed.workdir))]
+    assert not Path(f"/sys/class/net/{bed.bridge_name}").exists()
+    assert not [m for m in CGROUP_FS_ROOT.iterdir() if (m / bed.cgroup_prefix.lstrip("/")).exists()]
+    assert not bed.root.exists() and not bed.state.exists()
+    assert bed.log_path.exists(), "log kept for post-mortems"
+    # The session bed is untouched by its neighbour's teardown.
+    assert containerd_bed.runtime_conditions()["RuntimeReady"]
+
+    # Restarting the same object works (sequential start/stop in one session).
+    started = time.monotonic()
+    bed.start()
+    try:
+        assert bed.version().runtime_name == "containerd"
+        assert time.monotonic() - started < 30
+    finally:
+        bed.stop()
