@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Everything needed to run koordnode's test suite on a fresh Debian 12 machine, then the suite.
+# Run as root: the end-to-end tests start a private containerd and touch real cgroups.
+#   ./scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh must run as root (end-to-end tests start containerd and write cgroups)" >&2
+    exit 2
+fi
+
+bash scripts/install-deps.sh
+
+# -p no:cacheprovider: CI runs from a clean clone; nothing to cache between runs.
+exec python3 -m pytest -p no:cacheprovider -ra "$@"
