@@ -1,0 +1,472 @@
+"""The executor: the only code that writes to the kernel.
+
+It takes plans of logical writes (CgroupWrite / SysctlWrite), maps them onto the right file
+for this kernel and cgroup version, and converges each file: write only when the value
+differs (or when forced), read back and compare, log every write. Unsupported files are
+skipped once and remembered; unsafe paths and invalid values are refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import threading
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, write_file
+from koordnode.executor.paths import (
+    CgroupVersion,
+    UnsafePathError,
+    cgroup_depth,
+    normalize_cgroup_path,
+)
+from koordnode.executor.plan import CgroupWrite
+from koordnode.executor.resources import (
+    RESOURCES,
+    FileFormat,
+    FileFormatError,
+    InvalidValueError,
+    Resource,
+    UnknownResourceError,
+    format_cpu_list,
+    get_resource,
+    get_sysctl,
+)
+
+
+class WriteStatus(str, enum.Enum):
+    WRITTEN = "written"  # the file now holds the value (changed, or re-written when forced)
+    UNCHANGED = "unchanged"  # the file already held the value; nothing written
+    SKIPPED = "skipped"  # the kernel has no file for this resource (unsupported), remembered
+    MISSING = "missing"  # the cgroup directory does not exist (not created yet, or gone)
+    FAILED = "failed"  # the kernel refused the write, or read back something else
+    REFUSED = "refused"  # unsafe path, invalid value or unknown resource: nothing touched
+
+
+@dataclass(frozen=True)
+class SysctlWrite:
+    # Name from koordnode.executor.resources.SYSCTLS, e.g. "vm.min_free_kbytes".
+    name: str
+    value: str | int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    write: CgroupWrite | SysctlWrite
+    status: WriteStatus
+    path: str | None = None  # the kernel file (resolved), when known
+    old: str | None = None  # its content before
+    new: str | None = None  # the text written (or that would have been written)
+    detail: str = ""  # why skipped / refused / failed, or "forced rewrite"
+    read_back: str | None = None  # content read after writing
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED)
+
+    @property
+    def reason(self) -> str:
+        return self.write.reason
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A validated write located on its file, ready to converge."""
+
+    write: CgroupWrite | SysctlWrite
+    path: Path
+    fmt: FileFormat
+    value: Any
+    expected: Hashable
+
+
+class _Outcome(Exception):
+    """Internal: a write ends early with a result (refused, skipped, missing)."""
+
+    def __init__(self, result: WriteResult) -> None:
+        super().__init__(result.detail)
+        self.result = result
+
+
+def _errno_status(err: OSError) -> WriteStatus:
+    # The cgroup vanished between lookup and I/O (container exited): not a failure.
+    return WriteStatus.MISSING if err.errno == errno.ENOENT else WriteStatus.FAILED
+
+
+def _describe(err: OSError) -> str:
+    name = errno.errorcode.get(err.errno or 0, "")
+    return f"{name}: {err.strerror}" if name else str(err)
+
+
+class _Converger:
+    """Write-if-different, read back, log: shared by the cgroup and procfs executors."""
+
+    _event = "kernel_write"
+
+    def __init__(self, logger: Any = None) -> None:
+        self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
+        self._lock = threading.RLock()
+
+    def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
+        return {"reason": write.reason}
+
+    def _converge(self, target: _Target, force: bool, original_old: str | None = None) -> WriteResult:
+        write, path, fmt = target.write, target.path, target.fmt
+        fields = self._log_fields(write)
+        try:
+            current = read_file(path)
+        except OSError as err:
+            return self._io_failure(write, path, None, None, f"read failed: {_describe(err)}", err)
+        old = (original_old if original_old is not None else current).strip()
+        try:
+            text = fmt.render(target.value, current)
+        except FileFormatError as err:
+            return self._failed(write, path, old, None, str(err))
+        already = fmt.extract(current, target.value) == target.expected
+        if already and not force:
+            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text)
+        try:
+            write_file(path, text)
+        except OSError as err:
+            return self._io_failure(write, path, old, text, f"write failed: {_describe(err)}", err)
+        try:
+            back = read_file(path)
+        except OSError as err:
+            return self._io_failure(write, path, old, text, f"read-back failed: {_describe(err)}", err)
+        if fmt.extract(back, target.value) != target.expected:
+            detail = f"read back {back.strip()!r} after writing {text!r}"
+            return self._failed(write, path, old, text, detail, read_back=back.strip())
+        if already:
+            # The reconcile pass re-asserts values every period; keep those quiet.
+            self._log.debug(f"{self._event}_forced", path=str(path), old=old, new=text, **fields)
+            detail = "forced rewrite"
+        else:
+            self._log.info(self._event, path=str(path), old=old, new=text, **fields)
+            detail = ""
+        return WriteResult(write, WriteStatus.WRITTEN, str(path), old, text, detail, back.strip())
+
+    def _failed(
+        self,
+        write: CgroupWrite | SysctlWrite,
+        path: Path,
+        old: str | None,
+        new: str | None,
+        detail: str,
+        read_back: str | None = None,
+    ) -> WriteResult:
+        self._log.warning(
+            f"{self._event}_failed", path=str(path), old=old, new=new, error=detail, **self._log_fields(write)
+        )
+        return WriteResult(write, WriteStatus.FAILED, str(path), old, new, detail, read_back)
+
+    def _io_failure(
+        self,
+        write: CgroupWrite | SysctlWrite,
+        path: Path,
+        old: str | None,
+        new: str | None,
+        detail: str,
+        err: OSError,
+    ) -> WriteResult:
+        if _errno_status(err) is WriteStatus.MISSING:
+            self._log.debug(f"{self._event}_missing", path=str(path), **self._log_fields(write))
+            return WriteResult(write, WriteStatus.MISSING, str(path), old, new, detail)
+        return self._failed(write, path, old, new, detail)
+
+    def _refused(self, write: CgroupWrite | SysctlWrite, detail: str) -> _Outcome:
+        self._log.warning(f"{self._event}_refused", error=detail, **self._log_fields(write))
+        return _Outcome(WriteResult(write, WriteStatus.REFUSED, detail=detail))
+
+
+class CgroupExecutor(_Converger):
+    """Applies CgroupWrite plans under a cgroup root (v1 or v2, detected from the root).
+
+    Thread-safe: applies are serialised, so read-modify-write of shared files (cpu.max,
+    io.max) cannot interleave.
+    """
+
+    _event = "cgroup_write"
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        logger: Any = None,
+        version: CgroupVersion | str | None = None,
+    ) -> None:
+        super().__init__(logger)
+        self._fs = CgroupFS(root, version)
+        # (resource, is_root_cgroup) -> reason. Keyed on the root separately because some
+        # files exist only below the root (v2 cpu.max, v1 blkio.bfq.weight).
+        self._unsupported: dict[tuple[str, bool], str] = {}
+
+    @property
+    def root(self) -> Path:
+        return self._fs.root
+
+    @property
+    def version(self) -> CgroupVersion:
+        return self._fs.version
+
+    @property
+    def unsupported(self) -> dict[str, str]:
+        """Resources skipped as unsupported, with the reason (for `koordnode status`)."""
+        with self._lock:
+            return {name + (" (root cgroup)" if at_root else ""): reason
+                    for (name, at_root), reason in self._unsupported.items()}
+
+    def forget_unsupported(self) -> None:
+        """Re-probe support on the next apply (e.g. after a config reload)."""
+        with self._lock:
+            self._unsupported.clear()
+
+    def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
+        fields = {"reason": write.reason}
+        if isinstance(write, CgroupWrite):
+            fields.update(cgroup=write.cgroup, resource=write.resource)
+        return fields
+
+    # ------------------------------------------------------------------ public API
+
+    def apply(self, writes: Iterable[CgroupWrite], *, force: bool = False) -> list[WriteResult]:
+        """Converge every write; results are in the order of `writes`.
+
+        Order of application: cpu.idle writes first (an idle group refuses cpu.shares, which
+        is then SKIPPED, not failed), the rest in plan order, then cpuset writes ordered so
+        that v1's rule "a child's set is a subset of its parent's" holds at every step:
+        every set is first widened to old|new, parents first, then narrowed to its final
+        value, children first.
+        """
+        plan = list(writes)
+        results: list[WriteResult | None] = [None] * len(plan)
+        # cpu.idle first: whether a group is idle decides whether its cpu.shares can be set.
+        order = sorted(range(len(plan)), key=lambda i: getattr(plan[i], "resource", None) != "cpu.idle")
+        with self._lock:
+            subset_ordered: list[int] = []
+            for index in order:
+                write = plan[index]
+                if isinstance(write, CgroupWrite):
+                    resource = RESOURCES.get(write.resource) if isinstance(write.resource, str) else None
+                    if resource is not None and resource.hierarchical_subset:
+                        subset_ordered.append(index)
+                        continue
+                results[index] = self._apply_one(write, force)
+            if subset_ordered:
+                self._apply_subset_ordered(plan, subset_ordered, results, force)
+        return [result for result in results if result is not None]
+
+    def read(self, cgroup: str, resource: str) -> str | None:
+        """Raw content (stripped) of the file backing `resource` for `cgroup` on this kernel.
+
+        None when the cgroup does not exist or the kernel has no such file. Raises
+        UnsafePathError for a path leaving the root, UnknownResourceError for a bad name.
+        """
+        spec = get_resource(resource)
+        cgroup = normalize_cgroup_path(cgroup)
+        hierarchy = self._fs.hierarchy(spec.v1_controller)
+        if hierarchy is None:
+            return None
+        directory = self._fs.cgroup_dir(hierarchy, cgroup)
+        for fmt in spec.files(self._fs.is_v2):
+            path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
+            try:
+                return read_file(path).strip()
+            except FileNotFoundError:
+                continue
+        return None
+
+    def read_pids(self, cgroup: str, *, threads: bool = False) -> list[int] | None:
+        """Process ids (cgroup.procs) or thread ids (tasks / cgroup.threads); None if missing."""
+        text = self.read(cgroup, "tasks" if threads else "cgroup.procs")
+        if text is None:
+            return None
+        return [int(line) for line in text.split() if line.isdigit()]
+
+    def cgroup_exists(self, cgroup: str, controller: str = "cpu") -> bool:
+        hierarchy = self._fs.hierarchy(controller)
+        if hierarchy is None:
+            return False
+        return self._fs.cgroup_dir(hierarchy, cgroup).is_dir()
+
+    # ------------------------------------------------------------------ internals
+
+    def _apply_one(self, write: CgroupWrite, force: bool) -> WriteResult:
+        try:
+            target = self._locate(write)
+        except _Outcome as outcome:
+            return outcome.result
+        return self._converge(target, force)
+
+    def _unsupported_outcome(self, write: CgroupWrite, key: tuple[str, bool], reason: str) -> _Outcome:
+        self._unsupported[key] = reason
+        self._log.info("cgroup_resource_unsupported", resource=write.resource, cgroup=write.cgroup, reason=reason)
+        return _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=reason))
+
+    def _locate(self, write: CgroupWrite) -> _Target:
+        if not isinstance(write, CgroupWrite):
+            raise _Outcome(WriteResult(write, WriteStatus.REFUSED, detail="not a CgroupWrite"))
+        try:
+            resource: Resource = get_resource(write.resource)
+            value = resource.validate(write.value)
+            cgroup = normalize_cgroup_path(write.cgroup)
+        except (UnknownResourceError, InvalidValueError, UnsafePathError) as err:
+            raise self._refused(write, str(err)) from None
+
+        key = (resource.name, cgroup == "/")
+        if key in self._unsupported:
+            raise _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=self._unsupported[key]))
+        formats = resource.files(self._fs.is_v2)
+        if not formats:
+            raise self._unsupported_outcome(
+                write, key, f"{resource.name} has no cgroup {self._fs.version.value} equivalent"
+            )
+        try:
+            hierarchy = self._fs.hierarchy(resource.v1_controller)
+            if hierarchy is None:
+                raise self._unsupported_outcome(
+                    write, key, f"cgroup v1 controller {resource.v1_controller} is not mounted under {self.root}"
+                )
+            directory = self._fs.cgroup_dir(hierarchy, cgroup)
+            if not directory.is_dir():
+                self._log.debug("cgroup_missing", path=str(directory), **self._log_fields(write))
+                raise _Outcome(WriteResult(write, WriteStatus.MISSING, str(directory), detail="cgroup does not exist"))
+            for fmt in formats:
+                path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
+                if path.is_file():
+                    self._check_not_blocked(write, resource, hierarchy, directory)
+                    return _Target(write, path, fmt, value, fmt.expected(value))
+        except UnsafePathError as err:
+            raise self._refused(write, str(err)) from None
+        names = " or ".join(fmt.filename for fmt in formats)
+        raise self._unsupported_outcome(write, key, f"{names} not present on this kernel ({resource.support})")
+
+    def _check_not_blocked(self, write: CgroupWrite, resource: Resource, hierarchy: Path, directory: Path) -> None:
+        for sibling, content, why in resource.blocked_when:
+            try:
+                current = read_file(self._fs.cgroup_file(hierarchy, directory, sibling)).strip()
+            except OSError:
+                continue
+            if current == content:
+                self._log.debug("cgroup_write_blocked", reason=write.reason, detail=why,
+                                cgroup=write.cgroup, resource=write.resource)
+                raise _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=why))
+
+    def _apply_subset_ordered(
+        self,
+        plan: list[CgroupWrite],
+        indices: list[int],
+        results: list[WriteResult | None],
+        force: bool,
+    ) -> None:
+        targets: list[tuple[int, _Target, int]] = []
+        for index in indices:
+            try:
+                target = self._locate(plan[index])
+            except _Outcome as outcome:
+                results[index] = outcome.result
+                continue
+            targets.append((index, target, cgroup_depth(target.write.cgroup)))
+
+        original_old: dict[int, str] = {}
+        if not self._fs.is_v2:  # v2 does not enforce the subset rule on writes
+            for index, target, _depth in sorted(targets, key=lambda item: item[2]):
+                widened = self._widen(target, force)
+                if isinstance(widened, WriteResult):
+                    results[index] = widened
+                elif widened is not None:
+                    original_old[index] = widened
+
+        for index, target, _depth in sorted(targets, key=lambda item: -item[2]):
+            if results[index] is None:
+                results[index] = self._converge(target, force, original_old.get(index))
+
+    def _widen(self, target: _Target, force: bool) -> WriteResult | str | None:
+        """Make the set a superset of its old and new value.
+
+        Returns a final result when the write is a pure widening (done now) or failed, the
+        original text when an intermediate union was written, None when nothing was needed.
+        """
+        try:
+            current_text = read_file(target.path)
+        except OSError:
+            return None  # let the final converge step report it
+        current = target.fmt.extract(current_text, target.value)
+        if not isinstance(current, frozenset) or target.expected <= current:
+            return None
+        union = current | target.expected
+        if union == target.expected:
+            # Pure widening: this parents-first pass is the right moment for the final value.
+            return self._converge(target, force)
+        text = format_cpu_list(union)
+        try:
+            write_file(target.path, text)
+        except OSError as err:
+            return self._io_failure(
+                target.write, target.path, current_text.strip(), text,
+                f"widening to {text!r} before narrowing failed: {_describe(err)}", err,
+            )
+        self._log.info(
+            "cgroup_write", path=str(target.path), old=current_text.strip(), new=text,
+            step="widen before narrowing", **self._log_fields(target.write),
+        )
+        return current_text
+
+
+class ProcfsExecutor(_Converger):
+    """Sysctl writes (vm.min_free_kbytes, vm.watermark_scale_factor) under a procfs root."""
+
+    _event = "sysctl_write"
+
+    def __init__(self, root: Path | str = "/proc", *, logger: Any = None) -> None:
+        super().__init__(logger)
+        self._root = ConfinedRoot(root)
+        self._unsupported: dict[str, str] = {}
+
+    @property
+    def root(self) -> Path:
+        return self._root.root
+
+    def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
+        fields = {"reason": write.reason}
+        if isinstance(write, SysctlWrite):
+            fields["sysctl"] = write.name
+        return fields
+
+    def apply(self, writes: Iterable[SysctlWrite], *, force: bool = False) -> list[WriteResult]:
+        with self._lock:
+            return [self._apply_one(write, force) for write in writes]
+
+    def write(self, name: str, value: str | int, reason: str = "", *, force: bool = False) -> WriteResult:
+        return self.apply([SysctlWrite(name, value, reason)], force=force)[0]
+
+    def read(self, name: str) -> str | None:
+        sysctl = get_sysctl(name)
+        try:
+            return read_file(self._root.file(sysctl.relative_path)).strip()
+        except FileNotFoundError:
+            return None
+
+    def _apply_one(self, write: SysctlWrite, force: bool) -> WriteResult:
+        if not isinstance(write, SysctlWrite):
+            return WriteResult(write, WriteStatus.REFUSED, detail="not a SysctlWrite")
+        try:
+            sysctl = get_sysctl(write.name)
+            value = sysctl.parse(write.value, sysctl.name)
+            path = self._root.file(sysctl.relative_path)
+        except (UnknownResourceError, InvalidValueError, UnsafePathError) as err:
+            return self._refused(write, str(err)).result
+        if sysctl.name in self._unsupported:
+            return WriteResult(write, WriteStatus.SKIPPED, detail=self._unsupported[sysctl.name])
+        if not path.is_file():
+            reason = f"{sysctl.relative_path} not present under {self.root}"
+            self._unsupported[sysctl.name] = reason
+            self._log.info("sysctl_unsupported", sysctl=sysctl.name, reason=reason)
+            return WriteResult(write, WriteStatus.SKIPPED, detail=reason)
+        fmt = sysctl.fmt
+        return self._converge(_Target(write, path, fmt, value, fmt.expected(value)), force)
