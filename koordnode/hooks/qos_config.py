@@ -1,0 +1,282 @@
+"""Configuration of the QoS policy: per-class numbers, node CPU reservation, class mapping.
+
+Plain frozen dataclasses with defaults; every numeric field carries its accepted range in
+`field(metadata={"min": .., "max": ..})` for the generic TOML loader, and __post_init__
+re-checks so a dataclass built in code is validated too.
+
+TOML layout (the lead plugs these into the root Config):
+    [qos.LS]                      -> QoSConfig.LS   (a LSClassConfig)
+    cpu_shares_per_cpu = 1024
+    [node]                        -> NodeConfig
+    reserved_cpus = "0-1"         # or a count: reserved_cpus = 2
+    [qos_mapping]                 -> KubeQoSMapping
+    burstable = "LS"
+
+Each class has its own subclass so that a loader constructing `BEClassConfig(**table)`
+fills the fields the user left out with BE's defaults, not LS's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from koordnode.hooks.cpulist import CpuListError, parse_cpu_list
+from koordnode.hooks.qos_class import KubeQoS, QoSClass
+
+MIB = 1024 * 1024
+MAX_SHARES = 262144
+MIN_SHARES = 2
+_INT64_MAX = 2**63 - 1
+
+# name -> (min, max, help). One table so the per-class subclasses repeat only defaults.
+_CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
+    "cpu_shares_per_cpu": (MIN_SHARES, MAX_SHARES, "cpu.shares per requested CPU (kubelet shares / 1024)"),
+    "cpu_shares_fixed": (0, MAX_SHARES, "fixed cpu.shares regardless of request; 0 = use cpu_shares_per_cpu"),
+    "oom_score_adj": (-1000, 1000, "oom_score_adj of the container processes"),
+    "memory_min_percent": (0, 100, "memory.min as percent of the memory request"),
+    "memory_low_percent": (0, 200, "memory.low as percent of the memory request"),
+    "memory_high_percent": (0, 100, "memory.high as percent of the memory limit; 0 = leave unset"),
+    "memory_wmark_ratio": (0, 100, "memory.wmark_ratio (Anolis async reclaim); 0 disables it"),
+    "memory_wmark_scale_permill": (1, 1000, "memory.wmark_scale_factor in permill"),
+    "memory_wmark_min_adj": (-25, 50, "memory.wmark_min_adj (Anolis)"),
+    "blkio_weight": (0, 1000, "blkio.weight (10..1000) of the pod; 0 = leave unset"),
+    "blkio_read_bps": (0, _INT64_MAX, "read throttle in bytes/s per configured device; 0 = none"),
+    "blkio_write_bps": (0, _INT64_MAX, "write throttle in bytes/s per configured device; 0 = none"),
+    "cpu_idle": (0, 1, "cpu.idle of the pod cgroup (upstream kernels >= 5.15)"),
+    "cpu_bvt_warp_ns": (-1, 2, "cpu.bvt_warp_ns of the pod cgroup (group identity kernels)"),
+}
+
+
+def _class_field(name: str, default: int) -> Any:
+    low, high, help_text = _CLASS_FIELDS[name]
+    return field(default=default, metadata={"min": low, "max": high, "doc": help_text})
+
+
+def _check_ranges(instance: object, prefix: str = "") -> None:
+    """Check every field that declares min/max, and reject bools posing as ints."""
+    for spec in dataclasses.fields(instance):  # type: ignore[arg-type]
+        value = getattr(instance, spec.name)
+        low = spec.metadata.get("min")
+        high = spec.metadata.get("max")
+        if low is None and high is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{prefix}{spec.name} must be an integer, got {value!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{prefix}{spec.name} = {value} is out of range [{low}, {high}]")
+
+
+@dataclass(frozen=True)
+class QoSClassConfig:
+    """Numbers for one QoS class. The base defaults are the LS class's."""
+
+    cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 1024)
+    cpu_shares_fixed: int = _class_field("cpu_shares_fixed", 0)
+    oom_score_adj: int = _class_field("oom_score_adj", -300)
+    # False: no memory.min/low/high nor watermark writes for this class.
+    memory_qos: bool = True
+    memory_min_percent: int = _class_field("memory_min_percent", 50)
+    memory_low_percent: int = _class_field("memory_low_percent", 80)
+    memory_high_percent: int = _class_field("memory_high_percent", 90)
+    # False: no memory.wmark_* writes (they exist only on Anolis kernels).
+    memory_wmark: bool = True
+    memory_wmark_ratio: int = _class_field("memory_wmark_ratio", 95)
+    memory_wmark_scale_permill: int = _class_field("memory_wmark_scale_permill", 20)
+    memory_wmark_min_adj: int = _class_field("memory_wmark_min_adj", -25)
+    blkio_weight: int = _class_field("blkio_weight", 500)
+    blkio_read_bps: int = _class_field("blkio_read_bps", 0)
+    blkio_write_bps: int = _class_field("blkio_write_bps", 0)
+    cpu_idle: int = _class_field("cpu_idle", 0)
+    cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", 0)
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        for name in ("memory_qos", "memory_wmark"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if 0 < self.blkio_weight < 10:
+            raise ValueError(f"blkio_weight = {self.blkio_weight}: must be 0 (unset) or 10..1000")
+
+
+@dataclass(frozen=True)
+class SystemClassConfig(QoSClassConfig):
+    cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 32768)
+    oom_score_adj: int = _class_field("oom_score_adj", -1000)
+    memory_qos: bool = False
+    memory_wmark: bool = False
+    blkio_weight: int = _class_field("blkio_weight", 0)
+
+
+@dataclass(frozen=True)
+class LSEClassConfig(QoSClassConfig):
+    cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 262144)
+    oom_score_adj: int = _class_field("oom_score_adj", -900)
+    memory_min_percent: int = _class_field("memory_min_percent", 100)
+    memory_low_percent: int = _class_field("memory_low_percent", 120)
+    blkio_weight: int = _class_field("blkio_weight", 1000)
+
+
+@dataclass(frozen=True)
+class LSRClassConfig(QoSClassConfig):
+    cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 65536)
+    oom_score_adj: int = _class_field("oom_score_adj", -700)
+    memory_min_percent: int = _class_field("memory_min_percent", 80)
+    memory_low_percent: int = _class_field("memory_low_percent", 100)
+    blkio_weight: int = _class_field("blkio_weight", 800)
+
+
+@dataclass(frozen=True)
+class LSClassConfig(QoSClassConfig):
+    pass
+
+
+@dataclass(frozen=True)
+class BEClassConfig(QoSClassConfig):
+    cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 2)
+    cpu_shares_fixed: int = _class_field("cpu_shares_fixed", 2)
+    oom_score_adj: int = _class_field("oom_score_adj", 1000)
+    memory_min_percent: int = _class_field("memory_min_percent", 0)
+    memory_low_percent: int = _class_field("memory_low_percent", 0)
+    memory_high_percent: int = _class_field("memory_high_percent", 70)
+    memory_wmark_min_adj: int = _class_field("memory_wmark_min_adj", 50)
+    blkio_weight: int = _class_field("blkio_weight", 100)
+    blkio_read_bps: int = _class_field("blkio_read_bps", 500 * MIB)
+    blkio_write_bps: int = _class_field("blkio_write_bps", 200 * MIB)
+    cpu_idle: int = _class_field("cpu_idle", 1)
+    cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", -1)
+
+
+CLASS_CONFIG_TYPES: Mapping[QoSClass, type[QoSClassConfig]] = MappingProxyType(
+    {
+        QoSClass.SYSTEM: SystemClassConfig,
+        QoSClass.LSE: LSEClassConfig,
+        QoSClass.LSR: LSRClassConfig,
+        QoSClass.LS: LSClassConfig,
+        QoSClass.BE: BEClassConfig,
+    }
+)
+
+
+def default_class_config(qos_class: QoSClass) -> QoSClassConfig:
+    return CLASS_CONFIG_TYPES[qos_class]()
+
+
+def class_config_from_table(qos_class: QoSClass, table: Mapping[str, Any]) -> QoSClassConfig:
+    """Build one class's config from a TOML table, the class's defaults filling the gaps.
+
+    For a loader that keeps `qos` as a dict; raises ValueError on unknown keys or bad values.
+    """
+    config_type = CLASS_CONFIG_TYPES[qos_class]
+    known = {spec.name for spec in dataclasses.fields(config_type)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"qos.{qos_class.value}: unknown key(s) {', '.join(unknown)}")
+    try:
+        return config_type(**table)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"qos.{qos_class.value}: {error}") from None
+
+
+@dataclass(frozen=True)
+class QoSConfig:
+    """All classes; TOML `[qos.<CLASS>]` tables map onto the upper-case fields."""
+
+    SYSTEM: SystemClassConfig = field(default_factory=SystemClassConfig)
+    LSE: LSEClassConfig = field(default_factory=LSEClassConfig)
+    LSR: LSRClassConfig = field(default_factory=LSRClassConfig)
+    LS: LSClassConfig = field(default_factory=LSClassConfig)
+    BE: BEClassConfig = field(default_factory=BEClassConfig)
+
+    def for_class(self, qos_class: QoSClass) -> QoSClassConfig:
+        return getattr(self, qos_class.value)
+
+    def as_dict(self) -> dict[QoSClass, QoSClassConfig]:
+        return {qos_class: self.for_class(qos_class) for qos_class in QoSClass}
+
+
+DEFAULT_QOS_CLASSES: Mapping[QoSClass, QoSClassConfig] = MappingProxyType(QoSConfig().as_dict())
+
+_DEVICE = re.compile(r"^\d+:\d+$")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """[node]: CPUs kept away from pods and devices the blkio policy applies to."""
+
+    # A CPU list string ("0-1") or a count (int: that many CPUs, lowest-numbered whole cores
+    # first). "" or 0: nothing reserved. Reserved CPUs are in neither the LS nor the BE pool.
+    reserved_cpus: str | int = ""
+    # CPU list for SYSTEM pods; "" = they use the LS share pool.
+    system_cpus: str = ""
+    # Block devices ("MAJ:MIN") for blkio throttling (BE read/write bps).
+    blkio_devices: tuple[str, ...] = ()
+    # Also set cpuset_mems to the NUMA nodes of the CPUs handed out (off: memory may come
+    # from any node, which avoids OOM when the local node is full).
+    cpuset_mems_follow_cpus: bool = False
+
+    def __post_init__(self) -> None:
+        reserved = self.reserved_cpus
+        if isinstance(reserved, bool) or not isinstance(reserved, (str, int)):
+            raise ValueError(f"reserved_cpus must be a CPU list string or a count, got {reserved!r}")
+        if isinstance(reserved, int) and reserved < 0:
+            raise ValueError(f"reserved_cpus = {reserved}: a count must be >= 0")
+        if isinstance(reserved, str):
+            try:
+                parse_cpu_list(reserved)
+            except CpuListError as error:
+                raise ValueError(f"reserved_cpus: {error}") from None
+        if not isinstance(self.system_cpus, str):
+            raise ValueError(f"system_cpus must be a CPU list string, got {self.system_cpus!r}")
+        try:
+            parse_cpu_list(self.system_cpus)
+        except CpuListError as error:
+            raise ValueError(f"system_cpus: {error}") from None
+        devices = self.blkio_devices
+        if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+            raise ValueError(f'blkio_devices must be a list of "MAJ:MIN", got {devices!r}')
+        for device in devices:
+            if not isinstance(device, str) or not _DEVICE.match(device):
+                raise ValueError(f'blkio_devices: {device!r} is not "MAJ:MIN"')
+        # TOML gives a list; keep the dataclass hashable.
+        object.__setattr__(self, "blkio_devices", tuple(devices))
+        if not isinstance(self.cpuset_mems_follow_cpus, bool):
+            raise ValueError("cpuset_mems_follow_cpus must be true or false")
+
+    @property
+    def system_cpu_set(self) -> frozenset[int]:
+        return parse_cpu_list(self.system_cpus)
+
+
+_CLASS_NAMES = tuple(qos_class.value for qos_class in QoSClass)
+ClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
+
+
+@dataclass(frozen=True)
+class KubeQoSMapping:
+    """[qos_mapping]: class of pods without a valid koordinator.sh/qosClass label."""
+
+    guaranteed: ClassName = field(default="LSR", metadata={"doc": "class of Guaranteed pods"})
+    burstable: ClassName = field(default="LS", metadata={"doc": "class of Burstable pods"})
+    best_effort: ClassName = field(default="BE", metadata={"doc": "class of BestEffort pods"})
+
+    def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if value not in _CLASS_NAMES:
+                raise ValueError(
+                    f"{spec.name} = {value!r}: expected one of {', '.join(_CLASS_NAMES)}"
+                )
+
+    def as_mapping(self) -> Mapping[KubeQoS, QoSClass]:
+        return MappingProxyType(
+            {
+                KubeQoS.GUARANTEED: QoSClass(self.guaranteed),
+                KubeQoS.BURSTABLE: QoSClass(self.burstable),
+                KubeQoS.BEST_EFFORT: QoSClass(self.best_effort),
+            }
+        )

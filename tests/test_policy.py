@@ -1,0 +1,632 @@
+"""QoS policy: every class x every resource x cgroup v1/v2, BE batch resources, overrides, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from koordnode.executor.plan import CgroupWrite
+from koordnode.executor.resources import get_resource
+from koordnode.hooks.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
+from koordnode.hooks.cpu_topology import CpuTopology
+from koordnode.hooks.cpuset_allocator import CpusetAllocator
+from koordnode.hooks.policy import (
+    ContainerInput,
+    ContainerResources,
+    CriOverrides,
+    KernelFeatures,
+    MemoryProtection,
+    PodInput,
+    allocate_cpuset,
+    batch_cpu_quota,
+    cpu_shares_for,
+    plan_besteffort_tier,
+    plan_container,
+    plan_pod_memory,
+    plan_pod_sandbox,
+    requested_cpus,
+)
+from koordnode.hooks.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
+from koordnode.hooks.qos_config import MIB, NodeConfig, QoSConfig
+
+GIB = 1024 * MIB
+UID = "1234"
+GUARANTEED_PARENT = f"/kubepods/pod{UID}"
+BURSTABLE_PARENT = f"/kubepods/burstable/pod{UID}"
+BESTEFFORT_PARENT = f"/kubepods/besteffort/pod{UID}"
+CONTAINER_CGROUP = f"{GUARANTEED_PARENT}/abc"
+QOS = QoSConfig()
+TOPOLOGY = CpuTopology.describe(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2)
+
+
+def pod_of(
+    qos_class: QoSClass | None, parent: str = GUARANTEED_PARENT, annotations: dict | None = None
+) -> PodInput:
+    labels = {QOS_CLASS_LABEL: qos_class.value} if qos_class else {}
+    return PodInput(
+        uid=UID, name="p", namespace="ns", labels=labels, annotations=annotations or {}, cgroup_parent=parent
+    )
+
+
+def plan(
+    pod: PodInput,
+    resources: ContainerResources,
+    version: str = "v1",
+    *,
+    name: str = "main",
+    cpuset=None,
+    node: NodeConfig | None = None,
+    container_cgroup: str | None = CONTAINER_CGROUP,
+):
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    return plan_container(
+        pod,
+        ContainerInput(name=name, resources=resources, id="abc"),
+        decision=decision,
+        config=QOS.for_class(decision.qos_class),
+        features=KernelFeatures(version),
+        cpuset=cpuset,
+        node=node,
+        container_cgroup=container_cgroup,
+    )
+
+
+def by_resource(writes) -> dict[tuple[str, str], object]:
+    result = {}
+    for write in writes:
+        assert isinstance(write, CgroupWrite)
+        assert write.reason, write
+        # Every planned value is one the executor accepts.
+        get_resource(write.resource).validate(write.value)
+        key = (write.cgroup, write.resource)
+        if write.resource.startswith("blkio.throttle."):
+            # One write per device ("MAJ:MIN value") to the same file.
+            key = (write.cgroup, write.resource, str(write.value).split()[0])
+        assert key not in result, f"duplicate write {key}"
+        result[key] = write.value
+    return result
+
+
+# Two requested CPUs (kubelet shares 2048), 1 GiB limit, Guaranteed: request = limit.
+TWO_CPUS_1G = ContainerResources(
+    cpu_period=100000, cpu_quota=200000, cpu_shares=2048, memory_limit_in_bytes=GIB, oom_score_adj=-997
+)
+
+# class -> (cpu.shares, oom_score_adj, memory.min, memory.low, memory.high) for TWO_CPUS_1G; None = not set.
+EXPECTED = {
+    QoSClass.SYSTEM: (65536, -1000, None, None, None),
+    QoSClass.LSE: (
+        262144,
+        -900,
+        GIB,
+        GIB,
+        GIB * 90 // 100,
+    ),  # 2 x 262144 clamped; low 1.2x capped at the limit
+    QoSClass.LSR: (131072, -700, GIB * 80 // 100, GIB, GIB * 90 // 100),
+    QoSClass.LS: (2048, -300, GIB // 2, GIB * 80 // 100, GIB * 90 // 100),
+    QoSClass.BE: (2, 1000, 0, 0, GIB * 70 // 100),
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("qos_class", list(QoSClass))
+def test_container_values_per_class_and_cgroup_version(qos_class: QoSClass, version: str) -> None:
+    shares, oom, memory_min, memory_low, memory_high = EXPECTED[qos_class]
+    allocator = CpusetAllocator(TOPOLOGY, reserved={0, 8})
+    cpuset = allocator.allocate("abc", qos_class, requested_cpus(TWO_CPUS_1G))
+    result = plan(pod_of(qos_class), TWO_CPUS_1G, version, cpuset=cpuset)
+
+    assert result.qos_class is qos_class
+    assert result.cri.cpu_shares == shares
+    assert result.cri.oom_score_adj == oom
+    assert result.cri.cpuset_cpus == cpuset.cpuset_cpus
+    assert result.cri.cpuset_mems is None  # only with cpuset_mems_follow_cpus
+    # kubelet's quota and limit are left alone (no batch resources here).
+    assert result.cri.cpu_quota is None and result.cri.memory_limit_in_bytes is None
+    if qos_class in (QoSClass.LSE, QoSClass.LSR):
+        assert cpuset.exclusive and len(cpuset.cpus) == 2
+    elif qos_class is QoSClass.BE:
+        assert cpuset.cpus == allocator.be_pool()
+    else:
+        assert cpuset.cpus == allocator.share_pool()
+
+    writes = by_resource(result.writes)
+    mirror = by_resource(result.cri_mirror)
+    assert mirror[(CONTAINER_CGROUP, "cpu.shares")] == shares
+    assert mirror[(CONTAINER_CGROUP, "cpuset.cpus")] == cpuset.cpuset_cpus
+    memory = {"memory.min": memory_min, "memory.low": memory_low, "memory.high": memory_high}
+    for resource, value in memory.items():
+        if value is None:
+            assert resource not in result.cri.unified
+            assert (CONTAINER_CGROUP, resource) not in writes
+        elif version == "v2":
+            # Carried by CRI in `unified`, mirrored for reconcile, not written directly.
+            assert result.cri.unified[resource] == str(value)
+            assert mirror[(CONTAINER_CGROUP, resource)] == value
+            assert (CONTAINER_CGROUP, resource) not in writes
+        else:
+            # v1 runtimes reject `unified`: the executor writes them (Anolis files).
+            assert result.cri.unified == {}
+            assert writes[(CONTAINER_CGROUP, resource)] == value
+    if memory_min is not None:
+        assert result.memory == MemoryProtection(True, GIB, GIB, memory_min, memory_low, memory_high)
+        assert writes[(CONTAINER_CGROUP, "memory.wmark_ratio")] == 95
+        assert writes[(CONTAINER_CGROUP, "memory.wmark_scale_factor")] == 20
+        assert writes[(CONTAINER_CGROUP, "memory.wmark_min_adj")] == (50 if qos_class is QoSClass.BE else -25)
+    else:
+        assert not result.memory.enabled
+        assert not any(resource.startswith("memory.") for _, resource in writes)
+
+
+# class -> (cpu.idle, cpu.bvt_warp_ns, blkio.weight or None, throttled)
+POD_EXPECTED = {
+    QoSClass.SYSTEM: (0, 0, None, False),
+    QoSClass.LSE: (0, 0, 1000, False),
+    QoSClass.LSR: (0, 0, 800, False),
+    QoSClass.LS: (0, 0, 500, False),
+    QoSClass.BE: (1, -1, 100, True),
+}
+
+
+@pytest.mark.parametrize("group_identity", [False, True])
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("qos_class", list(QoSClass))
+def test_pod_sandbox_values(qos_class: QoSClass, version: str, group_identity: bool) -> None:
+    idle, bvt, weight, throttled = POD_EXPECTED[qos_class]
+    pod = pod_of(qos_class)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    result = plan_pod_sandbox(
+        pod,
+        decision=decision,
+        config=QOS.for_class(qos_class),
+        features=KernelFeatures(version, group_identity=group_identity),
+        pod_cgroup=GUARANTEED_PARENT,
+        node=NodeConfig(blkio_devices=("8:0", "8:16")),
+    )
+    writes = by_resource(result.writes)
+    if group_identity:
+        assert writes[(GUARANTEED_PARENT, "cpu.bvt_warp_ns")] == bvt
+        assert (GUARANTEED_PARENT, "cpu.idle") not in writes
+    else:
+        assert writes[(GUARANTEED_PARENT, "cpu.idle")] == idle
+        assert (GUARANTEED_PARENT, "cpu.bvt_warp_ns") not in writes
+    assert writes.get((GUARANTEED_PARENT, "blkio.weight")) == weight
+    read_throttles = [w.value for w in result.writes if w.resource == "blkio.throttle.read_bps_device"]
+    write_throttles = [w.value for w in result.writes if w.resource == "blkio.throttle.write_bps_device"]
+    if throttled:
+        assert read_throttles == [f"8:0 {500 * MIB}", f"8:16 {500 * MIB}"]
+        assert write_throttles == [f"8:0 {200 * MIB}", f"8:16 {200 * MIB}"]
+    else:
+        assert read_throttles == write_throttles == []
+    has_wmark = (GUARANTEED_PARENT, "memory.wmark_ratio") in writes
+    assert has_wmark == (qos_class is not QoSClass.SYSTEM)
+
+
+def test_throttle_without_devices_is_noted() -> None:
+    pod = pod_of(QoSClass.BE, BESTEFFORT_PARENT)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    result = plan_pod_sandbox(
+        pod, decision=decision, config=QOS.BE, features=KernelFeatures(), pod_cgroup=BESTEFFORT_PARENT
+    )
+    assert not any(w.resource.startswith("blkio.throttle") for w in result.writes)
+    assert any("blkio_devices" in note for note in result.notes)
+
+
+# --- CPU shares --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("qos_class", "kubelet_shares", "expected"),
+    [
+        (QoSClass.LS, 512, 512),  # half a CPU
+        (QoSClass.LS, 2, 2),  # kubelet's minimum (no request)
+        (QoSClass.LS, 0, 2),  # nothing sent: clamped up
+        (QoSClass.LS, 1000000, 262144),  # clamped down
+        (QoSClass.LSR, 512, 32768),
+        (QoSClass.LSE, 1024, 262144),
+        (QoSClass.LSE, 2, 512),
+        (QoSClass.SYSTEM, 100, 3200),
+        (QoSClass.BE, 4096, 2),  # fixed
+    ],
+)
+def test_cpu_shares(qos_class: QoSClass, kubelet_shares: int, expected: int) -> None:
+    shares, reason = cpu_shares_for(qos_class, QOS.for_class(qos_class), kubelet_shares)
+    assert shares == expected
+    assert str(expected) in reason
+
+
+@pytest.mark.parametrize(
+    ("resources", "cpus"),
+    [
+        (ContainerResources(cpu_quota=200000, cpu_period=100000, cpu_shares=2048), 2),
+        (ContainerResources(cpu_quota=150000, cpu_period=100000), 2),
+        (ContainerResources(cpu_quota=50000), 1),
+        (ContainerResources(cpu_shares=1536), 2),
+        (ContainerResources(cpu_shares=2), 0),
+        (ContainerResources(), 0),
+    ],
+)
+def test_requested_cpus(resources: ContainerResources, cpus: int) -> None:
+    assert requested_cpus(resources) == cpus
+
+
+# --- BE batch resources ------------------------------------------------------------------
+
+
+def batch_annotation(containers: dict) -> dict[str, str]:
+    return {EXTENDED_RESOURCE_SPEC: json.dumps({"containers": containers})}
+
+
+BATCH = batch_annotation(
+    {
+        "main": {
+            "requests": {BATCH_CPU: "1500", BATCH_MEMORY: "1Gi"},
+            "limits": {BATCH_CPU: "2000", BATCH_MEMORY: "2Gi"},
+        },
+        "side": {"requests": {BATCH_CPU: "500"}, "limits": {BATCH_CPU: "5"}},
+    }
+)
+BE_RESOURCES = ContainerResources(cpu_period=100000, cpu_shares=2, oom_score_adj=1000)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_be_batch_container(version: str) -> None:
+    result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), BE_RESOURCES, version)
+    assert result.qos_class is QoSClass.BE
+    assert result.cri.cpu_shares == 1500 * 1024 // 1000
+    assert result.cri.cpu_quota == 200000 and result.cri.cpu_period == 100000
+    assert result.cri.memory_limit_in_bytes == 2 * GIB
+    assert result.memory.high_bytes == 2 * GIB * 70 // 100
+    mirror = by_resource(result.cri_mirror)
+    assert mirror[(CONTAINER_CGROUP, "cpu.cfs_quota_us")] == 200000
+    assert mirror[(CONTAINER_CGROUP, "memory.limit_in_bytes")] == 2 * GIB
+
+
+def test_be_batch_quota_floor_and_period() -> None:
+    result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), ContainerResources(cpu_period=50000), name="side")
+    assert result.cri.cpu_shares == 512
+    assert result.cri.cpu_quota == 1000  # 5m x 50000 / 1000 = 250 -> floor 1000 µs
+    assert result.cri.cpu_period == 50000
+    assert result.cri.memory_limit_in_bytes is None  # no batch-memory limit
+
+
+def test_be_batch_unlimited_and_formulas() -> None:
+    assert batch_cpu_quota(None, 100000) == -1
+    assert batch_cpu_quota(0, 100000) == -1
+    assert batch_cpu_quota(2500, 100000) == 250000
+    assert batch_cpu_quota(10**18, 100000) == (1 << 44) - 1
+    annotations = batch_annotation({"main": {"requests": {BATCH_CPU: "1M"}}})
+    result = plan(pod_of(QoSClass.BE, BESTEFFORT_PARENT, annotations), BE_RESOURCES)
+    assert result.cri.cpu_quota == -1 and result.cri.cpu_period == 100000
+    assert result.cri.cpu_shares == 262144  # 1000 CPUs clamped
+
+
+def test_be_container_missing_from_spec_gets_fixed_shares() -> None:
+    result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), BE_RESOURCES, name="other")
+    assert result.cri.cpu_shares == 2 and result.cri.cpu_quota is None
+    assert any("no batch resources for container 'other'" in note for note in result.notes)
+
+
+def test_batch_annotation_ignored_for_non_be() -> None:
+    result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT, BATCH), ContainerResources(cpu_shares=1024))
+    assert result.cri.cpu_shares == 1024 and result.cri.cpu_quota is None
+
+
+def test_be_pod_sandbox_batch_sums() -> None:
+    pod = pod_of(None, BESTEFFORT_PARENT, BATCH)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    # With group identity the pod is not an idle group, so its weight can be set.
+    result = plan_pod_sandbox(
+        pod,
+        decision=decision,
+        config=QOS.BE,
+        features=KernelFeatures("v2", True),
+        pod_cgroup=BESTEFFORT_PARENT,
+    )
+    writes = by_resource(result.writes)
+    assert writes[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000
+    # With cpu.idle=1 the kernel refuses cpu.shares: not planned, and said why.
+    idle = plan_pod_sandbox(
+        pod, decision=decision, config=QOS.BE, features=KernelFeatures("v2"), pod_cgroup=BESTEFFORT_PARENT
+    )
+    assert (BESTEFFORT_PARENT, "cpu.shares") not in by_resource(idle.writes)
+    assert by_resource(idle.writes)[(BESTEFFORT_PARENT, "cpu.idle")] == 1
+    assert any("idle" in note for note in idle.notes)
+    assert writes[(BESTEFFORT_PARENT, "cpu.cfs_quota_us")] == 200500
+    assert writes[(BESTEFFORT_PARENT, "cpu.cfs_period_us")] == 100000
+    # "side" has no batch-memory limit: the pod is not limited.
+    assert (BESTEFFORT_PARENT, "memory.limit_in_bytes") not in writes
+    assert any("batch-memory" in note for note in result.notes)
+
+    limited = batch_annotation(
+        {
+            "a": {"limits": {BATCH_MEMORY: "1Gi"}},
+            "b": {"limits": {BATCH_CPU: "1000", BATCH_MEMORY: "512Mi"}},
+        }
+    )
+    pod = pod_of(None, BESTEFFORT_PARENT, limited)
+    result = plan_pod_sandbox(
+        pod, decision=decision, config=QOS.BE, features=KernelFeatures("v2"), pod_cgroup=BESTEFFORT_PARENT
+    )
+    writes = by_resource(result.writes)
+    assert writes[(BESTEFFORT_PARENT, "memory.limit_in_bytes")] == GIB + 512 * MIB
+    assert writes[(BESTEFFORT_PARENT, "cpu.cfs_quota_us")] == -1  # "a" has no cpu limit
+    assert (BESTEFFORT_PARENT, "cpu.shares") not in writes
+
+
+# --- memory request sources, overrides ----------------------------------------------------
+
+
+def test_memory_request_from_kubelet_unified_memory_min() -> None:
+    resources = ContainerResources(
+        cpu_shares=1024, memory_limit_in_bytes=2 * GIB, unified={"memory.min": str(GIB)}
+    )
+    result = plan(pod_of(None, BURSTABLE_PARENT), resources, "v2")
+    assert result.qos_class is QoSClass.LS
+    assert result.memory.request_bytes == GIB
+    assert result.cri.unified["memory.min"] == str(GIB // 2)
+    assert result.cri.unified["memory.low"] == str(GIB * 80 // 100)
+    assert result.cri.unified["memory.high"] == str(2 * GIB * 90 // 100)
+    # Merged over kubelet's map.
+    assert CriOverrides(unified=result.cri.unified).apply(resources).unified["memory.min"] == str(GIB // 2)
+
+
+def test_memory_request_from_annotation() -> None:
+    annotations = batch_annotation({"main": {"requests": {BATCH_MEMORY: "1Gi"}}})
+    result = plan(
+        pod_of(QoSClass.BE, BURSTABLE_PARENT, annotations), ContainerResources(memory_limit_in_bytes=4 * GIB)
+    )
+    assert result.memory.request_bytes == GIB
+
+
+def test_memory_request_unknown_means_zero_protection_with_reason() -> None:
+    result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT), ContainerResources(cpu_shares=1024), "v2")
+    assert result.memory.request_bytes is None
+    assert result.cri.unified["memory.min"] == "0" and result.cri.unified["memory.low"] == "0"
+    assert "memory.high" not in result.cri.unified  # no limit: stays "max"
+    assert any(note.startswith("memory protection 0: no memory request known") for note in result.notes)
+    assert any("no memory limit" in note for note in result.notes)
+
+
+def test_unparseable_kubelet_memory_min_is_ignored() -> None:
+    resources = ContainerResources(memory_limit_in_bytes=GIB, unified={"memory.min": "max"})
+    assert plan(pod_of(QoSClass.LS, BURSTABLE_PARENT), resources).memory.request_bytes is None
+
+
+def test_memory_qos_annotation_overrides_percentages() -> None:
+    override = {
+        MEMORY_QOS: json.dumps(
+            {
+                "minLimitPercent": 10,
+                "lowLimitPercent": 20,
+                "throttlingPercent": 50,
+                "wmarkRatio": 80,
+                "wmarkScalePermill": 40,
+                "wmarkMinAdj": 10,
+            }
+        )
+    }
+    result = plan(pod_of(QoSClass.LSR, annotations=override), TWO_CPUS_1G, "v1")
+    writes = by_resource(result.writes)
+    assert writes[(CONTAINER_CGROUP, "memory.min")] == GIB // 10
+    assert writes[(CONTAINER_CGROUP, "memory.low")] == GIB // 5
+    assert writes[(CONTAINER_CGROUP, "memory.high")] == GIB // 2
+    assert writes[(CONTAINER_CGROUP, "memory.wmark_ratio")] == 80
+    assert writes[(CONTAINER_CGROUP, "memory.wmark_scale_factor")] == 40
+    assert writes[(CONTAINER_CGROUP, "memory.wmark_min_adj")] == 10
+
+
+def test_throttling_percent_zero_leaves_memory_high_unset() -> None:
+    override = {MEMORY_QOS: json.dumps({"throttlingPercent": 0})}
+    result = plan(pod_of(QoSClass.LS, annotations=override), TWO_CPUS_1G, "v2")
+    assert "memory.high" not in result.cri.unified and result.memory.high_bytes is None
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_memory_qos_policy_none_disables_memory_writes(version: str) -> None:
+    override = {MEMORY_QOS: '{"policy": "none"}'}
+    pod = pod_of(QoSClass.LS, annotations=override)
+    result = plan(pod, TWO_CPUS_1G, version)
+    assert result.cri.unified == {}
+    assert not any(w.resource.startswith("memory.") for w in result.writes)
+    assert not result.memory.enabled
+    assert any('policy "none"' in note for note in result.notes)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    sandbox = plan_pod_sandbox(
+        pod, decision=decision, config=QOS.LS, features=KernelFeatures(version), pod_cgroup=GUARANTEED_PARENT
+    )
+    assert not any(w.resource.startswith("memory.") for w in sandbox.writes)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_malformed_annotations_use_class_defaults(version: str) -> None:
+    annotations = {MEMORY_QOS: "{not json", EXTENDED_RESOURCE_SPEC: "[1,2"}
+    result = plan(pod_of(QoSClass.LS, annotations=annotations), TWO_CPUS_1G, version)
+    baseline = plan(pod_of(QoSClass.LS), TWO_CPUS_1G, version)
+    assert result.cri == baseline.cri
+    assert result.writes == baseline.writes
+    assert {p.annotation for p in result.problems} == {MEMORY_QOS, EXTENDED_RESOURCE_SPEC}
+    assert sum("class defaults used" in note for note in result.notes) == 2
+
+
+def test_bad_label_falls_back_to_kubernetes_qos() -> None:
+    pod = PodInput(labels={QOS_CLASS_LABEL: "PLATINUM"}, cgroup_parent=BESTEFFORT_PARENT)
+    result = plan(pod, BE_RESOURCES)
+    assert result.qos_class is QoSClass.BE and result.cri.oom_score_adj == 1000
+
+
+# --- cpuset, cgroup paths ------------------------------------------------------------------
+
+
+def test_cpuset_mems_follow_cpus() -> None:
+    allocator = CpusetAllocator(TOPOLOGY)
+    cpuset = allocator.allocate("abc", QoSClass.LSE, 2)
+    result = plan(
+        pod_of(QoSClass.LSE), TWO_CPUS_1G, cpuset=cpuset, node=NodeConfig(cpuset_mems_follow_cpus=True)
+    )
+    assert result.cri.cpuset_mems == cpuset.cpuset_mems and len(cpuset.mems) == 1
+    assert by_resource(result.cri_mirror)[(CONTAINER_CGROUP, "cpuset.mems")] == cpuset.cpuset_mems
+
+
+def test_fallback_cpuset_is_visible_in_notes() -> None:
+    allocator = CpusetAllocator(TOPOLOGY)
+    allocator.allocate("x", QoSClass.LSE, 16)
+    cpuset = allocator.allocate("abc", QoSClass.LSE, 2)
+    result = plan(pod_of(QoSClass.LSE), TWO_CPUS_1G, cpuset=cpuset)
+    assert cpuset.fallback
+    assert any("falling back to the share pool" in note for note in result.notes)
+
+
+def test_without_cpuset_decision_kubelet_cpuset_is_kept() -> None:
+    result = plan(pod_of(QoSClass.LS), TWO_CPUS_1G)
+    assert result.cri.cpuset_cpus is None
+    assert CriOverrides().apply(TWO_CPUS_1G) == TWO_CPUS_1G
+    assert CriOverrides().is_empty() and not result.cri.is_empty()
+
+
+def test_container_cgroup_unknown_defers_container_writes() -> None:
+    result = plan(pod_of(QoSClass.LS), TWO_CPUS_1G, "v1", container_cgroup=None)
+    assert result.writes == () and result.cri_mirror == ()
+    assert result.cri.cpu_shares == 2048
+    assert any("deferred" in note for note in result.notes)
+    # v2: memory still travels in the CRI request.
+    assert plan(pod_of(QoSClass.LS), TWO_CPUS_1G, "v2", container_cgroup=None).cri.unified[
+        "memory.min"
+    ] == str(GIB // 2)
+
+
+def test_cri_overrides_apply() -> None:
+    overrides = CriOverrides(cpu_shares=7, oom_score_adj=-5, unified={"memory.low": "1"})
+    applied = overrides.apply(ContainerResources(cpu_shares=2, cpu_quota=50, unified={"memory.min": "3"}))
+    assert applied.cpu_shares == 7 and applied.oom_score_adj == -5 and applied.cpu_quota == 50
+    assert dict(applied.unified) == {"memory.min": "3", "memory.low": "1"}
+
+
+def test_kernel_features_validation() -> None:
+    with pytest.raises(ValueError):
+        KernelFeatures("v3")
+
+
+# --- pod-level sums, tier ------------------------------------------------------------------
+
+
+def test_plan_pod_memory_sums_containers() -> None:
+    containers = [
+        MemoryProtection(True, GIB, GIB, 100, 200, 900),
+        MemoryProtection(True, GIB, GIB, 10, 20, 90),
+        MemoryProtection(False),
+    ]
+    writes = by_resource(plan_pod_memory("/pod", QoSClass.LS, containers))
+    assert writes == {("/pod", "memory.min"): 110, ("/pod", "memory.low"): 220, ("/pod", "memory.high"): 990}
+    unlimited = containers + [MemoryProtection(True, None, 0, 0, 0, None)]
+    assert ("/pod", "memory.high") not in by_resource(plan_pod_memory("/pod", QoSClass.LS, unlimited))
+    assert plan_pod_memory("/pod", QoSClass.LS, [MemoryProtection(False)]) == ()
+
+
+@pytest.mark.parametrize(
+    ("group_identity", "resource", "value"), [(False, "cpu.idle", 1), (True, "cpu.bvt_warp_ns", -1)]
+)
+def test_besteffort_tier(group_identity: bool, resource: str, value: int) -> None:
+    tier = "/kubepods/besteffort"
+    writes = plan_besteffort_tier(tier, QoSClass.BE, QOS.BE, KernelFeatures("v1", group_identity))
+    assert by_resource(writes) == {(tier, resource): value}
+
+
+# --- hostile input -------------------------------------------------------------------------
+
+text = st.text(max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    labels=st.dictionaries(st.sampled_from([QOS_CLASS_LABEL, "x"]), text),
+    annotations=st.dictionaries(st.sampled_from([MEMORY_QOS, EXTENDED_RESOURCE_SPEC, "y"]), text),
+    parent=text,
+    shares=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    limit=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    unified=st.dictionaries(st.sampled_from(["memory.min", "memory.high"]), text),
+    version=st.sampled_from(["v1", "v2"]),
+)
+def test_hostile_inputs_never_raise(labels, annotations, parent, shares, limit, unified, version) -> None:
+    pod = PodInput(labels=labels, annotations=annotations, cgroup_parent=parent)
+    resources = ContainerResources(cpu_shares=shares, memory_limit_in_bytes=limit, unified=unified)
+    result = plan(pod, resources, version)
+    assert 2 <= result.cri.cpu_shares <= 262144
+    by_resource(result.writes)
+    by_resource(result.cri_mirror)
+    for write in result.writes + result.cri_mirror:
+        if write.resource in ("memory.min", "memory.low", "memory.high", "memory.limit_in_bytes"):
+            assert isinstance(write.value, int) and write.value >= 0
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    sandbox = plan_pod_sandbox(
+        pod,
+        decision=decision,
+        config=QOS.for_class(decision.qos_class),
+        features=KernelFeatures(version),
+        pod_cgroup="/x",
+    )
+    by_resource(sandbox.writes)
+
+
+def test_allocate_cpuset_uses_request_and_scheduler_choice() -> None:
+    from koordnode.hooks.annotations import RESOURCE_STATUS
+    from koordnode.hooks.cpuset_allocator import allocator_from_config
+
+    allocator, notes = allocator_from_config(TOPOLOGY, NodeConfig(reserved_cpus=2, system_cpus="0,99"))
+    assert allocator.reserved == {0, 8} and "99" in notes[0]
+    assert allocator.pool_for(QoSClass.SYSTEM).cpus == {0}
+    lse = allocate_cpuset(allocator, pod_of(QoSClass.LSE), ContainerInput("main", TWO_CPUS_1G), QoSClass.LSE)
+    assert len(lse.cpus) == 2 and allocator.allocation_of(f"{UID}/main") is not None
+    chosen = pod_of(QoSClass.LSR, annotations={RESOURCE_STATUS: '{"cpuset": "6-7"}'})
+    for name in ("a", "b"):  # both containers share the pod's scheduler cpuset
+        decision = allocate_cpuset(allocator, chosen, ContainerInput(name, TWO_CPUS_1G), QoSClass.LSR)
+        assert decision.cpus == {6, 7}
+    assert allocator.allocation_of(UID).cpus == {6, 7}
+    ls = allocate_cpuset(allocator, pod_of(QoSClass.LS), ContainerInput("main", TWO_CPUS_1G), QoSClass.LS)
+    assert ls.cpus == allocator.share_pool() and not ls.cpus & ({0, 8, 6, 7} | lse.cpus)
+
+
+quantities = st.one_of(
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.sampled_from(["1Gi", "500m", "1e3", "9Ei", "-1", "x", ""]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    cpu_request=quantities,
+    cpu_limit=quantities,
+    memory_request=quantities,
+    memory_limit=quantities,
+    period=st.integers(min_value=-5, max_value=2_000_000),
+    version=st.sampled_from(["v1", "v2"]),
+)
+def test_any_batch_numbers_give_values_the_executor_accepts(
+    cpu_request, cpu_limit, memory_request, memory_limit, period, version
+) -> None:
+    annotations = batch_annotation(
+        {
+            "main": {
+                "requests": {BATCH_CPU: cpu_request, BATCH_MEMORY: memory_request},
+                "limits": {BATCH_CPU: cpu_limit, BATCH_MEMORY: memory_limit},
+            }
+        }
+    )
+    pod = pod_of(QoSClass.BE, BESTEFFORT_PARENT, annotations)
+    result = plan(pod, ContainerResources(cpu_period=period), version)
+    by_resource(result.writes)
+    by_resource(result.cri_mirror)
+    assert 2 <= result.cri.cpu_shares <= 262144
+    for group_identity in (False, True):
+        decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+        sandbox = plan_pod_sandbox(
+            pod,
+            decision=decision,
+            config=QOS.BE,
+            features=KernelFeatures(version, group_identity),
+            pod_cgroup=BESTEFFORT_PARENT,
+        )
+        by_resource(sandbox.writes)
