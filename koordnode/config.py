@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from koordnode.hooks.qos_config import KubeQoSMapping, NodeConfig, QoSConfig
+
 __all__ = [
     "AdminConfig",
     "Config",
@@ -206,11 +208,51 @@ class AdminConfig:
     )
 
 
+CgroupDriverName = Literal["auto", "cgroupfs", "systemd"]
+
+
+@dataclass(frozen=True)
+class CgroupConfig:
+    root: str = setting(
+        "/sys/fs/cgroup",
+        doc="where the cgroup hierarchies are mounted; every cgroup write stays under it",
+    )
+    driver: CgroupDriverName = setting(
+        "auto",
+        doc='kubelet\'s cgroup driver: "auto" (systemd when the parent is a .slice), '
+        '"cgroupfs" or "systemd"',
+    )
+    reconcile_interval_s: float = setting(
+        10.0,
+        min=0,
+        max=3600,
+        doc="seconds between passes re-applying every running pod's values (0 = never)",
+    )
+
+
+@dataclass(frozen=True)
+class ProcfsConfig:
+    root: str = setting("/proc", doc="procfs mount; node memory watermarks are written under it")
+
+
+@dataclass(frozen=True)
+class SysfsConfig:
+    root: str = setting("/sys", doc="sysfs mount the CPU topology is read from")
+
+
 @dataclass(frozen=True)
 class Config:
     proxy: ProxyConfig = section(ProxyConfig, doc="the CRI proxy between kubelet and runtime")
     log: LogConfig = section(LogConfig, doc="logging to stderr")
     admin: AdminConfig = section(AdminConfig, doc="local admin endpoint")
+    cgroup: CgroupConfig = section(CgroupConfig, doc="cgroup hierarchy and reconcile period")
+    procfs: ProcfsConfig = section(ProcfsConfig, doc="procfs root")
+    sysfs: SysfsConfig = section(SysfsConfig, doc="sysfs root")
+    node: NodeConfig = section(NodeConfig, doc="node CPU reservation and block devices")
+    qos_mapping: KubeQoSMapping = section(
+        KubeQoSMapping, doc="class of pods without a valid koordinator.sh/qosClass label"
+    )
+    qos: QoSConfig = section(QoSConfig, doc="per-class numbers, [qos.<CLASS>]")
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = _internal(DEFAULTS_SOURCE)

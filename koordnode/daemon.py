@@ -12,6 +12,8 @@ import structlog
 from koordnode import __version__
 from koordnode.admin.server import AdminServer
 from koordnode.hooks.chain import HookChain
+from koordnode.hooks.qos_engine import QoSEngine
+from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
@@ -31,8 +33,17 @@ class Daemon:
         self.started_at = time.time()
         self.state = NodeState()
         self.stats = ProxyStats()
+        hooks = [StateRecorder(self.state)]
+        self.qos: QoSEngine | None = None
+        self.qos_error: str | None = None
+        try:
+            self.qos = QoSEngine(config, self.state)
+            hooks.append(QoSHook(self.qos))
+        except Exception as exc:  # the proxy must serve even where QoS cannot be applied
+            self.qos_error = f"QoS hooks disabled: {exc}"
+            log.error("QoS hooks disabled; proxying without them", error=str(exc))
         self.chain = HookChain(
-            [StateRecorder(self.state)],
+            hooks,
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
@@ -53,7 +64,23 @@ class Daemon:
         await self.admin.start()
         # Serve first: if the runtime is down, calls fail as they would without us, and the
         # state is rebuilt once it answers.
-        self.spawn(rebuild_until_done(self.state, self.config.proxy.backend))
+        self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
+        if self.qos is not None and self.config.cgroup.reconcile_interval_s > 0:
+            self.spawn(self._reconcile_loop())
+
+    async def _adopt(self) -> None:
+        if self.qos is not None:
+            await asyncio.to_thread(self.qos.adopt)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.cgroup.reconcile_interval_s)
+            if self.state.rebuilt_at is None:
+                continue  # not before the running pods are known
+            try:
+                await asyncio.to_thread(self.qos.reconcile)
+            except Exception:
+                log.exception("reconcile pass failed")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -70,6 +97,9 @@ class Daemon:
         self.chain.close()
 
     def status(self) -> dict[str, Any]:
+        snapshot = self.state.snapshot()
+        if self.qos is not None:
+            snapshot = self.qos.decorate(snapshot)
         return {
             "version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -83,7 +113,8 @@ class Daemon:
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
-            **self.state.snapshot(),
+            "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
+            **snapshot,
         }
 
 

@@ -1,0 +1,58 @@
+"""The runtime hook that applies QoS classes at creation time (through QoSEngine)."""
+
+from __future__ import annotations
+
+from koordnode.hooks.chain import CallContext, RuntimeHook
+from koordnode.hooks.qos_engine import QoSEngine
+
+
+class QoSHook(RuntimeHook):
+    """Plain (threaded) methods: they write cgroup files, and a stuck write must not stall the
+    relay's event loop; the chain's timeout bounds them."""
+
+    name = "qos"
+    methods = frozenset(
+        {
+            "RunPodSandbox",
+            "CreateContainer",
+            "StartContainer",
+            "UpdateContainerResources",
+            "StopContainer",
+            "RemoveContainer",
+            "StopPodSandbox",
+            "RemovePodSandbox",
+        }
+    )
+
+    def __init__(self, engine: QoSEngine) -> None:
+        self.engine = engine
+
+    def pre(self, call: CallContext) -> None:
+        req = call.request
+        if call.method == "RunPodSandbox":
+            decision = self.engine.pod_sandbox_pre(req.config)
+            # Read by the state recorder when it records the pod.
+            call.scratch["qos_class"] = decision.qos_class.value
+            call.scratch["qos_reason"] = decision.why
+        elif call.method == "CreateContainer":
+            self.engine.container_create_pre(req)
+        elif call.method == "UpdateContainerResources":
+            self.engine.update_resources_pre(req)
+
+    def post(self, call: CallContext) -> None:
+        req, resp = call.request, call.response
+        ok = call.succeeded and resp is not None
+        if call.method == "RunPodSandbox":
+            if ok:
+                self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
+        elif call.method == "CreateContainer":
+            self.engine.container_created(req, resp.container_id if ok else None)
+        elif call.method == "StartContainer":
+            if ok:
+                self.engine.container_started(req.container_id)
+        elif call.method in ("StopContainer", "RemoveContainer"):
+            if ok:
+                self.engine.container_gone(req.container_id)
+        elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
+            if ok:
+                self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")
