@@ -79,12 +79,12 @@ class QoSClassConfig:
     cpu_shares_fixed: int = _class_field("cpu_shares_fixed", 0)
     oom_score_adj: int = _class_field("oom_score_adj", -300)
     # False: no memory.min/low/high nor watermark writes for this class.
-    memory_qos: bool = True
+    memory_qos: bool = field(default=True, metadata={"doc": "apply memory.min/low/high to this class"})
     memory_min_percent: int = _class_field("memory_min_percent", 50)
     memory_low_percent: int = _class_field("memory_low_percent", 80)
     memory_high_percent: int = _class_field("memory_high_percent", 90)
     # False: no memory.wmark_* writes (they exist only on Anolis kernels).
-    memory_wmark: bool = True
+    memory_wmark: bool = field(default=True, metadata={"doc": "apply the Anolis memory watermark files to this class"})
     memory_wmark_ratio: int = _class_field("memory_wmark_ratio", 95)
     memory_wmark_scale_permill: int = _class_field("memory_wmark_scale_permill", 20)
     memory_wmark_min_adj: int = _class_field("memory_wmark_min_adj", -25)
@@ -107,8 +107,8 @@ class QoSClassConfig:
 class SystemClassConfig(QoSClassConfig):
     cpu_shares_per_cpu: int = _class_field("cpu_shares_per_cpu", 32768)
     oom_score_adj: int = _class_field("oom_score_adj", -1000)
-    memory_qos: bool = False
-    memory_wmark: bool = False
+    memory_qos: bool = field(default=False, metadata={"doc": "apply memory.min/low/high to this class"})
+    memory_wmark: bool = field(default=False, metadata={"doc": "apply the Anolis memory watermark files to this class"})
     blkio_weight: int = _class_field("blkio_weight", 0)
 
 
@@ -210,14 +210,14 @@ class NodeConfig:
 
     # A CPU list string ("0-1") or a count (int: that many CPUs, lowest-numbered whole cores
     # first). "" or 0: nothing reserved. Reserved CPUs are in neither the LS nor the BE pool.
-    reserved_cpus: str | int = ""
+    reserved_cpus: str | int = field(default="", metadata={"doc": 'CPUs kept away from every pod pool: a CPU list ("0-1") or a count (lowest-numbered whole cores); "" = none'})
     # CPU list for SYSTEM pods; "" = they use the LS share pool.
-    system_cpus: str = ""
+    system_cpus: str = field(default="", metadata={"doc": 'CPU list for SYSTEM pods; "" = they use the LS share pool'})
     # Block devices ("MAJ:MIN") for blkio throttling (BE read/write bps).
-    blkio_devices: tuple[str, ...] = ()
+    blkio_devices: tuple[str, ...] = field(default=(), metadata={"doc": 'block devices ("MAJ:MIN") the per-class disk throttles apply to'})
     # Also set cpuset_mems to the NUMA nodes of the CPUs handed out (off: memory may come
     # from any node, which avoids OOM when the local node is full).
-    cpuset_mems_follow_cpus: bool = False
+    cpuset_mems_follow_cpus: bool = field(default=False, metadata={"doc": "also pin memory to the NUMA nodes of the CPUs handed out"})
 
     def __post_init__(self) -> None:
         reserved = self.reserved_cpus
