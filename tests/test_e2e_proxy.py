@@ -222,3 +222,19 @@ def test_sigint_stops_cleanly(containerd_bed, tmp_path):
     kn = KoordnodeProcess(tmp_path / "kn", str(containerd_bed.socket)).start()
     assert kn.stop(signal.SIGINT) == 0
     assert not os.path.exists(kn.listen) and not os.path.exists(kn.admin)
+
+
+@pytest.mark.parametrize("size", [70_000, 400_000])
+def test_intercepted_requests_larger_than_the_flow_control_window(containerd_bed, cri_proxy, size):
+    """containerd (Go) keeps 64 KiB windows: a held request body larger than that must not stall."""
+    sb = sandbox_config(containerd_bed, f"big-{size}", annotations={"big": "y" * size})
+    started = time.monotonic()
+    sandbox_id = run_pod(cri_proxy, sb)
+    try:
+        cid = start_container(cri_proxy, sandbox_id, sb, container_config(
+            containerd_bed, "app", ["sleep", "3600"], annotations={"big": "z" * size}))
+        status = cri_proxy.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
+        assert len(status.annotations["big"]) == size
+        assert time.monotonic() - started < 20
+    finally:
+        remove_pod(cri_proxy, sandbox_id)

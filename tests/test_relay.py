@@ -344,3 +344,17 @@ def test_stale_socket_replaced_and_live_socket_refused(tmp_path):
     (tmp_path / "plain").write_text("x")
     with pytest.raises(SocketInUseError):
         prepare_socket_path(str(tmp_path / "plain"))
+
+
+def test_oversized_intercepted_request_is_refused_like_the_runtime_would(tmp_path):
+    async def body():
+        async with Env(tmp_path, [Recorder()]) as env:
+            req = create_request(annotations={"huge": "x" * (17 * 1024 * 1024)})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await env.rt.CreateContainer(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert not any(m == RS + "CreateContainer" for m, *_ in env.backend.received)
+            # The connection still works afterwards.
+            assert (await env.rt.Version(pb.VersionRequest())).runtime_name == "fake"
+
+    run(body())

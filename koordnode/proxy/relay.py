@@ -10,10 +10,11 @@ the relay copies the response of an intercepted call for the Post hooks as it pa
 Invariants kept here:
 - Header blocks are forwarded in order and unchanged, so both HPACK dynamic tables stay in sync
   with the real endpoints; we decode them (read-only) with decoders of our own.
-- Connection flow control: when a hook changes a request's size, the client's idea of the
-  backend's connection window drifts from the real one. We track the real window and correct
-  the drift: extra WINDOW_UPDATE to the client when we sent less, withheld increments when we
-  sent more.
+- Flow control: the backend never sees a held request body, so it would never return the
+  window the client spent on it, and a body larger than the window would stall. We return that
+  window to the client ourselves as we hold each frame. When we then send the (possibly
+  changed) body, the backend will return window for it that the client never spent: we
+  withhold that much from the backend's connection-level WINDOW_UPDATEs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ log = structlog.get_logger("koordnode.proxy")
 
 # Header lists are only observed; a generous bound avoids rejecting what the endpoints accept.
 _MAX_HEADER_LIST = 16 * 1024 * 1024
+# Largest request body held for the hooks: containerd's own receive limit (16 MiB), so a
+# larger request is refused as containerd would refuse it, and memory stays bounded.
+MAX_INTERCEPTED_BODY = 16 * 1024 * 1024
+GRPC_RESOURCE_EXHAUSTED = 8
 
 
 @dataclasses.dataclass
@@ -54,7 +59,7 @@ class CallHandler(Protocol):
 
 class _Intercepted:
     __slots__ = (
-        "sid", "spec", "req_chunks", "req_flow", "buffering", "cancelled", "ctx",
+        "sid", "spec", "req_chunks", "req_bytes", "buffering", "cancelled", "ctx",
         "server_window", "resp_chunks", "resp_end_stream", "response_done", "window_event",
     )
 
@@ -62,7 +67,7 @@ class _Intercepted:
         self.sid = sid
         self.spec = spec
         self.req_chunks: list[bytes] = []
-        self.req_flow = 0  # flow-controlled bytes the client spent on the request body
+        self.req_bytes = 0
         self.buffering = True
         self.cancelled = False
         self.ctx: Any = None
@@ -110,7 +115,7 @@ class Relay:
         self.server_conn_window = w.DEFAULT_WINDOW
         self.server_initial_window = w.DEFAULT_WINDOW
         self.server_max_frame = w.DEFAULT_MAX_FRAME
-        self._conn_debt = 0  # bytes we sent the backend beyond what the client accounted for
+        self._conn_debt = 0  # window the backend will return that the client never spent
         self._conn_window_event = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -239,11 +244,17 @@ class Relay:
                 self.server_conn_window -= length
                 return None
             try:
-                st.req_chunks.append(w.frame_payload(ftype, flags, payload))
+                chunk = w.frame_payload(ftype, flags, payload)
             except ValueError:
                 return None  # malformed padding: let the backend judge it
-            st.req_flow += length
-            if flags & w.FLAG_END_STREAM:
+            st.req_chunks.append(chunk)
+            st.req_bytes += len(chunk)
+            if length:
+                # Give the client back the window it spent: the backend won't, it never sees it.
+                self._to_client(w.window_update(0, length) + w.window_update(sid, length))
+            if st.req_bytes > MAX_INTERCEPTED_BODY:
+                self._refuse_oversized(st)
+            elif flags & w.FLAG_END_STREAM:
                 st.buffering = False
                 self._spawn(self._run_before(st))
             return b""
@@ -308,6 +319,17 @@ class Relay:
         if spec is not None:
             self.streams[sid] = _Intercepted(sid, spec, self.server_initial_window)
 
+    def _refuse_oversized(self, st: _Intercepted) -> None:
+        self.streams.pop(st.sid, None)
+        st.cancelled = True
+        st.req_chunks = []
+        self._to_backend(w.rst_stream(st.sid))
+        self._to_client(w.grpc_error_trailers(
+            st.sid, GRPC_RESOURCE_EXHAUSTED,
+            f"koordnode: request larger than {MAX_INTERCEPTED_BODY} bytes",
+        ) + w.rst_stream(st.sid, 0))
+        log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"), limit=MAX_INTERCEPTED_BODY)
+
     async def _run_before(self, st: _Intercepted) -> None:
         body = b"".join(st.req_chunks)
         st.req_chunks = []
@@ -318,14 +340,12 @@ class Relay:
             result = BeforeResult(body=body)
         st.ctx = result.ctx
         if st.cancelled or self._closed or st.response_done:
-            self._settle_flow(st.req_flow, 0)
             self.streams.pop(st.sid, None)
             return
         if result.fail is not None:
             code, message = result.fail
             self._to_backend(w.rst_stream(st.sid))
             self._to_client(w.grpc_error_trailers(st.sid, code, message))
-            self._settle_flow(st.req_flow, 0)
             self.streams.pop(st.sid, None)
             self.handler.after(st.ctx, b"", code, message)
             return
@@ -350,7 +370,7 @@ class Relay:
                 for fut in waits:
                     fut.cancel()
                 if st.cancelled or self._closed:
-                    self._settle_flow(st.req_flow, sent)
+                    self._conn_debt += sent
                     return
             chunk, remaining = remaining[:chunk_len], remaining[chunk_len:]
             last = not remaining
@@ -360,23 +380,9 @@ class Relay:
             sent += len(chunk)
             if last:
                 break
-        self._settle_flow(st.req_flow, sent)
+        self._conn_debt += sent
         if st.response_done:
             self.streams.pop(st.sid, None)
-
-    def _settle_flow(self, client_spent: int, backend_got: int) -> None:
-        """Re-align the client's view of the backend connection window with the real one."""
-        drift = client_spent - backend_got
-        if drift > 0:
-            # The backend will never return credit for bytes it did not get: give it ourselves,
-            # first paying off any debt from earlier grown requests.
-            pay = min(drift, self._conn_debt)
-            self._conn_debt -= pay
-            drift -= pay
-            if drift:
-                self._to_client(w.window_update(0, drift))
-        elif drift < 0:
-            self._conn_debt += -drift
 
     # ---- backend -> client ----------------------------------------------------------------
 
