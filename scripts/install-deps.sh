@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything koordnode's tests and demo need on a fresh Debian 12 machine. Idempotent.
+# Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+APT_PACKAGES=(
+    containerd runc containernetworking-plugins busybox-static  # the real runtime of the test bed
+    iproute2 iptables                                           # network namespaces, tc, masquerade
+    rpm dpkg-dev fakeroot                                       # packaging/build.sh and its tests
+    systemd                                                     # systemd-analyze verify of the unit
+)
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    APT_PACKAGES+=(nodejs npm)                                  # the foreign (grpc-js) CRI client
+fi
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Tests start private containerd instances; the packaged system service must not run beside them.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now containerd.service >/dev/null 2>&1 || true
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+
+npm ci --prefix tests/js_client --ignore-scripts --no-audit --no-fund --loglevel=error
