@@ -7,7 +7,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 APT_PACKAGES=(
     containerd runc containernetworking-plugins busybox-static  # the real runtime of the test bed
-    iproute2 iptables                                           # network namespaces, tc, masquerade
+    iproute2 iptables nftables                                  # network namespaces, tc, masquerade, classification
     rpm dpkg-dev fakeroot                                       # packaging/build.sh and its tests
     systemd                                                     # systemd-analyze verify of the unit
 )

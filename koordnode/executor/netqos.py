@@ -1,0 +1,431 @@
+"""Network QoS backend: HTB qdiscs and classes via pyroute2, the classifier via nftables.
+
+Converges the kernel to a koordnode/qos/net_policy.py NetPlan (see its docstring for the
+design):
+
+- a root HTB qdisc with handle ``4b4e:`` on every planned device: adopted when it is
+  already there (a koordnode restart), otherwise installed with ``replace``. On uplinks
+  (configured, or the default route's) whatever root qdisc was there goes; on pod-facing
+  devices (ingress limits) only the kernel's default one (handle 0) is replaced, a qdisc
+  someone installed is left alone and reported. Ingress/clsact qdiscs are never touched;
+- its classes: added, changed or deleted only where rate, ceil, prio or parent differ;
+- the ``inet koordnode`` nftables table, replaced atomically (one ``nft -f`` transaction)
+  only when its fingerprint comment differs from the plan's;
+- devices carrying a ``4b4e:`` HTB that the plan no longer wants lose it, and with
+  ``[net] enable = false`` every such qdisc and the table are removed. Other qdiscs, other
+  tables and other devices are never touched.
+
+Needs CAP_NET_ADMIN and the ``nft`` program (Debian/RHEL package ``nftables``). Everything
+can target a named network namespace (``ip netns``), which is how the tests run it.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from koordnode.hwqos_config import NetQoSConfig
+from koordnode.qos.net_policy import (
+    HTB_MAJOR,
+    NETWORK_QOS_ANNOTATION,
+    NFT_FAMILY,
+    NFT_TABLE,
+    HtbClass,
+    HtbTree,
+    NetPlan,
+    PodNetwork,
+    classid,
+    plan_network,
+)
+
+__all__ = ["NetQoSController", "NetQoSExecutor", "NetReport", "pod_network_from_status"]
+
+_TC_H_ROOT = 0xFFFFFFFF
+_QDISC_HANDLE = classid(0)
+_NFT_TIMEOUT_S = 10.0
+_FINGERPRINT = re.compile(r'comment "koordnode netqos ([0-9a-f]+)"')
+
+
+@dataclass
+class NetReport:
+    enabled: bool
+    uplinks: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)  # what was written, one line each
+    failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # pods left unclassified, with why
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+@dataclass(frozen=True)
+class _KernelClass:
+    handle: int
+    parent: int
+    rate_Bps: int
+    ceil_Bps: int
+    prio: int
+
+
+class NetQoSExecutor:
+    """The only code that changes tc and nftables state."""
+
+    def __init__(
+        self,
+        *,
+        netns: str | None = None,
+        nft_command: Sequence[str] = ("nft",),
+        logger: Any = None,
+    ) -> None:
+        self.netns = netns
+        self._nft_command = list(nft_command)
+        self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
+        self._lock = threading.RLock()
+        self._last_nft_error: str | None = None
+
+    # ---------------------------------------------------------------- netlink helpers
+
+    def _ipr(self) -> IPRoute:
+        return IPRoute(netns=self.netns) if self.netns else IPRoute()
+
+    @staticmethod
+    def _names(ipr: IPRoute) -> dict[int, str]:
+        return {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+
+    def default_route_interfaces(self) -> list[str]:
+        """Interfaces of the main table's default routes (IPv4 first, then IPv6)."""
+        out: list[str] = []
+        with self._ipr() as ipr:
+            names = self._names(ipr)
+            for family in (socket.AF_INET, socket.AF_INET6):
+                for route in ipr.get_routes(family=family, table=254):
+                    if route["dst_len"] != 0:
+                        continue
+                    oifs = [route.get_attr("RTA_OIF")]
+                    for hop in route.get_attr("RTA_MULTIPATH") or []:
+                        oifs.append(hop["oif"])
+                    for oif in oifs:
+                        name = names.get(oif)
+                        if name and name != "lo" and name not in out:
+                            out.append(name)
+        return out
+
+    def local_addresses(self) -> set[str]:
+        with self._ipr() as ipr:
+            return {addr.get_attr("IFA_ADDRESS") for addr in ipr.get_addr()} - {None}
+
+    def route_devices(self, ips: Iterable[str]) -> dict[str, str]:
+        """IP -> device the node routes it to (IPs that are local or unroutable are left out)."""
+        out: dict[str, str] = {}
+        with self._ipr() as ipr:
+            names = self._names(ipr)
+            for ip in ips:
+                try:
+                    routes = ipr.route("get", dst=ip)
+                except NetlinkError:
+                    continue
+                for route in routes:
+                    name = names.get(route.get_attr("RTA_OIF"))
+                    if name and name != "lo":
+                        out[ip] = name
+                        break
+        return out
+
+    # ---------------------------------------------------------------- apply
+
+    def apply(self, plan: NetPlan, *, report: NetReport | None = None) -> NetReport:
+        """Converge tc and nftables to ``plan``. Idempotent: an applied plan changes nothing."""
+        report = report or NetReport(enabled=True)
+        with self._lock, self._ipr() as ipr:
+            names = self._names(ipr)
+            index_of = {name: index for index, name in names.items()}
+            wanted = set()
+            for tree in plan.trees:
+                index = index_of.get(tree.device)
+                if index is None:
+                    report.failures.append(f"{tree.device}: no such interface")
+                    continue
+                wanted.add(index)
+                try:
+                    self._converge_tree(ipr, index, tree, report)
+                except NetlinkError as err:
+                    report.failures.append(f"{tree.device}: {_netlink_error(err)}")
+                    self._log.warning("netqos_tc_failed", device=tree.device, error=_netlink_error(err))
+            for index in sorted(self._owned_indexes(ipr)):
+                if index not in wanted:
+                    self._remove_qdisc(ipr, index, names.get(index, str(index)), report, "no longer planned")
+        self._converge_nft(plan, report)
+        return report
+
+    def remove_all(self, *, report: NetReport | None = None) -> NetReport:
+        """Delete every ``4b4e:`` HTB root qdisc and the ``inet koordnode`` table."""
+        report = report or NetReport(enabled=False)
+        with self._lock, self._ipr() as ipr:
+            names = self._names(ipr)
+            for index in sorted(self._owned_indexes(ipr)):
+                self._remove_qdisc(ipr, index, names.get(index, str(index)), report, "network QoS disabled")
+        if self._nft_fingerprint() is not None:
+            if self._nft(["delete", "table", NFT_FAMILY, NFT_TABLE], report, "delete table") is not None:
+                report.changes.append(f"nft: deleted table {NFT_FAMILY} {NFT_TABLE}")
+                self._log.info("netqos_nft_removed", table=f"{NFT_FAMILY} {NFT_TABLE}")
+        return report
+
+    def owned_devices(self) -> list[str]:
+        """Devices carrying koordnode's HTB root qdisc."""
+        with self._ipr() as ipr:
+            names = self._names(ipr)
+            return [names.get(index, str(index)) for index in sorted(self._owned_indexes(ipr))]
+
+    # ---------------------------------------------------------------- tc
+
+    @staticmethod
+    def _owned_indexes(ipr: IPRoute) -> set[int]:
+        """Interfaces whose root qdisc is koordnode's HTB (one dump for all interfaces)."""
+        return {q["index"] for q in ipr.get_qdiscs()
+                if q["parent"] == _TC_H_ROOT and q["handle"] == _QDISC_HANDLE
+                and q.get_attr("TCA_KIND") == "htb"}
+
+    @staticmethod
+    def _root_qdisc(ipr: IPRoute, index: int) -> Any | None:
+        for qdisc in ipr.get_qdiscs(index):
+            if qdisc["parent"] == _TC_H_ROOT:
+                return qdisc
+        return None
+
+    def _owned_root(self, ipr: IPRoute, index: int) -> Any | None:
+        qdisc = self._root_qdisc(ipr, index)
+        if qdisc is not None and qdisc.get_attr("TCA_KIND") == "htb" and qdisc["handle"] == _QDISC_HANDLE:
+            return qdisc
+        return None
+
+    def _converge_tree(self, ipr: IPRoute, index: int, tree: HtbTree, report: NetReport) -> None:
+        device = tree.device
+        ours = self._owned_root(ipr, index)
+        if ours is None:
+            previous = self._root_qdisc(ipr, index)
+            kind = previous.get_attr("TCA_KIND") if previous is not None else "none"
+            if tree.role == "ingress" and previous is not None and previous["handle"] != 0:
+                # Handle 0 marks the kernel's default qdisc; anything else someone installed
+                # on purpose. Uplinks are ours by configuration; pod-facing devices are not.
+                detail = (f"{device}: keeps its {kind} {previous['handle'] >> 16:x}: root qdisc; "
+                          "pod ingress limits there are not applied")
+                report.failures.append(detail)
+                self._log.warning("netqos_foreign_qdisc", device=device, kind=kind)
+                return
+            ipr.tc("replace", "htb", index, _QDISC_HANDLE, default=tree.default_minor)
+            self._change(report, "netqos_qdisc_installed", f"{device}: htb {HTB_MAJOR:x}: replaces {kind}",
+                         device=device, replaced=kind, role=tree.role)
+        else:
+            init = ours.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_INIT") or {}
+            if init.get("defcls") != tree.default_minor:
+                ipr.tc("change", "htb", index, _QDISC_HANDLE, default=tree.default_minor)
+                self._change(report, "netqos_qdisc_changed",
+                             f"{device}: default class {HTB_MAJOR:x}:{tree.default_minor:x}", device=device)
+
+        current = {c.handle: c for c in self._classes(ipr, index)}
+        desired = {c.handle: c for c in tree.classes}
+        # Remove what is not wanted (or hangs off another parent), deepest first.
+        stale = [h for h, c in current.items()
+                 if h not in desired or desired[h].parent != c.parent]
+        for handle in sorted(stale, key=lambda h: _depth(h, current), reverse=True):
+            # No kind: pyroute2 would build (and fail on) class options for a delete.
+            ipr.tc("del-class", index=index, handle=handle)
+            self._change(report, "netqos_class_removed", f"{device}: removed class {_tc_id(handle)}",
+                         device=device, classid=_tc_id(handle))
+            current.pop(handle)
+        for spec in tree.classes:  # parents first
+            have = current.get(spec.handle)
+            want = _KernelClass(spec.handle, spec.parent, spec.rate_bps // 8, spec.ceil_bps // 8, spec.prio)
+            if have == want:
+                continue
+            command = "add-class" if have is None else "change-class"
+            ipr.tc(command, "htb", index, spec.handle, parent=spec.parent, **_htb_params(spec))
+            verb = "added" if have is None else "changed"
+            self._change(
+                report, f"netqos_class_{verb}",
+                f"{device}: {verb} class {_tc_id(spec.handle)} rate {spec.rate_bps} ceil "
+                f"{spec.ceil_bps} prio {spec.prio} ({spec.label})",
+                device=device, classid=_tc_id(spec.handle), rate_bps=spec.rate_bps,
+                ceil_bps=spec.ceil_bps, prio=spec.prio, label=spec.label,
+            )
+
+    @staticmethod
+    def _classes(ipr: IPRoute, index: int) -> list[_KernelClass]:
+        out = []
+        for msg in ipr.get_classes(index):
+            if msg.get_attr("TCA_KIND") != "htb" or (msg["handle"] >> 16) != HTB_MAJOR:
+                continue
+            options = msg.get_attr("TCA_OPTIONS")
+            parms = options.get_attr("TCA_HTB_PARMS")
+            rate = options.get_attr("TCA_HTB_RATE64") or parms["rate"]
+            ceil = options.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
+            parent = msg["parent"] if msg["parent"] != _TC_H_ROOT else _QDISC_HANDLE
+            out.append(_KernelClass(msg["handle"], parent, rate, ceil, parms["prio"]))
+        return out
+
+    def _remove_qdisc(self, ipr: IPRoute, index: int, name: str, report: NetReport, why: str) -> None:
+        try:
+            ipr.tc("del", index=index, handle=_QDISC_HANDLE, parent=_TC_H_ROOT)
+        except NetlinkError as err:
+            report.failures.append(f"{name}: removing htb {HTB_MAJOR:x}: failed: {_netlink_error(err)}")
+            self._log.warning("netqos_tc_failed", device=name, error=_netlink_error(err))
+            return
+        self._change(report, "netqos_qdisc_removed", f"{name}: removed htb {HTB_MAJOR:x}: ({why})",
+                     device=name, reason=why)
+
+    def _change(self, report: NetReport, event: str, line: str, **fields: Any) -> None:
+        report.changes.append(line)
+        self._log.info(event, netns=self.netns, **fields)
+
+    # ---------------------------------------------------------------- nftables
+
+    def _nft_argv(self, args: list[str]) -> list[str]:
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        return prefix + self._nft_command + args
+
+    def _nft(self, args: list[str], report: NetReport, what: str, stdin: str | None = None) -> str | None:
+        try:
+            done = subprocess.run(self._nft_argv(args), input=stdin, capture_output=True, text=True,
+                                  timeout=_NFT_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            self._nft_failed(report, what, str(err))
+            return None
+        if done.returncode != 0:
+            self._nft_failed(report, what, (done.stderr or done.stdout).strip())
+            return None
+        self._last_nft_error = None
+        return done.stdout
+
+    def _nft_failed(self, report: NetReport, what: str, error: str) -> None:
+        report.failures.append(f"nft {what}: {error}")
+        # Every reconcile retries; log a persisting error (e.g. nft not installed) once.
+        if error != self._last_nft_error:
+            self._log.warning("netqos_nft_failed", action=what, error=error)
+        self._last_nft_error = error
+
+    def _nft_fingerprint(self) -> str | None:
+        """The fingerprint comment of our table ("" without one); None: no table."""
+        try:
+            done = subprocess.run(self._nft_argv(["list", "table", NFT_FAMILY, NFT_TABLE]),
+                                  capture_output=True, text=True, timeout=_NFT_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        match = _FINGERPRINT.search(done.stdout)
+        return match.group(1) if match else ""
+
+    def _converge_nft(self, plan: NetPlan, report: NetReport) -> None:
+        if self._nft_fingerprint() == plan.fingerprint:
+            return
+        if self._nft(["-f", "-"], report, "replace table", stdin=plan.nft_script()) is None:
+            return
+        self._change(report, "netqos_nft_applied",
+                     f"nft: table {NFT_FAMILY} {NFT_TABLE} set to plan {plan.fingerprint} "
+                     f"({len(plan.egress4) + len(plan.egress6)} egress, "
+                     f"{len(plan.ingress4) + len(plan.ingress6)} ingress entries)",
+                     fingerprint=plan.fingerprint)
+
+
+def _tc_id(handle: int) -> str:
+    return f"{handle >> 16:x}:{handle & 0xFFFF:x}"
+
+
+def _depth(handle: int, classes: dict[int, _KernelClass]) -> int:
+    depth, seen = 0, set()
+    while handle in classes and handle not in seen:
+        seen.add(handle)
+        handle = classes[handle].parent
+        depth += 1
+    return depth
+
+
+def _htb_params(spec: HtbClass) -> dict[str, int]:
+    rate, ceil = spec.rate_bps // 8, spec.ceil_bps // 8  # bytes/s
+    return {
+        "rate": rate,
+        "ceil": ceil,
+        "prio": spec.prio,
+        # ~1 ms worth of bytes, at least two full frames; what tc's defaults aim at.
+        "burst": max(rate // 1000, 3200),
+        "cburst": max(ceil // 1000, 3200),
+        # Explicit DRR quantum (bytes per round): the kernel's rate/r2q overflows and warns
+        # for fast classes.
+        "quantum": min(max(rate // 10, 1600), 200_000),
+    }
+
+
+def _netlink_error(err: NetlinkError) -> str:
+    return f"{err.code}: {err.args[1] if len(err.args) > 1 else err}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Controller
+
+
+def pod_network_from_status(status: Any) -> tuple[tuple[str, ...], bool]:
+    """(IPs, host_network) from a CRI PodSandboxStatus message."""
+    network = status.network
+    ips = [network.ip] if network.ip else []
+    ips += [extra.ip for extra in network.additional_ips if extra.ip]
+    # NamespaceMode NODE = 2: the pod shares the node's network namespace.
+    host_network = status.linux.namespaces.options.network == 2
+    return tuple(dict.fromkeys(ips)), host_network
+
+
+class NetQoSController:
+    """Runs the network policy: shaping when enabled, nothing of ours when disabled."""
+
+    def __init__(self, config: NetQoSConfig, executor: NetQoSExecutor | None = None, *, logger: Any = None) -> None:
+        self.config = config
+        self.executor = executor or NetQoSExecutor(logger=logger)
+        self._log = logger if logger is not None else structlog.get_logger("koordnode.netqos")
+        self.last_report = NetReport(enabled=config.enable)
+
+    def update_config(self, config: NetQoSConfig) -> None:
+        self.config = config
+
+    def uplinks(self) -> list[str]:
+        return list(self.config.interfaces) or self.executor.default_route_interfaces()
+
+    def reconcile(self, pods: Iterable[PodNetwork]) -> NetReport:
+        if not self.config.enable:
+            report = self.executor.remove_all()
+            self.last_report = report
+            return report
+        report = NetReport(enabled=True)
+        pods = list(pods)
+        try:
+            uplinks = self.uplinks()
+            if not uplinks:
+                report.failures.append("no uplink: [net] interfaces is empty and there is no default route")
+            limited = [ip for pod in pods for ip in pod.ips
+                       if self.config.pod_limits and pod.annotations.get(NETWORK_QOS_ANNOTATION)]
+            route_devices = self.executor.route_devices(limited) if limited else {}
+            plan = plan_network(self.config, pods, uplinks, route_devices=route_devices,
+                                local_ips=self.executor.local_addresses())
+        except (NetlinkError, OSError, ValueError) as err:
+            report.failures.append(f"planning failed: {err}")
+            self._log.warning("netqos_plan_failed", error=str(err))
+            self.last_report = report
+            return report
+        report.uplinks = list(plan.uplinks)
+        report.skipped = [f"{s.pod}: {s.reason}" for s in plan.skipped]
+        self.executor.apply(plan, report=report)
+        self.last_report = report
+        return report
+
+    def status(self) -> dict[str, Any]:
+        report = self.last_report
+        return {"enabled": report.enabled, "uplinks": report.uplinks,
+                "failures": list(report.failures), "skipped": list(report.skipped)}

@@ -1,0 +1,231 @@
+"""Configuration of hardware isolation: resctrl (L3 cache, memory bandwidth) and network QoS.
+
+Sections for the root :class:`koordnode.config.Config` (declared with ``setting``, loaded by
+the generic TOML loader):
+
+    [resctrl]                  -> ResctrlConfig
+    [qos.<CLASS>.resctrl]      -> ResctrlClassConfig, nested into each per-class QoS config;
+                                  class defaults: resctrl_class_defaults(class name)
+    [net]                      -> NetQoSConfig
+
+Everything is off by default: ``[resctrl] enable`` and ``[net] enable`` are false.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from koordnode.config import setting
+
+__all__ = [
+    "NET_CLASS_NAMES",
+    "NetQoSConfig",
+    "RESCTRL_GROUP_CLASSES",
+    "ResctrlClassConfig",
+    "ResctrlConfig",
+    "resctrl_class_defaults",
+]
+
+# ---------------------------------------------------------------------------------------------
+# resctrl
+
+ResctrlVendor = Literal["auto", "intel", "amd"]
+
+# Classes that own a resctrl group; LSE pods share the LSR group, SYSTEM pods stay in the
+# root (default) group, which keeps the whole cache and full bandwidth.
+RESCTRL_GROUP_CLASSES = ("LSR", "LS", "BE")
+
+_GROUP_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,40}\Z")
+
+
+def _check_group_prefix(value: str) -> str | None:
+    if not _GROUP_PREFIX.match(value) or value in (".", ".."):
+        return ('expected 1-40 characters of letters, digits, "_", "." or "-" '
+                f"(a directory name prefix), got {value!r}")
+    if value in ("info", "mon_groups", "mon_data"):
+        return f"{value!r} is a name the resctrl filesystem reserves"
+    return None
+
+
+def _check_absolute(value: str) -> str | None:
+    if not value.startswith("/") or "\0" in value:
+        return f"expected an absolute path, got {value!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class ResctrlConfig:
+    enable: bool = setting(
+        False,
+        doc="put pods into one resctrl group per class (LSR and LSE, LS, BE) with the L3 "
+        "cache ways and memory bandwidth of [qos.<CLASS>.resctrl]; false removes the groups",
+    )
+    vendor: ResctrlVendor = setting(
+        "auto",
+        doc='CPU vendor deciding the memory bandwidth format: "auto" (from /proc/cpuinfo), '
+        '"intel" (percent) or "amd" (absolute, 1/8 GB/s units)',
+    )
+    root: str = setting(
+        "/sys/fs/resctrl",
+        doc="where the resctrl filesystem is mounted (koordnode never mounts it)",
+        check=_check_absolute,
+    )
+    procfs_root: str = setting(
+        "/proc", doc="procfs mount read for cpuinfo (vendor_id, cat_l3 and mba flags)",
+        check=_check_absolute,
+    )
+    group_prefix: str = setting(
+        "koordnode-",
+        doc="name prefix of the resctrl groups koordnode owns (<prefix>LSR, <prefix>LS, "
+        "<prefix>BE); directories with other names are never touched",
+        check=_check_group_prefix,
+    )
+    amd_max_bandwidth_gbps: float = setting(
+        32.0,
+        min=0.125,
+        max=256.0,
+        doc="AMD only: memory bandwidth in GB/s one L3 domain can draw, i.e. what "
+        "mba_percent = 100 means; a lower percent is written as that share of it",
+    )
+
+
+@dataclass(frozen=True)
+class ResctrlClassConfig:
+    """``[qos.<CLASS>.resctrl]``: the share of L3 cache and memory bandwidth of a class.
+
+    Used for LSR (LSE pods share its group), LS and BE; ignored for SYSTEM and LSE.
+    """
+
+    cat_range_start_percent: int = setting(
+        0, min=0, max=100,
+        doc="start of the class's contiguous slice of L3 cache ways, percent of the cache",
+    )
+    cat_range_end_percent: int = setting(
+        100, min=0, max=100,
+        doc="end of the class's slice of L3 cache ways, percent (at least min_cbm_bits "
+        "ways are always given)",
+    )
+    mba_percent: int = setting(
+        100, min=1, max=100,
+        doc="memory bandwidth the class may use, percent (Intel: rounded up to the "
+        "hardware's granularity; AMD: share of resctrl.amd_max_bandwidth_gbps)",
+    )
+
+    def validate(self) -> list[str]:
+        if self.cat_range_start_percent >= self.cat_range_end_percent:
+            return ["cat_range_end_percent: must be greater than cat_range_start_percent "
+                    f"({self.cat_range_end_percent} <= {self.cat_range_start_percent})"]
+        return []
+
+
+_RESCTRL_CLASS_DEFAULTS: Mapping[str, ResctrlClassConfig] = MappingProxyType({
+    "SYSTEM": ResctrlClassConfig(),
+    "LSE": ResctrlClassConfig(),
+    "LSR": ResctrlClassConfig(),
+    "LS": ResctrlClassConfig(),
+    "BE": ResctrlClassConfig(cat_range_end_percent=30),
+})
+
+
+def resctrl_class_defaults(class_name: str) -> ResctrlClassConfig:
+    """Default ``[qos.<CLASS>.resctrl]`` of a class: BE gets 0-30 % of L3, others all."""
+    return _RESCTRL_CLASS_DEFAULTS[str(class_name)]
+
+
+# ---------------------------------------------------------------------------------------------
+# network QoS
+
+NET_CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
+NetClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
+
+# Linux interface names: at most 15 bytes, no "/", no whitespace, not "." or "..".
+_IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}\Z")
+
+_DEFAULT_PRIORITIES: Mapping[str, int] = MappingProxyType(
+    {"SYSTEM": 0, "LSE": 0, "LSR": 1, "LS": 2, "BE": 3}
+)
+
+# HTB rates are carried as 64-bit bytes/s; keep well inside that.
+_MAX_MBPS = 10_000_000
+
+
+def _check_interfaces(value: tuple[str, ...]) -> str | None:
+    for name in value:
+        if not _IFNAME.match(name) or name in (".", ".."):
+            return f"{name!r} is not a network interface name"
+    if len(set(value)) != len(value):
+        return "lists an interface twice"
+    return None
+
+
+def _check_cidrs(value: tuple[str, ...]) -> str | None:
+    for cidr in value:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            return f"{cidr!r} is not an IP address or network (CIDR)"
+    return None
+
+
+@dataclass(frozen=True)
+class NetQoSConfig:
+    enable: bool = setting(
+        False,
+        doc="shape pod egress traffic on the uplink(s) with an HTB class per QoS priority; "
+        "false removes what koordnode installed",
+    )
+    interfaces: tuple[str, ...] = setting(
+        (),
+        doc="uplink interfaces to shape; empty: the interface(s) holding the default route",
+        check=_check_interfaces,
+    )
+    link_rate_mbps: int = setting(
+        10000, min=1, max=_MAX_MBPS,
+        doc="total egress rate of each uplink in Mbit/s (set it a little below the real "
+        "link speed so that the queue builds here, where the priorities apply)",
+    )
+    be_rate_mbps: int = setting(
+        500, min=1, max=_MAX_MBPS, doc="bandwidth guaranteed to BE pods together, Mbit/s",
+    )
+    be_ceil_mbps: int = setting(
+        1000, min=1, max=_MAX_MBPS,
+        doc="most bandwidth BE pods together may use when others leave it idle, Mbit/s",
+    )
+    priorities: dict[NetClassName, int] = setting(
+        default_factory=lambda: dict(_DEFAULT_PRIORITIES),
+        min=0, max=7,
+        doc="HTB priority (0 first .. 7) of each class; classes with the same priority share "
+        "one tc class",
+    )
+    pod_limits: bool = setting(
+        True,
+        doc="honour the koordinator.sh/networkQOS pod annotation "
+        '({"ingressLimit": "100M", "egressLimit": "200M"}, bits per second)',
+    )
+    exclude_cidrs: tuple[str, ...] = setting(
+        (),
+        doc="pod IPs inside these networks are never classified (e.g. the node's own "
+        "networks, if pods can share them)",
+        check=_check_cidrs,
+    )
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.be_ceil_mbps < self.be_rate_mbps:
+            errors.append(f"be_ceil_mbps: must be >= be_rate_mbps ({self.be_rate_mbps})")
+        if self.be_ceil_mbps > self.link_rate_mbps:
+            errors.append(f"be_ceil_mbps: must be <= link_rate_mbps ({self.link_rate_mbps})")
+        be = self.priorities.get("BE", _DEFAULT_PRIORITIES["BE"])
+        shared = [name for name, prio in self.priorities.items() if name != "BE" and prio == be]
+        if shared:
+            errors.append(f"priorities: BE's priority {be} is also given to "
+                          f"{', '.join(shared)}; BE needs a tc class of its own")
+        return errors
+
+    def priority_of(self, class_name: str) -> int:
+        return self.priorities.get(class_name, _DEFAULT_PRIORITIES[class_name])  # type: ignore[index]
