@@ -21,10 +21,21 @@ for pkg in "${APT_PACKAGES[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
+    # Keep maintainer scripts from starting services (the packaged containerd) while installing:
+    # exit code 101 from policy-rc.d tells invoke-rc.d "action forbidden". Only our own guard is removed.
+    guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        guard=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\n# temporary guard from koordnode scripts/install-deps.sh\nexit 101\n' >"$guard"
+        chmod 0755 "$guard"
+        trap 'rm -f "$guard"' EXIT
+    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    if [ -n "$guard" ]; then rm -f "$guard"; trap - EXIT; fi
 fi
 
 # Tests start private containerd instances; the packaged system service must not run beside them.
+# (Harmless no-op when systemd is not PID 1.)
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now containerd.service >/dev/null 2>&1 || true
 fi

@@ -6,9 +6,11 @@ needs root and the real containerd bed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import tarfile
 import sys
@@ -22,6 +24,7 @@ import pytest
 from testbed.containerd_bed import (
     CGROUP_FS_ROOT,
     SHIM_SOCKET_DIR,
+    BedError,
     ContainerdBed,
     _decode_conditions,
     _decode_fields,
@@ -30,8 +33,8 @@ from testbed.containerd_bed import (
     _encode_varint,
     _listening_unix_paths,
     _mount_points,
+    _processes,
 )
-from testbed.fixtures import containerd_bed  # noqa: F401  (shared; harmless if conftest also provides it)
 from testbed.images import (
     BUSYBOX_IMAGE_REF,
     MEDIA_TYPE_LAYER,
@@ -95,19 +98,34 @@ def test_image_build_rejects_bad_input(tmp_path: Path) -> None:
         build_image_archive(tmp_path / "x.tar", "docker.io/x/untagged", ["sh"])
 
 
-def test_pause_command_exits_promptly_on_sigterm() -> None:
-    # Run the pause command on the host busybox: it must idle, then stop on TERM.
+def test_pause_command_exits_promptly_on_sigterm_without_orphans() -> None:
+    # Run the pause command on the host busybox: it must idle, then stop on TERM
+    # and take its idle `sleep` child with it.
     assert PAUSE_CMD[0] == "/bin/sh"
-    proc = subprocess.Popen(["/bin/busybox", "sh", *PAUSE_CMD[1:]])
+    proc = subprocess.Popen(
+        ["/bin/busybox", "sh", *PAUSE_CMD[1:]], start_new_session=True, stdout=subprocess.DEVNULL
+    )
     try:
         time.sleep(0.3)
         assert proc.poll() is None
         proc.terminate()
         assert proc.wait(timeout=3) == 0
+        _wait_for(lambda: not _live_group_members(proc.pid), 3, "the pause's sleep child to die")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Non-zombie processes in process group ``pgid`` (zombies may linger unreaped under PID 1)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
 
 
 def test_protobuf_wire_helpers_round_trip() -> None:
@@ -281,7 +299,7 @@ def test_busybox_pod_runs_logs_and_lands_in_expected_cgroup(
     assert pod.container_id not in bed.list_container_ids()
     assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.container_id}").exists()
     assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.pod_id}").exists()
-    _wait_for(lambda: not bed._shim_pids(), 10, "the pod's shim to exit")
+    _wait_for(lambda: not bed.shim_pids(), 10, "the pod's shim to exit")
     # containerd leaves the pod-level parent (kubelet's job); the bed removes it.
     bed.cleanup_cgroups(pod.cgroup_parent)
     assert not any((mount / pod.cgroup_parent.lstrip("/")).exists() for mount in CGROUP_FS_ROOT.iterdir())
@@ -299,7 +317,7 @@ def test_stop_leaves_nothing_behind_even_with_a_running_pod(
     pod = BusyboxPod(bed, tmp_path / "logs", ["sleep", "3600"], qos="burstable")
     pod.run()
     _wait_for(lambda: pod.state() == api.CONTAINER_RUNNING, 30, "container RUNNING")
-    shims = bed._shim_pids()
+    shims = bed.shim_pids()
     assert shims
     shim_sockets = [path for pid in shims for path in _listening_unix_paths(pid)]
     assert any(path.startswith(str(SHIM_SOCKET_DIR)) for path in shim_sockets)
@@ -308,7 +326,7 @@ def test_stop_leaves_nothing_behind_even_with_a_running_pod(
     bed.stop()
 
     assert not bed.running and not Path(f"/proc/{containerd_pid}").exists()
-    assert not bed._shim_pids()
+    assert not bed.shim_pids()
     assert not any(os.path.exists(path) for path in shim_sockets)
     assert not [mp for mp, _ in _mount_points() if mp.startswith(str(bed.workdir))]
     assert not Path(f"/sys/class/net/{bed.bridge_name}").exists()
@@ -326,3 +344,15 @@ def test_stop_leaves_nothing_behind_even_with_a_running_pod(
         assert time.monotonic() - started < 30
     finally:
         bed.stop()
+
+
+@pytest.mark.e2e
+def test_start_failure_is_a_clear_error_and_leaves_nothing_running(
+    containerd_bed: ContainerdBed, tmp_path: Path  # the session bed only gates on prerequisites
+) -> None:
+    bed = ContainerdBed(tmp_path / "broken", snapshotter="no-such-snapshotter")
+    with pytest.raises(BedError, match="CRI plugin failed to load.*no-such-snapshotter"):
+        bed.start()
+    assert not bed.running
+    assert not [pid for pid, argv in _processes() if str(bed.config_path) in argv]
+    assert not bed.root.exists() and bed.log_path.exists()

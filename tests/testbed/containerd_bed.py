@@ -35,10 +35,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import grpc
 
@@ -51,6 +51,7 @@ REQUIRED_BINARIES = ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "ip
 REQUIRED_CNI_PLUGINS = ("bridge", "host-local", "portmap")
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CNI_RESULT_CACHE = Path("/var/lib/cni/results")
+_HARDCODED_HOST_DIRS = (SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent, CNI_RESULT_CACHE, CNI_RESULT_CACHE.parent)
 _MAX_UNIX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep room for ".ttrpc"
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -330,7 +331,6 @@ class BedTimings:
     containerd_ready: float = 0.0
     images_imported: float = 0.0
     total_start: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class ContainerdBed:
@@ -364,7 +364,7 @@ class ContainerdBed:
         self._socket_dir: Path | None = None
         self.socket = self.state / "containerd.sock"
         if len(str(self.socket)) > _MAX_UNIX_SOCKET_PATH:
-            self._socket_dir = Path(tempfile.mkdtemp(prefix=f"kn-{self.id}-"))
+            self._socket_dir = Path(tempfile.gettempdir()) / f"koordnode-bed-{self.id}"
             self.socket = self._socket_dir / "containerd.sock"
         self.address = f"unix://{self.socket}"
         self.namespace = CRI_NAMESPACE
@@ -383,9 +383,9 @@ class ContainerdBed:
         self.start_timeout = start_timeout
         self.timings = BedTimings()
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
         self._channel: grpc.Channel | None = None
-        self._created_run_containerd = False
+        self._host_dirs_created: list[Path] = []
 
     # ----- lifecycle -----------------------------------------------------
 
@@ -412,7 +412,10 @@ class ContainerdBed:
         began = time.monotonic()
         for directory in (self.root, self.state, self.cni_conf_dir, self.cni_ipam_dir, self.image_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        self._created_run_containerd = not SHIM_SOCKET_DIR.parent.exists()
+        if self._socket_dir is not None:
+            self._socket_dir.mkdir(mode=0o700, exist_ok=True)
+        # Hard-coded host dirs containerd/libcni may create; removed again at stop if empty.
+        self._host_dirs_created = [d for d in _HARDCODED_HOST_DIRS if not d.exists()]
 
         images = build_test_images(self.image_dir)
         self.timings.images_built = time.monotonic() - began
@@ -466,10 +469,9 @@ class ContainerdBed:
         shutil.rmtree(self.cni_ipam_dir, ignore_errors=True)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-        if self._created_run_containerd:
-            for directory in (SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
+        for directory in sorted(self._host_dirs_created, key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only when empty: another bed may still use it
 
     # ----- CRI / ctr access ---------------------------------------------
 
@@ -565,8 +567,13 @@ class ContainerdBed:
         (e.g. one ``pod_cgroup_parent``), which must lie inside the prefix.
         Works across every mounted hierarchy (v1 controllers, name=systemd and
         the unified v2 mount). Returns the directories removed.
+
+        With ``cgroup_prefix=""`` the whole-tree cleanup only removes *empty*
+        cgroups under ``/kubepods``: it never kills processes there, which on a
+        real node might belong to a kubelet's pods.
         """
         top = self.cgroup_prefix or self.kubepods_cgroup
+        may_kill = bool(self.cgroup_prefix) or subtree is not None
         if subtree is not None:
             subtree = "/" + subtree.strip("/")
             if not subtree.startswith(top + "/"):
@@ -580,7 +587,8 @@ class ContainerdBed:
             dirs = sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
             dirs.append(base)
             for directory in dirs:
-                self._kill_cgroup_members(directory)
+                if may_kill:
+                    self._kill_cgroup_members(directory)
                 try:
                     directory.rmdir()
                     removed.append(directory)
@@ -719,16 +727,20 @@ disabled_plugins = [
                     last_problem = f"CRI conditions {conditions}"
                 except grpc.RpcError as err:
                     last_problem = f"CRI not answering: {err.code()} {err.details()}"
-                    if err.code() == grpc.StatusCode.UNIMPLEMENTED and self._cri_plugin_failed():
-                        raise BedError(f"containerd's CRI plugin failed to load; log tail:\n{self._log_tail()}")
+                    cri_failure = self._cri_plugin_failure() if err.code() == grpc.StatusCode.UNIMPLEMENTED else ""
+                    if cri_failure:
+                        raise BedError(f"containerd's CRI plugin failed to load: {cri_failure} (log: {self.log_path})")
             time.sleep(0.1)
         raise BedError(f"containerd not ready after {self.start_timeout}s ({last_problem}); log tail:\n{self._log_tail()}")
 
-    def _cri_plugin_failed(self) -> bool:
+    def _cri_plugin_failure(self) -> str:
+        """The log line saying the CRI plugin failed in the current run, or ''."""
         with contextlib.suppress(OSError):
             current_run = self.log_path.read_text(errors="replace").rsplit(_LOG_RUN_MARKER, 1)[-1]
-            return 'failed to load plugin io.containerd.grpc.v1.cri"' in current_run
-        return False
+            for line in current_run.splitlines():
+                if 'failed to load plugin io.containerd.grpc.v1.cri"' in line:
+                    return line
+        return ""
 
     def _snapshotter_loaded(self) -> bool:
         for line in self.ctr("plugins", "ls").splitlines():
@@ -765,9 +777,10 @@ disabled_plugins = [
                 process.wait(timeout=10)
         if self._log_file is not None:
             self._log_file.close()
-            self._log_file = None
+            self._log_file: BinaryIO | None = None
 
-    def _shim_pids(self) -> list[int]:
+    def shim_pids(self) -> list[int]:
+        """Pids of the containerd shims serving this bed."""
         pids = []
         for pid, argv in _processes():
             if not argv or "containerd-shim" not in os.path.basename(argv[0]):
@@ -777,7 +790,7 @@ disabled_plugins = [
         return pids
 
     def _kill_shims(self) -> None:
-        pids = self._shim_pids()
+        pids = self.shim_pids()
         sockets = [p for pid in pids for p in _listening_unix_paths(pid)]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

@@ -26,11 +26,12 @@ BUSYBOX_IMAGE_REF = "docker.io/koordnode/busybox:test"
 
 # Pause must run forever but stop at once on SIGTERM. As PID 1 of its PID
 # namespace it gets no default signal actions, hence the explicit trap; the
-# `sleep & wait` keeps the shell interruptible while it idles.
+# `sleep & wait` keeps the shell interruptible while it idles, and the trap
+# kills that sleep so nothing is orphaned even outside a PID namespace.
 PAUSE_CMD = [
     "/bin/sh",
     "-c",
-    "trap 'exit 0' TERM INT HUP; while :; do sleep 2147483647 & wait $!; done",
+    "trap 'kill $! 2>/dev/null; exit 0' TERM INT HUP; while :; do sleep 2147483647 & wait $!; done",
 ]
 BUSYBOX_CMD = ["/bin/sh"]
 
