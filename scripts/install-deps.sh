@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
     containerd runc containernetworking-plugins busybox-static  # the real runtime of the test bed
     iproute2 iptables nftables                                  # network namespaces, tc, masquerade, classification
-    rpm dpkg-dev fakeroot                                       # packaging/build.sh and its tests
+    rpm python3-venv python3-pip                                # packaging/build.sh and its tests
     systemd                                                     # systemd-analyze verify of the unit
 )
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -40,6 +40,7 @@ if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now containerd.service >/dev/null 2>&1 || true
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# A Debian-managed python3 refuses pip installs without this; other Pythons ignore it.
+PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 npm ci --prefix tests/js_client --ignore-scripts --no-audit --no-fund --loglevel=error

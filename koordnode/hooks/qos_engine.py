@@ -65,12 +65,20 @@ def resources_to_annotation(res: ContainerResources) -> str:
 
 
 def resources_from_annotation(text: str | None) -> ContainerResources | None:
+    """kubelet's resources from our annotation; None when absent or not what we wrote."""
     if not text:
         return None
     try:
         doc = json.loads(text)
         unified = {str(k): str(v) for k, v in (doc.pop("unified", None) or {}).items()}
-        return ContainerResources(**{k: v for k, v in doc.items() if k in _RESOURCE_FIELDS}, unified=unified)
+        values = {k: v for k, v in doc.items() if k in _RESOURCE_FIELDS}
+        # The annotation can come back from the runtime written by someone else: a wrong type
+        # here would only fail later, inside the policy.
+        for k, v in values.items():
+            wanted = str if k in ("cpuset_cpus", "cpuset_mems") else int
+            if isinstance(v, bool) or not isinstance(v, wanted):
+                return None
+        return ContainerResources(**values, unified=unified)
     except (ValueError, TypeError, AttributeError):
         return None
 
@@ -160,11 +168,21 @@ class QoSEngine:
             self._apply_config(config)
             self.executor.forget_unsupported()
 
-    def _has_group_identity(self) -> bool:
+    def _probe_group_identity(self, cgroup: str) -> bool:
         try:
-            return self.executor.read("/", "cpu.bvt_warp_ns") is not None
+            return self.executor.read(cgroup, "cpu.bvt_warp_ns") is not None
         except Exception:
             return False
+
+    def _has_group_identity(self) -> bool:
+        # On cgroup v2 the root cgroup has no cpu.* files: look at the kubepods tiers too.
+        for cgroup in ("/", "/kubepods", "/kubepods.slice"):
+            try:
+                if self.executor.read(cgroup, "cpu.bvt_warp_ns") is not None:
+                    return True
+            except Exception:
+                continue
+        return False
 
     # ---- inputs from CRI ------------------------------------------------------------------
 
@@ -335,6 +353,9 @@ class QoSEngine:
             record.skipped = [f"cgroup parent {pod.cgroup_parent!r} refused: {exc}"]
             log.warning("refusing unsafe cgroup parent", sandbox_id=sandbox_id, error=str(exc))
             return
+        if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
+            self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
+            log.info("group identity kernel detected: BE pods get cpu.bvt_warp_ns instead of cpu.idle")
         pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                     features=self.features, pod_cgroup=pod_cgroup, node=self.config.node)
         writes: list[CgroupWrite] = list(pod_plan.writes)
@@ -380,8 +401,8 @@ class QoSEngine:
             if pod is None:
                 continue
             decision = self._decision(pod)
-            if decision.qos_class in CPU_OWNING_CLASSES:
-                continue
+            # LSE/LSR containers without an allocation (the fail-open fallback) share the pool
+            # too, so they must leave cores handed out since; pool_for gives them the share pool.
             pool = self.allocator.pool_for(decision.qos_class)
             try:
                 cgroup = self._container_cgroup(pod.cgroup_parent, c.container_id)
@@ -437,8 +458,12 @@ class QoSEngine:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files)."""
         with self.lock:
             for pod in list(self.state.pods.values()):
-                if pod.state == POD_READY:
+                if pod.state != POD_READY:
+                    continue
+                try:
                     self._apply_pod(pod.sandbox_id, self.pod_input_from_record(pod), force=force)
+                except Exception:  # one pod's trouble must not stop the others' reconcile
+                    log.exception("reconcile of a pod failed", sandbox_id=pod.sandbox_id)
             self._refresh_pools()
             live = set(self.state.pods)
             for sid in list(self.pod_records):

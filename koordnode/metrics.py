@@ -1,0 +1,650 @@
+"""Prometheus metrics: what koordnode did and what it sees, on a private registry.
+
+One :class:`Metrics` object owns every metric (``koordnode_...``), recorded from the event
+loop through the methods below; :func:`start` serves it over HTTP at ``/metrics`` from a
+thread. Names follow Prometheus conventions: counters end in ``_total``, values are in base
+units (seconds, bytes, cores, ratios 0..1).
+
+Exported metrics (labels in braces):
+
+- ``koordnode_build_info{version,python_version}`` (always 1), ``koordnode_start_time_seconds``,
+  ``koordnode_uptime_seconds``; ``process_*`` and ``python_info`` from prometheus-client.
+- ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
+  (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...).
+- ``koordnode_hook_failures_total{hook,phase,kind}``: hook errors (``kind="error"``) and
+  timeouts (``kind="timeout"``), read from the hook chain's counters at scrape time.
+- ``koordnode_proxy_connections_open``, ``koordnode_proxy_connections_total``,
+  ``koordnode_proxy_intercepted_calls_total``: read from the proxy's stats at scrape time.
+- ``koordnode_applied_cpu_shares``, ``_cpu_quota_cores``, ``_cpuset_cpus`` (number of CPUs),
+  ``_memory_min_bytes``, ``_memory_low_bytes``, ``_memory_high_bytes``, ``_oom_score_adj``,
+  ``_blkio_weight``, all ``{namespace,pod,container,class}``: the values koordnode applied,
+  ``container=""`` for the pod-level cgroup. No series while a value is unlimited/unset.
+- ``koordnode_be_cpu_quota_cores`` (the CPU budget of the BE tier; -1 = unlimited) and
+  ``koordnode_be_cpu_suppress_ratio`` (the factor LS pressure applies to that budget; 1 = none).
+- ``koordnode_psi_avg10_ratio{scope,resource,kind}``: PSI ``some``/``full`` avg10 as 0..1.
+- ``koordnode_executor_writes_total{resource,outcome}``: kernel writes by outcome
+  (``written``, ``unchanged``, ``skipped``, ``missing``, ``failed``, ``refused``).
+- ``koordnode_evictions_total{reason}`` (``memory``, ``cpu``, ``other``).
+- ``koordnode_config_reloads_total{result}``, ``koordnode_config_last_reload_successful``,
+  ``koordnode_config_last_reload_timestamp_seconds``.
+
+Recording never raises on bad input: a value that cannot be read is skipped (and reported by
+the return value where there is one), because metrics must not break the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import platform
+import re
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    make_wsgi_app,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from koordnode import __version__
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "METRICS",
+    "Metrics",
+    "MetricsConfig",
+    "MetricsServer",
+    "MetricsStartError",
+    "normalize_listen",
+    "parse_listen",
+    "start",
+]
+
+DEFAULT_LISTEN = "127.0.0.1:9316"
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration: [metrics]
+
+
+def normalize_listen(value: str) -> str:
+    """Check a ``host:port`` listen address; ``""`` (off) stays ``""``.
+
+    Accepted: ``127.0.0.1:9316``, ``[::1]:9316``, ``localhost:9316``, ``:9316`` (all IPv4
+    interfaces, normalised to ``0.0.0.0:9316``). Port 0 binds a free port.
+    """
+    if value == "":
+        return ""
+    if value.startswith(":"):
+        value = "0.0.0.0" + value
+    host, port = _split_host_port(value)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a listen address, or None when the endpoint is off (``""``)."""
+    normalized = normalize_listen(value)
+    if not normalized:
+        return None
+    return _split_host_port(normalized)
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def _split_host_port(value: str) -> tuple[str, int]:
+    expected = 'expected "host:port" (e.g. "127.0.0.1:9316" or "[::1]:9316"), or "" for off'
+    if value.startswith("["):
+        host, sep, port_text = value[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{expected}; got {value!r}")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"{expected}; got {value!r}")
+        if ":" in host:
+            raise ValueError(f"an IPv6 address needs brackets, e.g. \"[{host}]:{port_text}\"")
+        if not _HOSTNAME.match(host):
+            raise ValueError(f"{host!r} is neither an IP address nor a host name")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be a number in [0, 65535], got {port_text!r}")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    # Plain field metadata (the keys koordnode.config.setting() fills) rather than setting():
+    # koordnode.config imports this module to build Config, so importing it back would be a cycle.
+    listen: str = dataclasses.field(
+        default=DEFAULT_LISTEN,
+        metadata={
+            "doc": 'host:port serving Prometheus metrics at /metrics ("[::1]:9316" for IPv6); '
+            '"" turns the endpoint off',
+            "min": None,
+            "max": None,
+            "normalize": normalize_listen,
+            "check": None,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The metrics
+
+# From microseconds of hook work to the seconds a slow runtime can take.
+_CRI_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0, 30.0, 60.0)
+
+# gRPC status codes by number (the wire value of grpc-status).
+_GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+               "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+               "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+               "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+# The call ended without a grpc-status (stream reset, connection lost).
+NO_STATUS = "NO_STATUS"
+
+_POD_LABELS = ("namespace", "pod", "container", "class")
+DEFAULT_CFS_PERIOD_US = 100_000
+
+# Keys accepted by Metrics.set_applied: executor resource names, and the CRI field names of
+# LinuxContainerResources for the same values.
+_ALIASES = {
+    "cpu_shares": "cpu.shares",
+    "cpu_quota": "cpu.cfs_quota_us",
+    "cpu_period": "cpu.cfs_period_us",
+    "cpuset_cpus": "cpuset.cpus",
+}
+_APPLIED_KEYS = frozenset({"cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpuset.cpus",
+                           "memory.min", "memory.low", "memory.high", "oom_score_adj",
+                           "blkio.weight"})
+
+
+@dataclass
+class _AppliedSeries:
+    qos_class: str
+    values: dict[str, float] = dataclasses.field(default_factory=dict)  # gauge name -> value
+    quota_us: int | None = None
+    period_us: int = DEFAULT_CFS_PERIOD_US
+
+
+class Metrics:
+    """Every koordnode metric, on its own registry (nothing global is touched)."""
+
+    def __init__(self, *, registry: CollectorRegistry | None = None,
+                 process_metrics: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the bookkeeping below; gauges lock themselves
+        self._applied: dict[tuple[str, str, str], _AppliedSeries] = {}
+        self._followers: dict[str, Any] = {}
+
+        if process_metrics:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+
+        self.build_info = Gauge("koordnode_build_info",
+                                "koordnode build, always 1; the labels carry the information",
+                                ["version", "python_version"], registry=r)
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        self.started_at = clock()
+        Gauge("koordnode_start_time_seconds", "Unix time koordnode started",
+              registry=r).set(self.started_at)
+        Gauge("koordnode_uptime_seconds", "Seconds since koordnode started",
+              registry=r).set_function(lambda: max(0.0, self._clock() - self.started_at))
+
+        self.cri_requests = Counter(
+            "koordnode_cri_requests_total",
+            "CRI calls koordnode intercepted, by gRPC method and status code",
+            ["method", "code"], registry=r)
+        self.cri_duration = Histogram(
+            "koordnode_cri_request_duration_seconds",
+            "Time from a CRI request reaching koordnode to its response leaving, hooks included",
+            ["method"], buckets=_CRI_BUCKETS, registry=r)
+
+        self.executor_writes = Counter(
+            "koordnode_executor_writes_total",
+            "Kernel writes (cgroup files, sysctls) by resource and outcome",
+            ["resource", "outcome"], registry=r)
+        self.evictions = Counter("koordnode_evictions_total",
+                                 "BE containers koordnode evicted, by reason", ["reason"],
+                                 registry=r)
+
+        self._applied_gauges = {
+            name: Gauge(name, doc, _POD_LABELS, registry=r)
+            for name, doc in (
+                ("koordnode_applied_cpu_shares", "cpu.shares applied"),
+                ("koordnode_applied_cpu_quota_cores",
+                 "CFS quota applied, in cores (quota / period); no series when unlimited"),
+                ("koordnode_applied_cpuset_cpus", "Number of CPUs in the cpuset applied"),
+                ("koordnode_applied_memory_min_bytes", "memory.min applied"),
+                ("koordnode_applied_memory_low_bytes", "memory.low applied"),
+                ("koordnode_applied_memory_high_bytes", "memory.high applied; no series when max"),
+                ("koordnode_applied_oom_score_adj", "oom_score_adj applied"),
+                ("koordnode_applied_blkio_weight", "blkio weight applied"),
+            )
+        }
+
+        self.be_cpu_quota = Gauge(
+            "koordnode_be_cpu_quota_cores",
+            "CPU the best-effort tier may use now, in cores; -1 when unlimited", registry=r)
+        self.be_cpu_quota.set(-1)
+        self.be_suppress_ratio = Gauge(
+            "koordnode_be_cpu_suppress_ratio",
+            "Factor LS CPU pressure applies to the best-effort CPU budget (1 = no reduction)",
+            registry=r)
+        self.be_suppress_ratio.set(1)
+        self.psi = Gauge(
+            "koordnode_psi_avg10_ratio",
+            "Pressure stall information, 10 s average, as a ratio 0..1 (kernel percent / 100)",
+            ["scope", "resource", "kind"], registry=r)
+
+        self.config_reloads = Counter("koordnode_config_reloads_total",
+                                      "Configuration reloads by result (success, failure)",
+                                      ["result"], registry=r)
+        self.config_last_reload_ok = Gauge("koordnode_config_last_reload_successful",
+                                           "1 if the last configuration reload was applied",
+                                           registry=r)
+        self.config_last_reload_ok.set(1)
+        self.config_last_reload_time = Gauge(
+            "koordnode_config_last_reload_timestamp_seconds",
+            "Unix time of the last configuration reload attempt (0: none yet)", registry=r)
+
+    # --- exposition ---------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The current metrics in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+    # --- CRI, hooks, proxy --------------------------------------------------------------
+
+    def observe_cri_call(self, method: str, code: int | str | None, seconds: float) -> None:
+        """One intercepted CRI call: ``method`` as the gRPC path or its last part, ``code``
+        the grpc-status number or name (None: the call ended without a status)."""
+        name = method.rsplit("/", 1)[-1] or "unknown"
+        self.cri_requests.labels(name, _code_name(code)).inc()
+        if seconds >= 0:
+            self.cri_duration.labels(name).observe(seconds)
+
+    def follow_hook_failures(
+        self, source: Callable[[], Mapping[tuple[str, str, str], int]]
+    ) -> None:
+        """Export ``source()`` -- {(hook, phase, kind): count}, e.g. ``HookChain.failures`` --
+        as ``koordnode_hook_failures_total``, read at each scrape. A later call replaces it."""
+        self._follow("hook_failures", _FollowHookFailures(source))
+
+    def follow_proxy_stats(self, stats: Any) -> None:
+        """Export a ``ProxyStats``-like object's connection and call counts at each scrape.
+        A later call replaces it."""
+        self._follow("proxy_stats", _FollowProxyStats(stats))
+
+    def _follow(self, name: str, collector: Any) -> None:
+        with self._lock:
+            previous = self._followers.pop(name, None)
+            if previous is not None:
+                self.registry.unregister(previous)
+            self.registry.register(collector)
+            self._followers[name] = collector
+
+    # --- executor, evictions, config ----------------------------------------------------
+
+    def record_write(self, resource: str, outcome: str) -> None:
+        self.executor_writes.labels(resource, outcome).inc()
+
+    def record_writes(self, results: Iterable[Any]) -> None:
+        """Count executor results (``WriteResult``: ``.write.resource`` or ``.write.name``
+        for sysctls, and ``.status``)."""
+        for result in results:
+            write = getattr(result, "write", None)
+            resource = getattr(write, "resource", None) or getattr(write, "name", None) or "unknown"
+            status = getattr(result, "status", "unknown")
+            self.record_write(str(resource), str(getattr(status, "value", status)))
+
+    def record_eviction(self, reason: str, count: int = 1) -> None:
+        """Count evictions by a short reason (``memory``, ``cpu``). A free-text reason, such as
+        ``Eviction.reason``, is reduced to one of ``memory``, ``cpu`` or ``other`` so that the
+        label cannot grow a series per pod."""
+        if count > 0:
+            self.evictions.labels(_reason_label(reason)).inc(count)
+
+    def record_config_reload(self, success: bool) -> None:
+        self.config_reloads.labels("success" if success else "failure").inc()
+        self.config_last_reload_ok.set(1 if success else 0)
+        self.config_last_reload_time.set(self._clock())
+
+    # --- QoS manager --------------------------------------------------------------------
+
+    def set_be_cpu(self, quota_cores: float | None, suppress_ratio: float = 1.0) -> None:
+        """BE tier CPU after a cpu_suppress decision: the budget in cores (None = unlimited;
+        ``Budget.cpus``) and the pressure factor applied to it (``Budget.ratio``)."""
+        self.be_cpu_quota.set(-1 if quota_cores is None else max(0.0, float(quota_cores)))
+        self.be_suppress_ratio.set(max(0.0, float(suppress_ratio)))
+
+    def set_psi(self, resource: str, *, some_avg10: float | None,
+                full_avg10: float | None = None, scope: str = "node") -> None:
+        """PSI avg10 values as the kernel prints them (percent, 0..100) for ``resource``
+        (cpu, memory, io) of ``scope`` (``node``, or e.g. a tier such as ``be``)."""
+        for kind, percent in (("some", some_avg10), ("full", full_avg10)):
+            if percent is not None:
+                self.psi.labels(scope, resource, kind).set(float(percent) / 100.0)
+
+    def set_pressures(self, pressures: Mapping[str, Any], *, scope: str = "node") -> None:
+        """Every resource of a {resource: Pressure or None} map (``NodeSample.pressure``):
+        objects with ``.some.avg10`` and ``.full`` (None or ``.avg10``)."""
+        for resource, pressure in pressures.items():
+            some = getattr(pressure, "some", None)
+            if some is None:
+                continue
+            full = getattr(pressure, "full", None)
+            self.set_psi(resource, some_avg10=some.avg10,
+                         full_avg10=None if full is None else full.avg10, scope=scope)
+
+    # --- per-pod applied values ---------------------------------------------------------
+
+    def set_applied(self, namespace: str, pod: str, container: str, qos_class: str,
+                    values: Mapping[str, Any]) -> list[str]:
+        """Record values applied to a pod (``container=""``) or container.
+
+        ``values`` maps executor resource names (``cpu.shares``, ``cpu.cfs_quota_us``,
+        ``cpu.cfs_period_us``, ``cpuset.cpus``, ``memory.min``, ``memory.low``,
+        ``memory.high``, ``blkio.weight``) or CRI field names (``cpu_shares``, ``cpu_quota``,
+        ``cpu_period``, ``cpuset_cpus``) and ``oom_score_adj`` to what was written. Keys not
+        given keep their last value; None, ``"max"`` or a quota <= 0 drop the series. A new
+        ``qos_class`` relabels the series. Returns the keys that were ignored (unknown key
+        or unreadable value).
+        """
+        key = (namespace, pod, container)
+        ignored: list[str] = []
+        with self._lock:
+            series = self._applied.get(key)
+            if series is None:
+                series = self._applied[key] = _AppliedSeries(qos_class)
+            elif series.qos_class != qos_class:
+                self._remove_series(key, series)
+                series.qos_class = qos_class
+            for raw_key, raw_value in values.items():
+                name = _ALIASES.get(raw_key, raw_key)
+                if name not in _APPLIED_KEYS:
+                    ignored.append(raw_key)
+                    continue
+                try:
+                    self._update(series, name, raw_value)
+                except (TypeError, ValueError):
+                    ignored.append(raw_key)
+            self._publish(key, series)
+        return ignored
+
+    def drop_container(self, namespace: str, pod: str, container: str) -> None:
+        with self._lock:
+            series = self._applied.pop((namespace, pod, container), None)
+            if series is not None:
+                self._remove_series((namespace, pod, container), series)
+
+    def drop_pod(self, namespace: str, pod: str) -> None:
+        """Remove every applied-value series of a pod (pod level and all its containers)."""
+        with self._lock:
+            for key in [k for k in self._applied if k[:2] == (namespace, pod)]:
+                self._remove_series(key, self._applied.pop(key))
+
+    def _update(self, series: _AppliedSeries, name: str, value: Any) -> None:
+        if name == "cpu.cfs_period_us":
+            period = _as_int(value)
+            if period is not None and period > 0:
+                series.period_us = period
+        elif name == "cpu.cfs_quota_us":
+            quota = _as_int(value)
+            series.quota_us = quota if quota is not None and quota > 0 else None
+        elif name == "cpuset.cpus":
+            _set(series.values, "koordnode_applied_cpuset_cpus",
+                 None if value is None else _count_cpus(value))
+        elif name.startswith("memory."):
+            gauge = "koordnode_applied_memory_" + name.split(".", 1)[1] + "_bytes"
+            _set(series.values, gauge, None if value in (None, "max") else _as_int(value))
+        else:
+            gauge = {"cpu.shares": "koordnode_applied_cpu_shares",
+                     "oom_score_adj": "koordnode_applied_oom_score_adj",
+                     "blkio.weight": "koordnode_applied_blkio_weight"}[name]
+            _set(series.values, gauge, _as_int(value))
+        if name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"):
+            cores = None if series.quota_us is None else series.quota_us / series.period_us
+            _set(series.values, "koordnode_applied_cpu_quota_cores", cores)
+
+    def _publish(self, key: tuple[str, str, str], series: _AppliedSeries) -> None:
+        labels = (*key, series.qos_class)
+        for name, gauge in self._applied_gauges.items():
+            if name in series.values:
+                gauge.labels(*labels).set(series.values[name])
+            else:
+                _remove(gauge, labels)
+
+    def _remove_series(self, key: tuple[str, str, str], series: _AppliedSeries) -> None:
+        for gauge in self._applied_gauges.values():
+            _remove(gauge, (*key, series.qos_class))
+
+
+def _code_name(code: int | str | None) -> str:
+    if code is None:
+        return NO_STATUS
+    if isinstance(code, int) and not isinstance(code, bool):
+        return _GRPC_CODES[code] if 0 <= code < len(_GRPC_CODES) else str(code)
+    name = getattr(code, "name", None)  # grpc.StatusCode
+    return str(name if name is not None else code).upper()
+
+
+_SHORT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def _reason_label(reason: str) -> str:
+    if _SHORT_REASON.match(reason):
+        return reason
+    text = reason.lower()
+    if "memory" in text:
+        return "memory"
+    return "cpu" if "cpu" in text else "other"
+
+
+def _as_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a number")
+    if isinstance(value, str):
+        return int(value.strip())
+    return int(value)
+
+
+def _count_cpus(value: Any) -> int:
+    """Number of CPUs in a cpulist such as "0-3,8" (an int is taken as the count)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if not text:
+        return 0
+    count = 0
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        first, last = int(low), int(high) if sep else int(low)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        count += last - first + 1
+    return count
+
+
+def _set(values: dict[str, float], name: str, value: float | None) -> None:
+    if value is None:
+        values.pop(name, None)
+    else:
+        values[name] = float(value)
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    with contextlib.suppress(KeyError):  # never set for these labels
+        gauge.remove(*labels)
+
+
+class _FollowHookFailures:
+    def __init__(self, source: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        self._source = source
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "koordnode_hook_failures",
+            "Runtime hook failures by hook, phase and kind (error, timeout)",
+            labels=["hook", "phase", "kind"])
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        try:
+            snapshot = dict(self._source())
+        except Exception:  # a scrape must not fail because the source is mid-change
+            snapshot = {}
+        for (hook, phase, kind), count in sorted(snapshot.items()):
+            family.add_metric([hook, phase, kind], count)
+        yield family
+
+
+class _FollowProxyStats:
+    def __init__(self, stats: Any) -> None:
+        self._stats = stats
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(0, 0, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(getattr(self._stats, "connections_open", 0),
+                              getattr(self._stats, "connections_total", 0),
+                              getattr(self._stats, "intercepted_calls", 0))
+
+    @staticmethod
+    def _families(open_: int, total: int, intercepted: int) -> Iterator[Metric]:
+        yield GaugeMetricFamily("koordnode_proxy_connections_open",
+                                "kubelet connections open to the CRI proxy", value=open_)
+        yield CounterMetricFamily("koordnode_proxy_connections",
+                                  "kubelet connections accepted by the CRI proxy", value=total)
+        yield CounterMetricFamily("koordnode_proxy_intercepted_calls",
+                                  "CRI calls that went through the hooks", value=intercepted)
+
+
+# The daemon's metrics. Tests build their own Metrics() for isolation.
+METRICS = Metrics()
+
+
+# ---------------------------------------------------------------------------------------------
+# The HTTP endpoint
+
+
+class MetricsStartError(Exception):
+    """The endpoint could not listen (address in use, not local, ...)."""
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # seconds a client may take to send its request
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # scrapes every few seconds would drown the log
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # WSGIServer would resolve the host name (socket.getfqdn): a DNS wait for nothing.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
+def _app(metrics: Metrics) -> Callable[..., Iterable[bytes]]:
+    exposition = make_wsgi_app(metrics.registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"),
+                                                       ("Allow", "GET, HEAD")])
+            return [b"method not allowed\n"]
+        if path == "/metrics":
+            return exposition(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"koordnode {__version__}: metrics at /metrics\n".encode()]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found; metrics are at /metrics\n"]
+
+    return app
+
+
+class MetricsServer:
+    """A running /metrics endpoint; :meth:`stop` it on shutdown or when the address changes."""
+
+    def __init__(self, httpd: _Server, thread: threading.Thread, listen: str) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.listen = listen
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the port is the real one when 0 was asked for."""
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (blocks for at most ~0.1 s)."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def start(config: MetricsConfig | str, metrics: Metrics | None = None) -> MetricsServer | None:
+    """Serve ``metrics`` (default: :data:`METRICS`) at ``http://<listen>/metrics`` from a
+    daemon thread; None when ``listen`` is ``""``. Raises MetricsStartError if it cannot bind."""
+    listen = config.listen if isinstance(config, MetricsConfig) else config
+    try:
+        address = parse_listen(listen)
+    except ValueError as exc:
+        raise MetricsStartError(f"metrics.listen {listen!r}: {exc}") from None
+    if address is None:
+        return None
+    host, port = address
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("_BoundServer", (_Server,), {"address_family": family})
+        httpd = server_class((host, port), _QuietHandler)
+    except OSError as exc:
+        raise MetricsStartError(f"cannot serve metrics on {listen}: "
+                                f"{exc.strerror or exc}") from None
+    httpd.set_app(_app(metrics if metrics is not None else METRICS))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                              name="koordnode-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread, listen)

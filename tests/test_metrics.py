@@ -1,0 +1,409 @@
+"""Prometheus metrics: names and units, recording semantics, and the HTTP endpoint."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from koordnode import __version__
+from koordnode.config import ConfigError, from_dict
+from koordnode.executor.executor import SysctlWrite, WriteResult, WriteStatus
+from koordnode.executor.plan import CgroupWrite
+from koordnode.metrics import (
+    Metrics,
+    MetricsConfig,
+    MetricsStartError,
+    normalize_listen,
+    parse_listen,
+    start,
+)
+
+POD = ("default", "web-0")
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, labels): value} from the text exposition."""
+    text = metrics.render().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return samples(metrics).get((name, frozenset(labels.items())))
+
+
+def applied(metrics: Metrics, name: str, container: str = "", qos: str = "LS") -> float | None:
+    return value(metrics, f"koordnode_applied_{name}", namespace=POD[0], pod=POD[1],
+                 container=container, **{"class": qos})
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics(process_metrics=False)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "normalized", "parsed"), [
+    ("127.0.0.1:9316", "127.0.0.1:9316", ("127.0.0.1", 9316)),
+    ("[::1]:9316", "[::1]:9316", ("::1", 9316)),
+    ("localhost:0", "localhost:0", ("localhost", 0)),
+    (":9316", "0.0.0.0:9316", ("0.0.0.0", 9316)),
+    ("", "", None),
+])
+def test_listen_addresses(given: str, normalized: str, parsed: tuple[str, int] | None) -> None:
+    assert normalize_listen(given) == normalized
+    assert parse_listen(given) == parsed
+
+
+@pytest.mark.parametrize("bad", ["9316", "127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000",
+                                 "::1:9316", "[::1]9316", "[nothost]:1", "bad host:1", " :1"])
+def test_bad_listen_addresses_are_rejected(bad: str) -> None:
+    with pytest.raises(ValueError):
+        normalize_listen(bad)
+
+
+def test_metrics_config_through_the_config_loader() -> None:
+    assert from_dict(MetricsConfig, {}) == MetricsConfig(listen="127.0.0.1:9316")
+    assert from_dict(MetricsConfig, {"listen": ""}).listen == ""
+    assert from_dict(MetricsConfig, {"listen": ":9100"}).listen == "0.0.0.0:9100"
+    with pytest.raises(ConfigError) as err:
+        from_dict(MetricsConfig, {"listen": "localhost"})
+    assert err.value.errors[0].startswith("listen: expected \"host:port\"")
+    with pytest.raises(ConfigError) as err:
+        from_dict(MetricsConfig, {"listen": 9316})
+    assert err.value.errors == ["listen: expected a string, got 9316"]
+
+
+# --- names and conventions -----------------------------------------------------------------
+
+
+def test_names_follow_prometheus_conventions(metrics: Metrics) -> None:
+    metrics.observe_cri_call("/runtime.v1.RuntimeService/RunPodSandbox", 0, 0.01)
+    metrics.record_eviction("memory")
+    metrics.record_write("cpu.shares", "written")
+    metrics.record_config_reload(True)
+    metrics.follow_hook_failures(lambda: {("qos", "pre", "timeout"): 1})
+    metrics.follow_proxy_stats(SimpleNamespace(connections_open=1, connections_total=2,
+                                               intercepted_calls=3))
+    families = list(text_string_to_metric_families(metrics.render().decode()))
+    assert families
+    for family in families:
+        assert family.name.startswith("koordnode_"), family.name
+        if family.type == "counter":
+            assert any(s.name == family.name + "_total" for s in family.samples), family.name
+        assert not family.name.endswith(("_ms", "_us", "_milliseconds", "_percent"))
+    names = {f.name for f in families}
+    assert {"koordnode_build_info", "koordnode_uptime_seconds", "koordnode_cri_requests",
+            "koordnode_cri_request_duration_seconds", "koordnode_hook_failures",
+            "koordnode_executor_writes", "koordnode_evictions", "koordnode_psi_avg10_ratio",
+            "koordnode_be_cpu_quota_cores", "koordnode_be_cpu_suppress_ratio",
+            "koordnode_applied_cpu_shares", "koordnode_applied_memory_high_bytes",
+            "koordnode_config_reloads", "koordnode_proxy_connections_open"} <= names
+
+
+def test_build_info_and_uptime() -> None:
+    now = [1000.0]
+    metrics = Metrics(process_metrics=False, clock=lambda: now[0])
+    now[0] = 1012.5
+    build = [k for k in samples(metrics) if k[0] == "koordnode_build_info"]
+    assert len(build) == 1 and ("version", __version__) in build[0][1]
+    assert value(metrics, "koordnode_uptime_seconds") == 12.5
+    assert value(metrics, "koordnode_start_time_seconds") == 1000.0
+
+
+def test_registries_are_private() -> None:
+    one, two = Metrics(process_metrics=False), Metrics(process_metrics=False)
+    one.record_eviction("cpu")
+    assert value(one, "koordnode_evictions_total", reason="cpu") == 1
+    assert value(two, "koordnode_evictions_total", reason="cpu") is None
+
+
+# --- recording -----------------------------------------------------------------------------
+
+
+def test_cri_calls_by_method_and_code(metrics: Metrics) -> None:
+    metrics.observe_cri_call("/runtime.v1.RuntimeService/CreateContainer", 0, 0.003)
+    metrics.observe_cri_call("CreateContainer", 0, 0.2)
+    metrics.observe_cri_call("CreateContainer", 14, 0.001)
+    metrics.observe_cri_call("StartContainer", None, 0.001)
+    metrics.observe_cri_call("StartContainer", "deadline_exceeded", 0.001)
+    metrics.observe_cri_call("StartContainer", SimpleNamespace(name="CANCELLED"), 0.001)
+    assert value(metrics, "koordnode_cri_requests_total", method="CreateContainer", code="OK") == 2
+    assert value(metrics, "koordnode_cri_requests_total", method="CreateContainer",
+                 code="UNAVAILABLE") == 1
+    for code in ("NO_STATUS", "DEADLINE_EXCEEDED", "CANCELLED"):
+        assert value(metrics, "koordnode_cri_requests_total", method="StartContainer", code=code) == 1
+    hist = "koordnode_cri_request_duration_seconds"
+    assert value(metrics, hist + "_count", method="CreateContainer") == 3
+    assert value(metrics, hist + "_bucket", method="CreateContainer", le="0.005") == 2
+    assert value(metrics, hist + "_sum", method="CreateContainer") == pytest.approx(0.204)
+
+
+def test_hook_failures_are_read_from_the_chain_at_scrape_time(metrics: Metrics) -> None:
+    failures: Counter[tuple[str, str, str]] = Counter()
+    metrics.follow_hook_failures(lambda: failures)
+    assert not [k for k in samples(metrics) if k[0] == "koordnode_hook_failures_total"]
+    failures[("cpuset", "pre", "timeout")] += 2
+    failures[("cpuset", "post", "error")] += 1
+    assert value(metrics, "koordnode_hook_failures_total", hook="cpuset", phase="pre",
+                 kind="timeout") == 2
+    assert value(metrics, "koordnode_hook_failures_total", hook="cpuset", phase="post",
+                 kind="error") == 1
+
+
+def test_following_again_replaces_the_source(metrics: Metrics) -> None:
+    metrics.follow_hook_failures(lambda: {("a", "pre", "error"): 1})
+    metrics.follow_hook_failures(lambda: {("b", "pre", "error"): 2})
+    metrics.follow_proxy_stats(SimpleNamespace(connections_open=1))
+    metrics.follow_proxy_stats(SimpleNamespace(connections_open=3))
+    failures = [k for k in samples(metrics) if k[0] == "koordnode_hook_failures_total"]
+    assert [dict(labels)["hook"] for _, labels in failures] == ["b"]
+    assert value(metrics, "koordnode_proxy_connections_open") == 3
+
+
+def test_eviction_reasons_stay_few(metrics: Metrics) -> None:
+    metrics.record_eviction("memory")
+    metrics.record_eviction("node memory 93.1% >= 90%: releasing 1.20 GiB; web-1 uses 0.50 GiB")
+    metrics.record_eviction("BE CPU satisfaction 20% < 40% for 60 s: releasing 2.00 CPUs", 2)
+    metrics.record_eviction("Something Else")
+    metrics.record_eviction("cpu", 0)
+    reasons = {dict(labels)["reason"]: v for (name, labels), v in samples(metrics).items()
+               if name == "koordnode_evictions_total"}
+    assert reasons == {"memory": 2, "cpu": 2, "other": 1}
+
+
+def test_a_broken_source_does_not_break_the_scrape(metrics: Metrics) -> None:
+    def broken() -> dict:
+        raise RuntimeError("mid-change")
+
+    metrics.follow_hook_failures(broken)
+    metrics.record_eviction("memory")
+    assert value(metrics, "koordnode_evictions_total", reason="memory") == 1
+
+
+def test_proxy_stats(metrics: Metrics) -> None:
+    stats = SimpleNamespace(connections_open=0, connections_total=0, intercepted_calls=0)
+    metrics.follow_proxy_stats(stats)
+    stats.connections_open, stats.connections_total, stats.intercepted_calls = 2, 5, 40
+    assert value(metrics, "koordnode_proxy_connections_open") == 2
+    assert value(metrics, "koordnode_proxy_connections_total") == 5
+    assert value(metrics, "koordnode_proxy_intercepted_calls_total") == 40
+
+
+def test_executor_results_by_resource_and_outcome(metrics: Metrics) -> None:
+    cg = "/kubepods/besteffort/pod1"
+    metrics.record_writes([
+        WriteResult(CgroupWrite(cg, "cpu.shares", 2), WriteStatus.WRITTEN),
+        WriteResult(CgroupWrite(cg, "cpu.shares", 2), WriteStatus.UNCHANGED),
+        WriteResult(CgroupWrite(cg, "cpu.cfs_quota_us", 50000), WriteStatus.FAILED),
+        WriteResult(SysctlWrite("vm.min_free_kbytes", 65536), WriteStatus.WRITTEN),
+    ])
+    assert value(metrics, "koordnode_executor_writes_total", resource="cpu.shares",
+                 outcome="written") == 1
+    assert value(metrics, "koordnode_executor_writes_total", resource="cpu.shares",
+                 outcome="unchanged") == 1
+    assert value(metrics, "koordnode_executor_writes_total", resource="cpu.cfs_quota_us",
+                 outcome="failed") == 1
+    assert value(metrics, "koordnode_executor_writes_total", resource="vm.min_free_kbytes",
+                 outcome="written") == 1
+
+
+def test_be_cpu_psi_and_reloads() -> None:
+    metrics = Metrics(process_metrics=False, clock=lambda: 5000.0)
+    assert value(metrics, "koordnode_be_cpu_quota_cores") == -1  # unlimited until told
+    assert value(metrics, "koordnode_be_cpu_suppress_ratio") == 1
+    metrics.set_be_cpu(3.5, 0.25)
+    assert value(metrics, "koordnode_be_cpu_quota_cores") == 3.5
+    assert value(metrics, "koordnode_be_cpu_suppress_ratio") == 0.25
+    metrics.set_be_cpu(None)
+    assert value(metrics, "koordnode_be_cpu_quota_cores") == -1
+    assert value(metrics, "koordnode_be_cpu_suppress_ratio") == 1.0
+    metrics.set_be_cpu(-0.5, -1)  # a negative raw budget means none left, not a negative quota
+    assert value(metrics, "koordnode_be_cpu_quota_cores") == 0
+    assert value(metrics, "koordnode_be_cpu_suppress_ratio") == 0
+
+    metrics.set_psi("memory", some_avg10=12.5, full_avg10=2.0)
+    metrics.set_psi("cpu", some_avg10=40.0, scope="be")
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="memory",
+                 kind="some") == 0.125
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="memory",
+                 kind="full") == 0.02
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="be", resource="cpu",
+                 kind="some") == 0.4
+
+    line = SimpleNamespace
+    metrics.set_pressures({"io": SimpleNamespace(some=line(avg10=5.0), full=line(avg10=1.5)),
+                           "cpu": SimpleNamespace(some=line(avg10=50.0), full=None),
+                           "memory": None})
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="io",
+                 kind="full") == 0.015
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="cpu",
+                 kind="some") == 0.5
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="memory",
+                 kind="some") == 0.125  # None: the last value stays
+
+    metrics.record_config_reload(False)
+    assert value(metrics, "koordnode_config_last_reload_successful") == 0
+    assert value(metrics, "koordnode_config_last_reload_timestamp_seconds") == 5000.0
+    metrics.record_config_reload(True)
+    assert value(metrics, "koordnode_config_last_reload_successful") == 1
+    assert value(metrics, "koordnode_config_reloads_total", result="failure") == 1
+    assert value(metrics, "koordnode_config_reloads_total", result="success") == 1
+
+
+def test_applied_values_in_base_units(metrics: Metrics) -> None:
+    ignored = metrics.set_applied(*POD, "", "LS", {
+        "cpu.shares": 2048,
+        "cpu.cfs_quota_us": 150000,
+        "cpu.cfs_period_us": 100000,
+        "cpuset.cpus": "0-3,8",
+        "memory.min": 64 << 20,
+        "memory.low": "134217728",
+        "memory.high": 256 << 20,
+        "oom_score_adj": -998,
+        "blkio.weight": 500,
+    })
+    assert ignored == []
+    assert applied(metrics, "cpu_shares") == 2048
+    assert applied(metrics, "cpu_quota_cores") == 1.5
+    assert applied(metrics, "cpuset_cpus") == 5
+    assert applied(metrics, "memory_min_bytes") == 64 << 20
+    assert applied(metrics, "memory_low_bytes") == 128 << 20
+    assert applied(metrics, "memory_high_bytes") == 256 << 20
+    assert applied(metrics, "oom_score_adj") == -998
+    assert applied(metrics, "blkio_weight") == 500
+
+
+def test_applied_values_merge_and_unlimited_drops_the_series(metrics: Metrics) -> None:
+    metrics.set_applied(*POD, "app", "BE", {"cpu_quota": 50000, "cpu_shares": 2,
+                                            "memory.high": 1 << 30})
+    assert applied(metrics, "cpu_quota_cores", "app", "BE") == 0.5  # default 100 ms period
+    metrics.set_applied(*POD, "app", "BE", {"cpu_period": 200000})  # quota kept, period new
+    assert applied(metrics, "cpu_quota_cores", "app", "BE") == 0.25
+    assert applied(metrics, "cpu_shares", "app", "BE") == 2
+    metrics.set_applied(*POD, "app", "BE", {"cpu.cfs_quota_us": -1, "memory.high": "max"})
+    assert applied(metrics, "cpu_quota_cores", "app", "BE") is None
+    assert applied(metrics, "memory_high_bytes", "app", "BE") is None
+    assert applied(metrics, "cpu_shares", "app", "BE") == 2
+
+
+def test_a_new_class_relabels_the_series(metrics: Metrics) -> None:
+    metrics.set_applied(*POD, "app", "LS", {"cpu.shares": 1024})
+    metrics.set_applied(*POD, "app", "LSR", {"cpuset_cpus": "2-3"})
+    assert applied(metrics, "cpu_shares", "app", "LS") is None
+    assert applied(metrics, "cpu_shares", "app", "LSR") == 1024
+    assert applied(metrics, "cpuset_cpus", "app", "LSR") == 2
+
+
+def test_bad_values_are_ignored_and_reported(metrics: Metrics) -> None:
+    ignored = metrics.set_applied(*POD, "app", "LS", {
+        "cpu.shares": "lots", "cpuset.cpus": "3-1", "memory.min": True,
+        "cpuset.mems": "0", "blkio.weight": 100,
+    })
+    assert sorted(ignored) == ["cpu.shares", "cpuset.cpus", "cpuset.mems", "memory.min"]
+    assert applied(metrics, "blkio_weight", "app") == 100
+
+
+def test_dropping_a_pod_removes_all_its_series(metrics: Metrics) -> None:
+    metrics.set_applied(*POD, "", "LS", {"cpu.shares": 2048})
+    metrics.set_applied(*POD, "app", "LS", {"cpu.shares": 1024, "oom_score_adj": -998})
+    metrics.set_applied("default", "other", "app", "LS", {"cpu.shares": 512})
+    metrics.drop_container(*POD, "app")
+    assert applied(metrics, "cpu_shares", "app") is None
+    assert applied(metrics, "cpu_shares") == 2048
+    metrics.set_applied(*POD, "app", "LS", {"cpu.shares": 1024})
+    metrics.drop_pod(*POD)
+    remaining = [k for k in samples(metrics) if k[0].startswith("koordnode_applied_")]
+    assert [dict(labels)["pod"] for _, labels in remaining] == ["other"]
+    metrics.drop_pod(*POD)  # again: nothing to do, no error
+
+
+# --- the HTTP endpoint ---------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def test_scrape_over_http(metrics: Metrics) -> None:
+    metrics.record_eviction("cpu", 3)
+    server = start(MetricsConfig(listen="127.0.0.1:0"), metrics)
+    assert server is not None
+    try:
+        host, port = server.address
+        assert host == "127.0.0.1" and port > 0
+        status, content_type, body = _get(server.url)
+        assert status == 200
+        assert content_type.startswith("text/plain")
+        assert 'koordnode_evictions_total{reason="cpu"} 3.0' in body
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 200
+        assert _get(f"http://127.0.0.1:{port}/nothing")[0] == 404
+        post = urllib.request.Request(server.url, data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(post, timeout=5)
+        assert err.value.code == 405
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_scrape_over_ipv6_loopback(metrics: Metrics) -> None:
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = start("[::1]:0", metrics)
+    assert server is not None
+    try:
+        assert server.url.startswith("http://[::1]:")
+        assert _get(server.url)[0] == 200
+    finally:
+        server.stop()
+
+
+def test_empty_listen_turns_the_endpoint_off(metrics: Metrics) -> None:
+    assert start(MetricsConfig(listen=""), metrics) is None
+
+
+def test_a_busy_port_is_a_clear_error(metrics: Metrics) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(MetricsStartError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            start(f"127.0.0.1:{port}", metrics)
+
+
+def test_an_invalid_address_is_a_clear_error(metrics: Metrics) -> None:
+    with pytest.raises(MetricsStartError, match="metrics.listen"):
+        start("nowhere", metrics)
+
+
+def test_the_default_instance_serves_process_metrics() -> None:
+    from koordnode.metrics import METRICS
+
+    server = start("127.0.0.1:0")
+    assert server is not None
+    try:
+        body = _get(server.url)[2]
+    finally:
+        server.stop()
+    assert "koordnode_build_info" in body
+    assert "process_resident_memory_bytes" in body
+    assert METRICS.registry is not None

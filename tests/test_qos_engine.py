@@ -1,0 +1,847 @@
+"""QoSEngine on fake kernel trees: cgroup v2, group identity (Anolis) and plain v1.
+
+The engine is driven the way the proxy drives it: real CRI protobuf requests go through the
+real hook chain (StateRecorder + QoSHook) with CallContext objects; a small fake runtime
+answers, and creates the cgroups the way kubelet (pod) and runc (container, at start) do,
+without writing any value itself, so every value read back was put there by koordnode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
+from koordnode.config import parse_config
+from koordnode.cri import api_pb2 as pb
+from koordnode.executor.executor import CgroupExecutor
+from koordnode.hooks.chain import CallContext, HookChain
+from koordnode.hooks.cpu_topology import CpuTopology
+from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.hooks.qos_engine import KUBELET_RESOURCES_ANNOTATION, QoSEngine
+from koordnode.hooks.qos_hook import QoSHook
+from koordnode.hooks.state_recorder import StateRecorder
+from koordnode.state import NodeState
+
+MIB = 1 << 20
+QOS_LABEL = "koordinator.sh/qosClass"
+EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
+
+
+def weight(shares: int) -> int:
+    """cgroup v2 cpu.weight for cpu.shares, the formula from the issue."""
+    return 1 + (shares - 2) * 9999 // 262142
+
+
+def slice_path(name: str) -> str:
+    """systemd's nesting of a slice name: a-b-c.slice -> /a.slice/a-b.slice/a-b-c.slice."""
+    parts = name.removesuffix(".slice").split("-")
+    return "/" + "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def cpus_of(root: Path, cgroup: str) -> frozenset[int]:
+    return parse_cpu_list(read_cgroup_file(root, cgroup, "cpuset.cpus"))
+
+
+# --- a node: fake tree + engine + hook chain + fake runtime ----------------------------------
+
+
+@dataclasses.dataclass
+class Pod:
+    sandbox_id: str
+    config: pb.PodSandboxConfig
+    cgroup: str  # where kubelet created it (relative to the root); "" when hostile
+    driver: str
+
+    def container_cgroup(self, container_id: str) -> str:
+        if self.driver == "systemd":
+            return f"{self.cgroup}/cri-containerd-{container_id}.scope"
+        return f"{self.cgroup}/{container_id}"
+
+
+class Node:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        version: str = "v2",
+        anolis: bool = False,
+        topology: CpuTopology | None = None,
+        toml: str = "",
+        root: Path | None = None,
+        state: NodeState | None = None,
+    ) -> None:
+        self.topology = topology or CpuTopology.describe(cores_per_numa=4, threads_per_core=2)
+        all_cpus = format_cpu_list(self.topology.online)
+        self.root = root or make_cgroup_tree(directory, version, anolis, cpus=all_cpus)
+        self.toml = toml
+        self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n' + toml)
+        self.state = state if state is not None else NodeState()
+        self.engine = QoSEngine(self.config, self.state, executor=CgroupExecutor(self.root),
+                                topology=self.topology)
+        self.chain = HookChain([StateRecorder(self.state), QoSHook(self.engine)], timeout_s=5.0)
+        self.loop = asyncio.new_event_loop()
+        self.pods: dict[str, Pod] = {}
+        self.container_pod: dict[str, Pod] = {}
+        self.created: dict[str, pb.CreateContainerRequest] = {}  # as forwarded to the runtime
+        self._next = 0
+        self.restarts: list[Node] = []
+
+    def close(self) -> None:
+        for node in self.restarts:
+            node.close()
+        self.chain.close()
+        self.loop.close()
+
+    def restarted(self) -> Node:
+        """A fresh koordnode over the same tree, its state rebuilt from the runtime."""
+        state = NodeState()
+        state.replace_all(
+            [dataclasses.replace(p, qos_class=None, qos_reason="", source="recovered")
+             for p in self.state.pods.values()],
+            [dataclasses.replace(c, resources=copy.deepcopy(c.resources), source="recovered")
+             for c in self.state.containers.values()],
+        )
+        node = Node(self.root.parent, topology=self.topology, toml=self.toml, root=self.root, state=state)
+        node.pods, node.container_pod = dict(self.pods), dict(self.container_pod)
+        node._next = self._next + 1000
+        self.restarts.append(node)
+        node.engine.adopt()
+        return node
+
+    def _id(self) -> str:
+        self._next += 1
+        return hashlib.sha256(str(self._next).encode()).hexdigest()
+
+    # The proxy: Pre hooks, the runtime, Post hooks (drained like the next call would).
+    def call(self, method: str, request, *, fail: bool = False) -> CallContext:
+        async def run() -> CallContext:
+            ctx = CallContext(method=method, request=request,
+                              pod_labels=self.state.pod_labels_for(method, request))
+            await self.chain.run_pre(ctx)
+            if fail:
+                ctx.grpc_status, ctx.grpc_message = 2, "runtime said no"
+            else:
+                ctx.response = self._runtime(method, ctx.request)
+                ctx.grpc_status = 0
+            self.chain.schedule_post(ctx)
+            await self.chain.drain_post(10.0)
+            return ctx
+
+        ctx = self.loop.run_until_complete(run())
+        assert not ctx.hook_failures, ctx.hook_failures
+        assert not self.chain.failures, dict(self.chain.failures)
+        return ctx
+
+    def _runtime(self, method: str, req):
+        if method == "RunPodSandbox":
+            return pb.RunPodSandboxResponse(pod_sandbox_id=self._id())
+        if method == "CreateContainer":
+            cid = self._id()
+            forwarded = pb.CreateContainerRequest()
+            forwarded.CopyFrom(req)
+            self.created[cid] = forwarded
+            return pb.CreateContainerResponse(container_id=cid)
+        if method == "StartContainer":
+            pod = self.container_pod[req.container_id]
+            if pod.cgroup:  # runc creates the container cgroup with the kernel's defaults
+                add_cgroup(self.root, pod.container_cgroup(req.container_id))
+            return pb.StartContainerResponse()
+        return {
+            "StopContainer": pb.StopContainerResponse,
+            "RemoveContainer": pb.RemoveContainerResponse,
+            "StopPodSandbox": pb.StopPodSandboxResponse,
+            "RemovePodSandbox": pb.RemovePodSandboxResponse,
+            "UpdateContainerResources": pb.UpdateContainerResourcesResponse,
+        }[method]()
+
+    # --- kubelet's side ----------------------------------------------------------------------
+
+    def run_pod(self, name: str, *, parent: str, labels: dict | None = None,
+                annotations: dict | None = None, pod_cgroup: str | None = None) -> Pod:
+        """kubelet creates the pod cgroup, then calls RunPodSandbox. `pod_cgroup` None: derive
+        it from `parent`; "": do not create one (hostile parents)."""
+        driver = "systemd" if parent.endswith(".slice") else "cgroupfs"
+        if pod_cgroup is None:
+            pod_cgroup = slice_path(parent) if driver == "systemd" else parent
+        if pod_cgroup:
+            add_cgroup(self.root, pod_cgroup)
+        cfg = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace="default"),
+            labels=labels or {}, annotations=annotations or {},
+            linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent),
+        )
+        ctx = self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+        pod = Pod(ctx.response.pod_sandbox_id, cfg, pod_cgroup, driver)
+        self.pods[pod.sandbox_id] = pod
+        return pod
+
+    def create(self, pod: Pod, name: str, *, fail: bool = False, unified: dict | None = None,
+               **resources) -> tuple[str | None, CallContext]:
+        res = pb.LinuxContainerResources(**{"cpu_period": 100000, **resources}, unified=unified or {})
+        req = pb.CreateContainerRequest(
+            pod_sandbox_id=pod.sandbox_id,
+            config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
+                                      image=pb.ImageSpec(image="busybox"),
+                                      linux=pb.LinuxContainerConfig(resources=res)),
+            sandbox_config=pod.config,
+        )
+        ctx = self.call("CreateContainer", req, fail=fail)
+        if fail:
+            return None, ctx
+        cid = ctx.response.container_id
+        self.container_pod[cid] = pod
+        return cid, ctx
+
+    def start(self, cid: str) -> None:
+        self.call("StartContainer", pb.StartContainerRequest(container_id=cid))
+
+    def run_container(self, pod: Pod, name: str = "app", **kwargs) -> str:
+        cid, _ = self.create(pod, name, **kwargs)
+        self.start(cid)
+        return cid
+
+    def stop_container(self, cid: str) -> None:
+        self.call("StopContainer", pb.StopContainerRequest(container_id=cid))
+
+    def remove_pod(self, pod: Pod) -> None:
+        self.call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def read(self, cgroup: str, name: str) -> str:
+        return read_cgroup_file(self.root, cgroup, name)
+
+    def ccg(self, cid: str) -> str:
+        return self.container_pod[cid].container_cgroup(cid)
+
+    def status_pod(self, pod: Pod) -> dict:
+        snapshot = self.engine.decorate(self.state.snapshot())
+        return next(p for p in snapshot["pods"] if p["sandbox_id"] == pod.sandbox_id)
+
+    def allocations(self) -> dict[str, frozenset[int]]:
+        return {owner: frozenset(a["cpus"])
+                for owner, a in self.engine.status()["cpus"]["allocations"].items()}
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """Fake trees are thousands of small files: on tmpfs when there is one (3x faster here)."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(prefix="koordnode-test-qos-engine-", dir=shm))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def make_node(scratch):
+    nodes: list[Node] = []
+
+    def make(**kwargs) -> Node:
+        sub = scratch / f"node{len(nodes)}"
+        node = Node(sub, **kwargs)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+def assert_disjoint(sets: Iterable[frozenset[int]]) -> None:
+    seen: set[int] = set()
+    for cpus in sets:
+        assert not (cpus & seen), f"CPUs {sorted(cpus & seen)} handed out twice"
+        seen |= cpus
+
+
+# --- kubelet's resources for the pods of the tests -------------------------------------------
+
+GUARANTEED_1CPU = dict(cpu_shares=1024, cpu_quota=100000, memory_limit_in_bytes=256 * MIB)
+GUARANTEED_2CPU = dict(cpu_shares=2048, cpu_quota=200000, memory_limit_in_bytes=256 * MIB)
+BE_SPEC = json.dumps({"containers": {"app": {
+    "requests": {"kubernetes.io/batch-cpu": "250", "kubernetes.io/batch-memory": "256Mi"},
+    "limits": {"kubernetes.io/batch-cpu": "2000", "kubernetes.io/batch-memory": "1Gi"},
+}}})
+
+
+def parents(driver: str) -> dict[str, str]:
+    """cgroup parents kubelet passes for Guaranteed / Burstable / BestEffort pods, per driver."""
+    if driver == "systemd":
+        return {
+            "guaranteed": "kubepods-pod{uid}.slice",
+            "burstable": "kubepods-burstable-pod{uid}.slice",
+            "besteffort": "kubepods-besteffort-pod{uid}.slice",
+        }
+    return {
+        "guaranteed": "/kubepods/pod{uid}",
+        "burstable": "/kubepods/burstable/pod{uid}",
+        "besteffort": "/kubepods/besteffort/pod{uid}",
+    }
+
+
+def run_one_pod_per_class(node: Node, driver: str) -> dict[str, tuple[Pod, list[str], dict]]:
+    """SYSTEM, LSE, LSR (Guaranteed, no label), LS (Burstable, two containers), BE (BestEffort
+    with batch resources). Returns class -> (pod, container ids, forwarded resources by id)."""
+    p = parents(driver)
+    out = {}
+
+    def run(cls, tier, labels=None, annotations=None, containers=()):
+        uid = cls.lower() + "0123"
+        pod = node.run_pod(cls.lower(), parent=p[tier].format(uid=uid), labels=labels,
+                           annotations=annotations)
+        cids, forwarded = [], {}
+        for name, res in containers:
+            cid, ctx = node.create(pod, name, **res)
+            forwarded[cid] = ctx.request.config.linux.resources
+            node.start(cid)
+            cids.append(cid)
+        out[cls] = (pod, cids, forwarded)
+
+    run("SYSTEM", "guaranteed", {QOS_LABEL: "SYSTEM"}, containers=[("app", GUARANTEED_1CPU)])
+    run("LSE", "guaranteed", {QOS_LABEL: "LSE"}, containers=[("app", GUARANTEED_2CPU)])
+    run("LSR", "guaranteed", containers=[("app", GUARANTEED_1CPU)])
+    run("LS", "burstable", containers=[
+        ("app", dict(cpu_shares=512, memory_limit_in_bytes=512 * MIB, unified={"memory.min": str(128 * MIB)})),
+        ("sidecar", dict(cpu_shares=256, memory_limit_in_bytes=128 * MIB, unified={"memory.min": str(64 * MIB)})),
+    ])
+    run("BE", "besteffort", annotations={EXTENDED_SPEC: BE_SPEC}, containers=[("app", dict(cpu_shares=2))])
+    return out
+
+
+# --- cgroup v2 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
+def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, driver):
+    node = make_node(version="v2", toml='[node]\nblkio_devices = ["8:0"]\n')
+    assert node.engine.features.cgroup_version == "v2"
+    pods = run_one_pod_per_class(node, driver)
+    all_cpus = node.topology.online
+
+    # --- the CreateContainer requests as forwarded to the runtime ---
+    def fwd(cls, i=0):
+        pod, cids, forwarded = pods[cls]
+        return forwarded[cids[i]]
+
+    expected_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "BE": 256}
+    expected_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
+    for cls, shares in expected_shares.items():
+        assert fwd(cls).cpu_shares == shares, cls
+    assert (fwd("LS", 0).cpu_shares, fwd("LS", 1).cpu_shares) == (512, 256)
+    for cls, oom in expected_oom.items():
+        assert fwd(cls).oom_score_adj == oom, cls
+    # BE: quota/period and memory limit from the batch resources; others keep kubelet's quota.
+    assert (fwd("BE").cpu_quota, fwd("BE").cpu_period) == (200000, 100000)
+    assert fwd("BE").memory_limit_in_bytes == 1 << 30
+    assert fwd("LSE").cpu_quota == 200000 and fwd("LS").cpu_quota == 0
+    # cpusets from the allocator.
+    lse = parse_cpu_list(fwd("LSE").cpuset_cpus)
+    lsr = parse_cpu_list(fwd("LSR").cpuset_cpus)
+    assert len(lse) == 2 and lse == node.topology.siblings(min(lse))  # one whole core
+    assert len(lsr) == 1 and not lse & lsr
+    # unified memory keys (v2): min/low from the request, high from the limit.
+    lse_unified = {"memory.min": str(256 * MIB), "memory.low": str(256 * MIB),  # low capped at limit
+                   "memory.high": str(256 * MIB * 90 // 100)}
+    assert dict(fwd("LSE").unified) == lse_unified
+    assert dict(fwd("LSR").unified) == {"memory.min": str(256 * MIB * 80 // 100),
+                                        "memory.low": str(256 * MIB), "memory.high": str(256 * MIB * 90 // 100)}
+    ls_app = {"memory.min": 64 * MIB, "memory.low": 128 * MIB * 80 // 100, "memory.high": 512 * MIB * 90 // 100}
+    ls_side = {"memory.min": 32 * MIB, "memory.low": 64 * MIB * 80 // 100, "memory.high": 128 * MIB * 90 // 100}
+    assert {k: int(v) for k, v in fwd("LS", 0).unified.items()} == ls_app
+    assert {k: int(v) for k, v in fwd("LS", 1).unified.items()} == ls_side
+    assert dict(fwd("BE").unified) == {"memory.min": "0", "memory.low": "0",
+                                       "memory.high": str((1 << 30) * 70 // 100)}
+    assert dict(fwd("SYSTEM").unified) == {}  # SYSTEM: no memory QoS by default
+    # kubelet's own values travel along for a restart.
+    kubelet = json.loads(node.created[pods["LS"][1][0]].config.annotations[KUBELET_RESOURCES_ANNOTATION])
+    assert kubelet["cpu_shares"] == 512 and kubelet["unified"] == {"memory.min": str(128 * MIB)}
+
+    # --- the files after StartContainer ---
+    for cls, (pod, cids, _) in pods.items():
+        for i, cid in enumerate(cids):
+            shares = {"LS": (512, 256)[i]}.get(cls, expected_shares.get(cls))
+            assert node.read(node.ccg(cid), "cpu.weight") == str(weight(shares)), cls
+    assert node.read(node.ccg(pods["LSE"][1][0]), "cpu.weight") == "10000"
+    assert node.read(node.ccg(pods["LSR"][1][0]), "cpu.weight") == str(weight(65536)) == "2500"
+
+    # cpu.idle on the BE pod only; the BE pod's weight is left alone (an idle group's is pinned).
+    for cls, (pod, _, _) in pods.items():
+        assert node.read(pod.cgroup, "cpu.idle") == ("1" if cls == "BE" else "0"), cls
+    be_pod, be_cids, _ = pods["BE"]
+    assert node.read(be_pod.cgroup, "cpu.weight") == "100"
+    # cpu.max: BE container from its batch-cpu limit, BE pod from the sum of the limits.
+    assert node.read(node.ccg(be_cids[0]), "cpu.max") == "200000 100000"
+    assert node.read(be_pod.cgroup, "cpu.max") == "200000 100000"
+    assert node.read(node.ccg(be_cids[0]), "memory.max") == str(1 << 30)
+    assert node.read(be_pod.cgroup, "memory.max") == str(1 << 30)
+
+    # memory.min/low/high: containers as planned, pods the sums.
+    def mem(cgroup):
+        return {k: int(node.read(cgroup, k)) for k in ("memory.min", "memory.low", "memory.high")}
+
+    ls_pod, ls_cids, _ = pods["LS"]
+    assert mem(node.ccg(ls_cids[0])) == ls_app
+    assert mem(node.ccg(ls_cids[1])) == ls_side
+    assert mem(ls_pod.cgroup) == {k: ls_app[k] + ls_side[k] for k in ls_app}
+    assert mem(pods["LSE"][0].cgroup) == {k: int(v) for k, v in lse_unified.items()}
+    assert mem(be_pod.cgroup) == {"memory.min": 0, "memory.low": 0, "memory.high": (1 << 30) * 70 // 100}
+    sys_pod, sys_cids, _ = pods["SYSTEM"]
+    assert node.read(sys_pod.cgroup, "memory.min") == "0" and node.read(sys_pod.cgroup, "memory.high") == "max"
+
+    # io.weight per class (SYSTEM: left alone); BE disk throttle on the configured device.
+    io = {"SYSTEM": "default 100", "LSE": "default 1000", "LSR": "default 800", "LS": "default 500",
+          "BE": "default 100"}
+    for cls, (pod, _, _) in pods.items():
+        assert node.read(pod.cgroup, "io.weight") == io[cls], cls
+    assert node.read(be_pod.cgroup, "io.max") == f"8:0 rbps={500 * MIB} wbps={200 * MIB}"
+    assert node.read(ls_pod.cgroup, "io.max") == ""
+
+    # cpuset.cpus: LSE/LSR own theirs; LS and SYSTEM run on the share pool, BE on the BE pool.
+    assert cpus_of(node.root, node.ccg(pods["LSE"][1][0])) == lse
+    assert cpus_of(node.root, node.ccg(pods["LSR"][1][0])) == lsr
+    for cid in ls_cids + sys_cids:
+        assert cpus_of(node.root, node.ccg(cid)) == all_cpus - lse - lsr
+    assert cpus_of(node.root, node.ccg(be_cids[0])) == all_cpus - lse
+
+    # status: classes and reasons.
+    for cls, (pod, _, _) in pods.items():
+        entry = node.status_pod(pod)
+        assert entry["qos_class"] == cls and entry["qos_reason"], cls
+        assert entry["verified_at"] is not None
+        assert not [s for s in entry["skipped"] if "failed" in s or "refused" in s], entry["skipped"]
+
+
+def test_v2_systemd_paths_are_the_expanded_slices(make_node):
+    node = make_node(version="v2")
+    pod = node.run_pod("be", parent="kubepods-besteffort-podabc.slice")
+    cid = node.run_container(pod, cpu_shares=2)
+    assert pod.cgroup == "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podabc.slice"
+    scope = f"{pod.cgroup}/cri-containerd-{cid}.scope"
+    assert node.read(pod.cgroup, "cpu.idle") == "1"
+    assert node.read(scope, "cpu.weight") == str(weight(2)) == "1"
+    assert node.read(scope, "cpuset.cpus") == format_cpu_list(node.topology.online)
+    assert node.status_pod(pod)["qos_class"] == "BE"
+
+
+# --- group identity (Anolis) and plain v1 --------------------------------------------------------
+
+
+def test_anolis_v1_group_identity_and_watermarks(make_node):
+    node = make_node(version="v1", anolis=True)
+    assert node.engine.features.group_identity is True
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe", annotations={EXTENDED_SPEC: BE_SPEC})
+    be_cid = node.run_container(be, cpu_shares=2)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512, memory_limit_in_bytes=512 * MIB,
+                                unified={"memory.min": str(128 * MIB)})
+
+    # CPU priority: group identity instead of cpu.idle.
+    assert node.read(be.cgroup, "cpu.bvt_warp_ns") == "-1"
+    assert node.read(be.cgroup, "cpu.idle") == "0"
+    assert node.read(ls.cgroup, "cpu.bvt_warp_ns") == "0"
+    # Not idle, so the BE pod's shares are set: the sum of the batch-cpu requests.
+    assert node.read(be.cgroup, "cpu.shares") == "256"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "256"
+    assert node.read(node.ccg(be_cid), "cpu.cfs_quota_us") == "200000"
+    assert node.read(be.cgroup, "cpu.cfs_quota_us") == "200000"
+    assert node.read(node.ccg(be_cid), "memory.limit_in_bytes") == str(1 << 30)
+    # Watermarks on pod and container, per class.
+    for cgroup, min_adj in ((be.cgroup, "50"), (node.ccg(be_cid), "50"), (ls.cgroup, "-25"),
+                            (node.ccg(ls_cid), "-25")):
+        assert node.read(cgroup, "memory.wmark_ratio") == "95", cgroup
+        assert node.read(cgroup, "memory.wmark_scale_factor") == "20", cgroup
+        assert node.read(cgroup, "memory.wmark_min_adj") == min_adj, cgroup
+    # Memory protection exists on Anolis v1: written directly (CRI cannot carry it on v1).
+    assert node.read(node.ccg(ls_cid), "memory.min") == str(64 * MIB)
+    assert node.read(ls.cgroup, "memory.min") == str(64 * MIB)
+    assert node.read(ls.cgroup, "memory.high") == str(512 * MIB * 90 // 100)
+    assert node.read(ls.cgroup, "blkio.bfq.weight") == "500"
+    assert node.status_pod(be)["skipped"] == []
+    assert node.engine.status()["unsupported"] == {}
+
+
+def test_anolis_v2_watermarks_and_memory_qos(make_node):
+    node = make_node(version="v2", anolis=True)
+    ls = node.run_pod("ls", parent="kubepods-burstable-podls.slice")
+    cid = node.run_container(ls, cpu_shares=512, memory_limit_in_bytes=512 * MIB,
+                             unified={"memory.min": str(128 * MIB)})
+    for cgroup in (ls.cgroup, node.ccg(cid)):
+        assert node.read(cgroup, "memory.wmark_ratio") == "95", cgroup
+        assert node.read(cgroup, "memory.wmark_min_adj") == "-25", cgroup
+        assert node.read(cgroup, "memory.min") == str(64 * MIB), cgroup
+    assert node.status_pod(ls)["skipped"] == []
+
+
+def test_anolis_v2_group_identity_is_detected(make_node):
+    node = make_node(version="v2", anolis=True)
+    be = node.run_pod("be", parent="kubepods-besteffort-podbe.slice")
+    node.run_container(be, cpu_shares=2)
+    assert node.engine.features.group_identity is True
+    assert node.read(be.cgroup, "cpu.bvt_warp_ns") == "-1"
+    assert node.read(be.cgroup, "cpu.idle") == "0"
+
+
+def test_plain_v1_skips_anolis_files_and_says_why(make_node):
+    node = make_node(version="v1", anolis=False)
+    assert node.engine.features.group_identity is False
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid = node.run_container(be, cpu_shares=2)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512, memory_limit_in_bytes=512 * MIB)
+
+    assert node.read(be.cgroup, "cpu.idle") == "1"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
+    assert node.read(node.ccg(ls_cid), "cpu.shares") == "512"
+    assert not (node.root / "cpu" / be.cgroup.lstrip("/") / "cpu.bvt_warp_ns").exists()
+
+    for pod, cid in ((be, be_cid), (ls, ls_cid)):
+        entry = node.status_pod(pod)
+        pod_skips = " | ".join(entry["skipped"])
+        for name in ("memory.wmark_ratio", "memory.wmark_scale_factor", "memory.wmark_min_adj"):
+            assert name in pod_skips, (name, entry["skipped"])
+        assert "not present on this kernel" in pod_skips
+        container_skips = " | ".join(entry["containers"][0]["skipped"])
+        names = ("memory.wmark_ratio", "memory.min", "memory.low") + (("memory.high",) if pod is ls else ())
+        for name in names:
+            assert name in container_skips, (name, container_skips)
+    unsupported = node.engine.status()["unsupported"]
+    assert {"memory.wmark_ratio", "memory.min", "memory.high"} <= set(unsupported)
+    # No file was created for them.
+    assert not (node.root / "memory" / ls.cgroup.lstrip("/") / "memory.wmark_ratio").exists()
+
+
+# --- the allocator through the engine ------------------------------------------------------------
+
+BIG = CpuTopology.describe(sockets=2, cores_per_numa=8, threads_per_core=2)  # 32 CPUs, siblings c, c+16
+
+
+def lse_res(n_cpus: int) -> dict:
+    return dict(cpu_shares=1024 * n_cpus, cpu_quota=100000 * n_cpus, memory_limit_in_bytes=64 * MIB)
+
+
+def assert_whole_cores_on_one_socket(topology: CpuTopology, cpus: frozenset[int]) -> None:
+    for cpu in cpus:
+        assert topology.siblings(cpu) <= cpus, f"{sorted(cpus)} splits the core of CPU {cpu}"
+    assert len({topology.by_cpu[cpu].socket for cpu in cpus}) == 1, sorted(cpus)
+
+
+def test_exclusive_cores_shrink_and_grow_the_pools_of_running_containers(make_node):
+    node = make_node(version="v2", topology=BIG)
+    everything = BIG.online
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid = node.run_container(be, cpu_shares=2)
+
+    def ls_cpus():
+        return cpus_of(node.root, node.ccg(ls_cid))
+
+    def be_cpus():
+        return cpus_of(node.root, node.ccg(be_cid))
+
+    assert ls_cpus() == be_cpus() == everything
+
+    a = node.run_pod("lse-a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    a_cid = node.run_container(a, **lse_res(4))
+    b = node.run_pod("lse-b", parent="/kubepods/podb", labels={QOS_LABEL: "LSE"})
+    b_cid = node.run_container(b, **lse_res(4))
+    a_cpus, b_cpus = cpus_of(node.root, node.ccg(a_cid)), cpus_of(node.root, node.ccg(b_cid))
+    assert len(a_cpus) == len(b_cpus) == 4
+    assert not a_cpus & b_cpus
+    assert_whole_cores_on_one_socket(BIG, a_cpus)
+    assert_whole_cores_on_one_socket(BIG, b_cpus)
+    assert node.allocations() == {"uid-lse-a/app": a_cpus, "uid-lse-b/app": b_cpus}
+    # The running shared-pool containers moved off the exclusive cores.
+    assert ls_cpus() == be_cpus() == everything - a_cpus - b_cpus
+
+    # LSR: out of the share pool, but BE may still use it.
+    r = node.run_pod("lsr", parent="/kubepods/podr")
+    r_cid = node.run_container(r, **lse_res(2))
+    r_cpus = cpus_of(node.root, node.ccg(r_cid))
+    assert len(r_cpus) == 2 and not r_cpus & (a_cpus | b_cpus)
+    assert ls_cpus() == everything - a_cpus - b_cpus - r_cpus
+    assert be_cpus() == everything - a_cpus - b_cpus
+    status = node.engine.status()["cpus"]
+    assert set(status["share_pool"]) == ls_cpus() and set(status["be_pool"]) == be_cpus()
+
+    # Release: a stopped container gives its cores back, so does a removed pod.
+    node.stop_container(a_cid)
+    assert ls_cpus() == everything - b_cpus - r_cpus
+    assert be_cpus() == everything - b_cpus
+    node.remove_pod(b)
+    assert ls_cpus() == everything - r_cpus
+    assert be_cpus() == everything
+    assert node.allocations() == {"uid-lsr/app": r_cpus}
+    # The status line of the LS container follows its current cpuset.
+    applied = node.status_pod(ls)["containers"][0]["applied"]
+    cpuset_lines = [line for line in applied if line.startswith("cpuset.cpus=")]
+    assert len(cpuset_lines) == 1, applied
+    assert cpuset_lines[0].startswith(f"cpuset.cpus={format_cpu_list(ls_cpus())} "), applied
+
+
+def test_failed_create_container_releases_its_allocation(make_node):
+    node = make_node(topology=BIG)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    a = node.run_pod("lse-a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    _, ctx = node.create(a, "app", fail=True, **lse_res(8))
+    asked = parse_cpu_list(ctx.request.config.linux.resources.cpuset_cpus)
+    assert len(asked) == 8  # the request carried an exclusive set...
+    assert node.allocations() == {}  # ...which went back when the runtime failed the call
+    assert cpus_of(node.root, node.ccg(ls_cid)) == BIG.online
+    assert node.state.containers_of(a.sandbox_id) == []
+    # kubelet retries: it gets cores again (the same ones: nothing else took them).
+    cid = node.run_container(a, **lse_res(8))
+    assert cpus_of(node.root, node.ccg(cid)) == asked
+    assert node.allocations() == {"uid-lse-a/app": asked}
+    assert cpus_of(node.root, node.ccg(ls_cid)) == BIG.online - asked
+
+
+def test_not_enough_free_cores_falls_back_to_the_share_pool_and_follows_it(make_node):
+    node = make_node(topology=BIG, toml='[node]\nreserved_cpus = "0,16"\n')
+    huge = node.run_pod("huge", parent="/kubepods/podh", labels={QOS_LABEL: "LSE"})
+    huge_cid = node.run_container(huge, **lse_res(31))  # 30 CPUs are left after the reservation
+    assert cpus_of(node.root, node.ccg(huge_cid)) == BIG.online - {0, 16}
+    assert node.allocations() == {}
+    notes = " ".join(node.status_pod(huge)["containers"][0]["notes"])
+    assert "not enough free CPUs" in notes, notes
+    # Cores handed out later are exclusive at once: the fallback container leaves them too
+    # (not only at the next reconcile pass).
+    a = node.run_pod("lse-a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    a_cpus = cpus_of(node.root, node.ccg(node.run_container(a, **lse_res(4))))
+    assert cpus_of(node.root, node.ccg(huge_cid)) == BIG.online - {0, 16} - a_cpus
+    node.remove_pod(a)
+    assert cpus_of(node.root, node.ccg(huge_cid)) == BIG.online - {0, 16}
+
+
+def test_scheduler_cpuset_is_shared_by_the_pods_containers_and_survives_a_restart(make_node):
+    node = make_node(topology=BIG, toml='[node]\nsystem_cpus = "1,17"\n')
+    status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "4-5,20-21"})}
+    pod = node.run_pod("lse", parent="/kubepods/podx", labels={QOS_LABEL: "LSE"}, annotations=status)
+    app, side = node.run_container(pod, "app", **lse_res(2)), node.run_container(pod, "side", **lse_res(1))
+    chosen = frozenset({4, 5, 20, 21})
+    assert cpus_of(node.root, node.ccg(app)) == cpus_of(node.root, node.ccg(side)) == chosen
+    system = node.run_pod("sys", parent="/kubepods/pods", labels={QOS_LABEL: "SYSTEM"})
+    assert cpus_of(node.root, node.ccg(node.run_container(system, cpu_shares=100))) == {1, 17}
+    assert node.allocations() == {"uid-lse": chosen}
+
+    again = node.restarted()
+    assert again.allocations() == {"uid-lse": chosen}
+    again.stop_container(app)  # the pod's other container still holds the set
+    assert again.allocations() == {"uid-lse": chosen}
+    again.stop_container(side)
+    assert again.allocations() == {}
+
+
+def test_adopt_after_restart_restores_allocations_and_never_hands_a_cpu_out_twice(make_node):
+    node = make_node(topology=BIG)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    pods = {}
+    for name, labels, n in (("lse-a", {QOS_LABEL: "LSE"}, 4), ("lse-b", {QOS_LABEL: "LSE"}, 2),
+                            ("lsr", {}, 3)):
+        pod = node.run_pod(name, parent=f"/kubepods/pod{name}", labels=labels)
+        pods[name] = (pod, node.run_container(pod, **lse_res(n)))
+    before = node.allocations()
+    assert len(before) == 3
+    assert_disjoint(before.values())
+    files_before = {name: cpus_of(node.root, node.ccg(cid)) for name, (_, cid) in pods.items()}
+    ls_before = cpus_of(node.root, node.ccg(ls_cid))
+
+    # koordnode restarts; the state comes back from the runtime with the containers' cpusets.
+    again = node.restarted()
+    assert again.allocations() == before
+    assert {n: cpus_of(node.root, node.ccg(cid)) for n, (_, cid) in pods.items()} == files_before
+    assert cpus_of(node.root, node.ccg(ls_cid)) == ls_before
+    # A new LSE pod after the restart gets cores nobody holds.
+    c = again.run_pod("lse-c", parent="/kubepods/podc", labels={QOS_LABEL: "LSE"})
+    c_cid = again.run_container(c, **lse_res(4))
+    c_cpus = cpus_of(node.root, again.ccg(c_cid))
+    assert len(c_cpus) == 4
+    assert_disjoint(again.allocations().values())
+    assert not c_cpus & frozenset().union(*before.values())
+    assert cpus_of(node.root, node.ccg(ls_cid)) == ls_before - c_cpus
+    # Releasing a restored allocation works like any other.
+    again.remove_pod(pods["lse-a"][0])
+    assert "uid-lse-a/app" not in again.allocations()
+    assert cpus_of(node.root, node.ccg(ls_cid)) == ls_before - c_cpus | before["uid-lse-a/app"]
+
+
+def test_adopt_refuses_a_cpu_claimed_twice_and_reallocates(make_node):
+    node = make_node(topology=BIG)
+    a = node.run_pod("lse-a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    a_cid = node.run_container(a, **lse_res(2))
+    b = node.run_pod("lse-b", parent="/kubepods/podb", labels={QOS_LABEL: "LSE"})
+    b_cid = node.run_container(b, **lse_res(2))
+    a_cpus = cpus_of(node.root, node.ccg(a_cid))
+    # The runtime reports B on A's CPUs (e.g. an operator moved it while koordnode was down).
+    node.state.containers[b_cid].resources.cpuset_cpus = format_cpu_list(a_cpus)
+    write_cgroup_file(node.root, node.ccg(b_cid), "cpuset.cpus", format_cpu_list(a_cpus))
+
+    again = node.restarted()
+    allocations = again.allocations()
+    assert len(allocations) == 2
+    assert_disjoint(allocations.values())
+    b_now = cpus_of(node.root, node.ccg(b_cid))
+    assert len(b_now) == 2 and not b_now & a_cpus
+    assert allocations == {"uid-lse-a/app": a_cpus, "uid-lse-b/app": b_now}
+
+
+# --- kubelet's resources survive a restart ------------------------------------------------------
+
+
+def test_restart_plans_from_kubelets_values_not_from_the_rewritten_request(make_node):
+    # LS gets 2048 shares per CPU here, so a rewritten request would be rewritten again.
+    node = make_node(version="v2", toml="[qos.LS]\ncpu_shares_per_cpu = 2048\n")
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid, ls_ctx = node.create(ls, "app", cpu_shares=512, memory_limit_in_bytes=512 * MIB,
+                                 unified={"memory.min": str(128 * MIB)})
+    node.start(ls_cid)
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr")
+    lsr_cid = node.run_container(lsr, **GUARANTEED_1CPU)
+
+    def values() -> dict:
+        return {
+            "ls weight": node.read(node.ccg(ls_cid), "cpu.weight"),
+            "ls min": node.read(node.ccg(ls_cid), "memory.min"),
+            "ls pod min": node.read(ls.cgroup, "memory.min"),
+            "lsr weight": node.read(node.ccg(lsr_cid), "cpu.weight"),
+        }
+
+    expected = {"ls weight": str(weight(1024)), "ls min": str(64 * MIB), "ls pod min": str(64 * MIB),
+                "lsr weight": str(weight(65536))}
+    assert values() == expected
+    rewritten = ls_ctx.request.config.linux.resources
+    assert rewritten.cpu_shares == 1024 and rewritten.unified["memory.min"] == str(64 * MIB)
+    kubelet = json.loads(ls_ctx.request.config.annotations[KUBELET_RESOURCES_ANNOTATION])
+    assert kubelet == {"cpu_period": 100000, "cpu_shares": 512, "memory_limit_in_bytes": 512 * MIB,
+                       "unified": {"memory.min": str(128 * MIB)}}
+
+    again = node.restarted()
+    again.engine.reconcile(force=True)
+    assert values() == expected
+    # kubelet resizes nothing but re-sends its values: still planned from kubelet's numbers.
+    ctx = again.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(
+        container_id=ls_cid, linux=pb.LinuxContainerResources(
+            cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=512 * MIB,
+            unified={"memory.min": str(128 * MIB)})))
+    assert ctx.request.linux.cpu_shares == 1024
+    assert ctx.request.linux.unified["memory.min"] == str(64 * MIB)
+    again.engine.reconcile(force=True)
+    assert values() == expected
+
+
+@pytest.mark.parametrize("bad", ['{"cpu_shares": "x"}', '{"cpu_quota": true}', '{"cpuset_cpus": 3}',
+                                 '{"unified": [1]}', "[1]", '"text"', "{not json"])
+def test_restart_with_a_foreign_kubelet_resources_annotation_falls_back_to_the_recorded_values(
+        make_node, bad):
+    node = make_node(version="v2")
+    a = node.run_pod("a", parent="/kubepods/burstable/poda")
+    a_cid = node.run_container(a, cpu_shares=512)
+    b = node.run_pod("b", parent="/kubepods/burstable/podb")
+    b_cid = node.run_container(b, cpu_shares=256)
+    # Not what koordnode wrote (e.g. a container created past koordnode with this annotation).
+    node.state.containers[a_cid].annotations[KUBELET_RESOURCES_ANNOTATION] = bad
+    for cid in (a_cid, b_cid):
+        write_cgroup_file(node.root, node.ccg(cid), "cpu.weight", "100")
+    node.restarted()  # adopt + reconcile must neither raise nor stop early
+    assert node.read(node.ccg(a_cid), "cpu.weight") == str(weight(512))  # from the recorded request
+    assert node.read(node.ccg(b_cid), "cpu.weight") == str(weight(256))
+
+
+# --- reconcile ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
+    node = make_node(version=version)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid = node.run_container(be, cpu_shares=2)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    shares_file = "cpu.weight" if version == "v2" else "cpu.shares"
+    want = {
+        (node.ccg(ls_cid), shares_file): node.read(node.ccg(ls_cid), shares_file),
+        (be.cgroup, "cpu.idle"): "1",
+        (node.ccg(be_cid), "cpuset.cpus"): format_cpu_list(node.topology.online),
+    }
+    for (cgroup, name), value in want.items():
+        write_cgroup_file(node.root, cgroup, name, {"cpu.idle": "0", "cpuset.cpus": "3"}.get(name, "1000"))
+    node.engine.reconcile(force=True)
+    for (cgroup, name), value in want.items():
+        assert node.read(cgroup, name) == value, (cgroup, name)
+    # Forced: an unchanged file is written again and says so in the status.
+    node.engine.reconcile(force=True)
+    assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
+
+
+# --- hostile input --------------------------------------------------------------------------------
+
+SENTINEL_FILES = {"cpu.shares": "1024", "cpu.weight": "100", "cpu.idle": "0", "cpu.max": "max 100000",
+                  "cpu.cfs_quota_us": "-1", "cpu.bvt_warp_ns": "0", "cpuset.cpus": "0-7",
+                  "memory.min": "0", "memory.low": "0", "memory.high": "max", "memory.max": "max",
+                  "io.weight": "default 100", "blkio.bfq.weight": "100", "memory.wmark_ratio": "0"}
+
+
+def snapshot_tree(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): p.read_text() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("case", ["dotdot", "slice-dotdot", "symlink"])
+def test_hostile_cgroup_parent_writes_nothing_outside_the_root(make_node, version, case):
+    node = make_node(version=version)
+    outside = node.root.parent / "outside"  # where every hostile parent below leads
+    for directory in (outside, outside / "kubepods-besteffort.slice"):
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, value in SENTINEL_FILES.items():
+            (directory / name).write_text(value)
+    if case == "dotdot":
+        # <root>/kubepods/besteffort/../../../outside (v2), <root>/cpu/kubepods/... (v1)
+        ups = "../" * (3 if version == "v2" else 4)
+        parent = f"/kubepods/besteffort/{ups}outside"
+    elif case == "slice-dotdot":
+        parent = "kubepods-besteffort-..-..-outside.slice"
+    else:
+        # A pod cgroup that is a symlink out of the tree (in every v1 hierarchy, or in v2's).
+        parent = "/kubepods/besteffort/podevil"
+        for hierarchy in ([node.root] if version == "v2" else [node.root / c for c in ("cpu", "cpuset", "memory", "blkio")]):
+            (hierarchy / "kubepods" / "besteffort").mkdir(parents=True, exist_ok=True)
+            (hierarchy / "kubepods" / "besteffort" / "podevil").symlink_to(outside, target_is_directory=True)
+    pod = node.run_pod("evil", parent=parent, annotations={EXTENDED_SPEC: BE_SPEC}, pod_cgroup="")
+    cid, ctx = node.create(pod, "app", cpu_shares=2)
+    # A naive runtime would create the container cgroup where the parent points.
+    for name, value in SENTINEL_FILES.items():
+        (outside / cid).mkdir(exist_ok=True)
+        (outside / cid / name).write_text(value)
+    before = snapshot_tree(outside)
+    node.start(cid)
+    node.engine.reconcile(force=True)
+    entry = node.status_pod(pod)
+    node.stop_container(cid)
+    node.remove_pod(pod)
+    assert snapshot_tree(outside) == before
+    # Refused, and the status says so.
+    assert any("refused" in line for line in entry["skipped"]), entry["skipped"]
+    assert not [line for line in entry["applied"] if "outside" in line or "evil" in line], entry["applied"]
+    # The calls went through, the request still rewritten (CRI values do not touch the tree).
+    # A malformed slice is not under the besteffort tier, so that pod counts as Guaranteed (LSR).
+    assert ctx.response.container_id == cid
+    expected_class = "LSR" if case == "slice-dotdot" else "BE"
+    assert entry["qos_class"] == expected_class
+    assert ctx.request.config.linux.resources.oom_score_adj == {"BE": 1000, "LSR": -700}[expected_class]
+    assert ctx.request.config.linux.resources.cpu_shares == {"BE": 256, "LSR": 128}[expected_class]
