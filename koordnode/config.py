@@ -45,7 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from koordnode.configfield import section, setting
 from koordnode.hooks.qos_config import KubeQoSMapping, NodeConfig, QoSConfig
+from koordnode.hwqos_config import NetQoSConfig, ResctrlConfig
+from koordnode.metrics import MetricsConfig
 
 __all__ = [
     "AdminConfig",
@@ -93,26 +96,6 @@ class ConfigError(Exception):
 # Field helpers
 
 
-def setting(
-    default: Any = dataclasses.MISSING,
-    *,
-    doc: str,
-    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
-    min: float | None = None,  # noqa: A002 - reads best at the call site
-    max: float | None = None,  # noqa: A002
-    normalize: Callable[[Any], Any] | None = None,
-    check: Callable[[Any], str | None] | None = None,
-) -> Any:
-    """A config key: its default, a one-line doc (meaning and unit) and its constraints."""
-    metadata = {"doc": doc, "min": min, "max": max, "normalize": normalize, "check": check}
-    return field(default=default, default_factory=default_factory, metadata=metadata)
-
-
-def section(cls: type, *, doc: str) -> Any:
-    """A ``[section]`` of the file, defaulting to the section dataclass's own defaults."""
-    return field(default_factory=cls, metadata={"doc": doc})
-
-
 def _internal(default: Any) -> Any:
     # Not a TOML key: bookkeeping the loader fills in; ignored by ==.
     return field(default=default, compare=False, repr=False, metadata={"internal": True})
@@ -151,6 +134,7 @@ def unix_socket_path(value: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # The schema. Keep packaging/koordnode.toml in step with it.
+
 
 FailurePolicy = Literal["ignore", "fail"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -253,6 +237,9 @@ class Config:
         KubeQoSMapping, doc="class of pods without a valid koordinator.sh/qosClass label"
     )
     qos: QoSConfig = section(QoSConfig, doc="per-class numbers, [qos.<CLASS>]")
+    metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics endpoint")
+    resctrl: ResctrlConfig = section(ResctrlConfig, doc="L3 cache and memory bandwidth per class (resctrl)")
+    net: NetQoSConfig = section(NetQoSConfig, doc="egress shaping per class (tc HTB + nftables)")
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = _internal(DEFAULTS_SOURCE)

@@ -80,11 +80,12 @@ def test_example_file_parses_to_exactly_the_defaults() -> None:
     assert config.source == str(EXAMPLE)
 
 
-def _leaf_keys(raw: Mapping[str, Any], path: str = "") -> Iterator[str]:
+def _leaf_keys(raw: Mapping[str, Any], path: str = "", documented: frozenset[str] = frozenset()) -> Iterator[str]:
     for key, value in raw.items():
         full = f"{path}.{key}" if path else key
-        if isinstance(value, Mapping):
-            yield from _leaf_keys(value, full)
+        # A key whose value is itself a table of values (e.g. net.priorities) is one setting.
+        if isinstance(value, Mapping) and full not in documented:
+            yield from _leaf_keys(value, full, documented)
         else:
             yield full
 
@@ -92,7 +93,7 @@ def _leaf_keys(raw: Mapping[str, Any], path: str = "") -> Iterator[str]:
 def test_example_file_lists_every_key_with_its_default() -> None:
     raw = tomllib.loads(EXAMPLE.read_text())
     documented = {s.key for s in describe_settings()}
-    assert set(_leaf_keys(raw)) == documented
+    assert set(_leaf_keys(raw, documented=frozenset(documented))) == documented
     for item in describe_settings():
         value: Any = raw
         for part in item.key.split("."):

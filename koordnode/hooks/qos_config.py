@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from koordnode.hooks.cpulist import CpuListError, parse_cpu_list
 from koordnode.hooks.qos_class import KubeQoS, QoSClass
+from koordnode.hooks.resctrl_class_config import ResctrlClassConfig
 
 MIB = 1024 * 1024
 MAX_SHARES = 262144
@@ -93,6 +94,10 @@ class QoSClassConfig:
     blkio_write_bps: int = _class_field("blkio_write_bps", 0)
     cpu_idle: int = _class_field("cpu_idle", 0)
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", 0)
+    resctrl: ResctrlClassConfig = field(
+        default_factory=ResctrlClassConfig,
+        metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
+    )
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -148,6 +153,10 @@ class BEClassConfig(QoSClassConfig):
     blkio_read_bps: int = _class_field("blkio_read_bps", 500 * MIB)
     blkio_write_bps: int = _class_field("blkio_write_bps", 200 * MIB)
     cpu_idle: int = _class_field("cpu_idle", 1)
+    resctrl: ResctrlClassConfig = field(
+        default_factory=lambda: ResctrlClassConfig(cat_range_end_percent=30),
+        metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
+    )
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", -1)
 
 
