@@ -1,4 +1,4 @@
-"""`koordnode run`: wire the proxy, hooks and state together and serve until told to stop."""
+"""`koordnode run`: wire the proxy, hooks, state and QoS loops together and serve until stopped."""
 
 from __future__ import annotations
 
@@ -7,22 +7,56 @@ import signal
 import time
 from typing import Any
 
+import grpc
 import structlog
 
-from koordnode import __version__
+from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
-from koordnode.hooks.chain import HookChain
+from koordnode.config import ConfigError, reload_config
+from koordnode.cri import api_pb2 as pb
+from koordnode.cri import api_pb2_grpc as pb_grpc
+from koordnode.executor.netqos import NetQoSController, pod_network_from_status
+from koordnode.executor.paths import UnsafePathError, container_cgroup_path
+from koordnode.executor.resctrl import ResctrlController
+from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
+from koordnode.logsetup import configure_logging
+from koordnode.metrics import METRICS, MetricsStartError
+from koordnode.metrics import start as start_metrics
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
+from koordnode.qos.net_policy import PodNetwork
+from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
 from koordnode.recovery import rebuild_until_done
-from koordnode.state import NodeState
+from koordnode.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")
 
 SHUTDOWN_GRACE_S = 5.0
+# READY is sent once the state is rebuilt, but not later than this: with containerd down,
+# waiting for it would make systemd kill and restart koordnode in a loop.
+READY_AT_THE_LATEST_S = 30.0
+RESCTRL_CLASSES = ("LSR", "LS", "BE")
+
+
+class HardwareQoSHook(RuntimeHook):
+    """Post hooks for what needs the pod running: its IPs (tc classes), its threads (resctrl)."""
+
+    name = "hw-qos"
+    methods = frozenset({"RunPodSandbox", "StartContainer"})
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    async def post(self, call: CallContext) -> None:
+        if not call.succeeded or call.response is None:
+            return
+        if call.method == "RunPodSandbox":
+            await self.daemon.record_pod_network(call.response.pod_sandbox_id)
+        elif call.method == "StartContainer":
+            await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
 
 
 class Daemon:
@@ -31,9 +65,10 @@ class Daemon:
     def __init__(self, config: Any) -> None:
         self.config = config
         self.started_at = time.time()
+        self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
-        hooks = [StateRecorder(self.state)]
+        hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
         try:
@@ -42,16 +77,27 @@ class Daemon:
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("QoS hooks disabled; proxying without them", error=str(exc))
+        hooks.append(HardwareQoSHook(self))
+        self.resctrl = ResctrlController(
+            config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
+        )
+        self.netqos = NetQoSController(config.net)
         self.chain = HookChain(
             hooks,
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
         self.handler = HookCallHandler(self.chain, self.state, self.stats)
+        self.handler.on_completed = lambda path, code, seconds: METRICS.observe_cri_call(path, code, seconds)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.admin = AdminServer(config.admin.socket, self.status)
+        self.metrics_server = None
+        self._backend_channel: grpc.aio.Channel | None = None
         self._stop = asyncio.Event()
+        self._rebuilt = asyncio.Event()
         self._background: set[asyncio.Task] = set()
+
+    # ---- lifecycle ------------------------------------------------------------------------
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -62,25 +108,34 @@ class Daemon:
     async def start(self) -> None:
         await self.server.start()
         await self.admin.start()
+        METRICS.follow_hook_failures(lambda: self.chain.failures)
+        METRICS.follow_proxy_stats(self.stats)
+        self._start_metrics()
         # Serve first: if the runtime is down, calls fail as they would without us, and the
         # state is rebuilt once it answers.
         self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
-        if self.qos is not None and self.config.cgroup.reconcile_interval_s > 0:
-            self.spawn(self._reconcile_loop())
+        self.spawn(self._reconcile_loop())
+        self.spawn(self._notify_ready())
+        self.spawn(sdnotify.watchdog_loop(self._stop))
+
+    def _start_metrics(self) -> None:
+        try:
+            self.metrics_server = start_metrics(self.config.metrics)
+        except MetricsStartError as exc:
+            log.error("metrics endpoint not started", error=str(exc))
+            self.metrics_server = None
+
+    async def _notify_ready(self) -> None:
+        try:
+            await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
+            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}")
+        except asyncio.TimeoutError:
+            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}; runtime not answering yet")
 
     async def _adopt(self) -> None:
         if self.qos is not None:
             await asyncio.to_thread(self.qos.adopt)
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.cgroup.reconcile_interval_s)
-            if self.state.rebuilt_at is None:
-                continue  # not before the running pods are known
-            try:
-                await asyncio.to_thread(self.qos.reconcile)
-            except Exception:
-                log.exception("reconcile pass failed")
+        self._rebuilt.set()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -89,12 +144,131 @@ class Daemon:
         await self._stop.wait()
 
     async def stop(self) -> None:
+        sdnotify.stopping()
         await self.server.stop(SHUTDOWN_GRACE_S)
         await self.admin.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._backend_channel is not None:
+            await self._backend_channel.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.chain.close()
+
+    # ---- periodic work --------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            interval = self.config.cgroup.reconcile_interval_s
+            await asyncio.sleep(interval if interval > 0 else 10.0)
+            if interval <= 0 or self.state.rebuilt_at is None:
+                continue  # disabled, or not before the running pods are known
+            await self.reconcile_once()
+
+    async def reconcile_once(self) -> None:
+        if self.qos is not None:
+            try:
+                await asyncio.to_thread(self.qos.reconcile)
+            except Exception:
+                log.exception("reconcile pass failed")
+        try:
+            await asyncio.to_thread(self.resctrl.reconcile, containers_by_group(self.state, self.config.cgroup.driver))
+        except Exception:
+            log.exception("resctrl reconcile failed")
+        try:
+            await asyncio.to_thread(self.netqos.reconcile, self._pod_networks())
+        except Exception:
+            log.exception("network QoS reconcile failed")
+
+    # ---- hardware QoS helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _resctrl_classes(config: Any) -> dict[str, Any]:
+        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_CLASSES}
+
+    def _threads_of(self, cgroup: str) -> list[int] | None:
+        if self.qos is None:
+            return None
+        return self.qos.executor.read_pids(cgroup, threads=True)
+
+    def _pod_networks(self) -> list[PodNetwork]:
+        return [
+            PodNetwork(p.sandbox_id, f"{p.namespace}/{p.name}", p.qos_class, p.ips, p.host_network, p.annotations)
+            for p in list(self.state.pods.values())
+            if p.state == POD_READY
+        ]
+
+    def _backend(self) -> pb_grpc.RuntimeServiceStub:
+        if self._backend_channel is None:
+            self._backend_channel = grpc.aio.insecure_channel(f"unix://{self.config.proxy.backend}")
+        return pb_grpc.RuntimeServiceStub(self._backend_channel)
+
+    async def record_pod_network(self, sandbox_id: str) -> None:
+        """A new pod's IPs, for the network classes (kubelet's own status calls are not parsed)."""
+        try:
+            resp = await self._backend().PodSandboxStatus(
+                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id), timeout=2
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=exc.details())
+            return
+        pod = self.state.pods.get(sandbox_id)
+        if pod is not None:
+            pod.ips, pod.host_network = pod_network_from_status(resp.status)
+        if self.config.net.enable:
+            self.spawn(asyncio.to_thread(self.netqos.reconcile, self._pod_networks()))
+
+    def place_container_resctrl(self, container_id: str) -> None:
+        if not self.config.resctrl.enable:
+            return
+        pod = self.state.pod_of_container(container_id)
+        group = group_of_class(pod.qos_class) if pod is not None else None
+        if pod is None or group is None:
+            return
+        try:
+            cgroup = container_cgroup_path(pod.cgroup_parent, container_id, self.config.cgroup.driver)
+        except UnsafePathError:
+            return
+        self.resctrl.place_container(group, cgroup)
+
+    # ---- reload ---------------------------------------------------------------------------
+
+    async def reload(self) -> None:
+        """SIGHUP: apply a valid new config at once; keep the old one if the new one is bad."""
+        sdnotify.reloading()
+        try:
+            new = reload_config(self.config)
+        except ConfigError as exc:
+            for error in exc.errors:
+                log.error("config reload rejected; keeping the running config", error=error)
+            self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
+            METRICS.record_config_reload(False)
+            sdnotify.ready()
+            return
+        old, self.config = self.config, new
+        configure_logging(new.log.level, new.log.format)
+        self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
+                             failure_policy=new.proxy.failure_policy)
+        self.server.backend = new.proxy.backend
+        if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
+            log.warning("socket paths changed; they take effect at the next restart",
+                        listen=old.proxy.listen, admin=old.admin.socket)
+        if self.qos is not None:
+            await asyncio.to_thread(self.qos.reconfigure, new)
+        self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
+        self.netqos.update_config(new.net)
+        if new.metrics != old.metrics:
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+            self._start_metrics()
+        self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
+        METRICS.record_config_reload(True)
+        log.info("config reloaded", source=new.source)
+        await self.reconcile_once()
+        sdnotify.ready()
+
+    # ---- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         snapshot = self.state.snapshot()
@@ -105,6 +279,9 @@ class Daemon:
             "uptime_s": round(time.time() - self.started_at, 1),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
+            "backend_health": "ok" if self.state.rebuild_error is None and self.state.rebuilt_at
+            else (self.state.rebuild_error or "not answered yet"),
+            "config": {"source": self.config.source, "last_reload": self.last_reload},
             "proxy": {
                 "connections_open": self.stats.connections_open,
                 "connections_total": self.stats.connections_total,
@@ -114,8 +291,17 @@ class Daemon:
                 },
             },
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
+            "resctrl": _safe(self.resctrl.status),
+            "net": _safe(self.netqos.status),
             **snapshot,
         }
+
+
+def _safe(fn) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": repr(exc)}
 
 
 async def _main(config: Any) -> int:
@@ -123,6 +309,7 @@ async def _main(config: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, lambda: daemon.spawn(daemon.reload()))
     try:
         await daemon.start()
     except (SocketInUseError, OSError) as exc:

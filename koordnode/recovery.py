@@ -17,6 +17,7 @@ import structlog
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri import api_pb2_grpc as pb_grpc
+from koordnode.executor.netqos import pod_network_from_status
 from koordnode.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -134,6 +135,7 @@ async def rebuild(state: NodeState, channel: grpc.aio.Channel, *, timeout_s: flo
                 continue  # removed while we were listing
             raise
         doc = _info_doc(st.info)
+        ips, host_network = pod_network_from_status(st.status)
         pods.append(
             PodRecord(
                 sandbox_id=sb.id,
@@ -146,6 +148,8 @@ async def rebuild(state: NodeState, channel: grpc.aio.Channel, *, timeout_s: flo
                 state=POD_READY if sb.state == pb.SANDBOX_READY else POD_NOTREADY,
                 runtime_handler=sb.runtime_handler,
                 source="recovered",
+                ips=ips,
+                host_network=host_network,
             )
         )
     listed = await rt.ListContainers(pb.ListContainersRequest(), timeout=timeout_s)

@@ -36,6 +36,8 @@ class PodRecord:
     qos_reason: str = ""
     source: str = "cri"  # "cri" (seen being created) or "recovered" (rebuilt at start-up)
     updated_at: float = dataclasses.field(default_factory=time.time)
+    ips: tuple[str, ...] = ()
+    host_network: bool = False
 
 
 @dataclasses.dataclass
@@ -157,6 +159,7 @@ class NodeState:
                     "qos_class": pod.qos_class,
                     "qos_reason": pod.qos_reason,
                     "cgroup_parent": pod.cgroup_parent,
+                    "ips": list(pod.ips),
                     "source": pod.source,
                     "containers": [
                         {

@@ -34,6 +34,8 @@ class HookCallHandler:
         self.state = state
         self.stats = stats or ProxyStats()
         self._old_api_logged = False
+        # Set by the daemon to feed the CRI call metrics; None keeps the relay free of them.
+        self.on_completed = None
 
     def opened(self) -> None:
         self.stats.connections_open += 1
@@ -41,6 +43,11 @@ class HookCallHandler:
 
     def closed(self) -> None:
         self.stats.connections_open -= 1
+
+    def completed(self, path: str, grpc_status: int | None, seconds: float) -> None:
+        """Every relayed call, intercepted or not, once its status is known."""
+        if self.on_completed is not None:
+            self.on_completed(path, grpc_status, seconds)
 
     def lookup(self, path: str) -> MethodSpec | None:
         spec = SPECS_BY_PATH.get(path)

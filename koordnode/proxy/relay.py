@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Protocol
 
 import hpack
@@ -51,6 +52,8 @@ class CallHandler(Protocol):
     async def before(self, spec: Any, body: bytes) -> BeforeResult: ...
 
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None: ...
+
+    def completed(self, path: str, grpc_status: int | None, seconds: float) -> None: ...
 
     def opened(self) -> None: ...
 
@@ -111,7 +114,8 @@ class Relay:
         self._hpack_broken = False  # after a decode error we stop intercepting new streams
         self.streams: dict[int, _Intercepted] = {}
         self._seen_streams_hwm = 0  # highest client stream id seen (new-stream detection)
-        self.open_streams: set[int] = set()  # every call in flight, intercepted or not
+        # Every call in flight, intercepted or not: stream id -> (method path, start time).
+        self.open_streams: dict[int, tuple[str, float]] = {}
         self.server_conn_window = w.DEFAULT_WINDOW
         self.server_initial_window = w.DEFAULT_WINDOW
         self.server_max_frame = w.DEFAULT_MAX_FRAME
@@ -278,7 +282,7 @@ class Relay:
                     self._client_headers(block)
             return None
         if ftype == w.RST_STREAM:
-            self.open_streams.discard(sid)
+            self._call_done(sid, 1)  # CANCELLED by the client
             st = self.streams.pop(sid, None)
             if st is not None:
                 st.cancelled = True
@@ -305,9 +309,6 @@ class Relay:
         if sid <= self._seen_streams_hwm:
             return  # trailers of an existing stream
         self._seen_streams_hwm = sid
-        self.open_streams.add(sid)
-        if block.flags & w.FLAG_END_STREAM:
-            return  # no body to intercept
         path = None
         for name, value in headers:
             if name == ":path":
@@ -315,6 +316,9 @@ class Relay:
                 break
         if path is None:
             return
+        self.open_streams[sid] = (path, time.monotonic())
+        if block.flags & w.FLAG_END_STREAM:
+            return  # no body to intercept
         spec = self.handler.lookup(path)
         if spec is not None:
             self.streams[sid] = _Intercepted(sid, spec, self.server_initial_window)
@@ -416,9 +420,9 @@ class Relay:
         del buf[:pos]
 
     def _backend_frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bytes | None:
-        if flags & w.FLAG_END_STREAM and ftype in (w.DATA, w.HEADERS):
-            self.open_streams.discard(sid)
         if ftype == w.DATA:
+            if flags & w.FLAG_END_STREAM:
+                self._call_done(sid, None)  # ended without trailers
             st = self.streams.get(sid)
             if st is not None and not st.response_done:
                 try:
@@ -480,7 +484,7 @@ class Relay:
                 self._c2s_hpack.max_allowed_table_size = settings[w.SETTINGS_HEADER_TABLE_SIZE]
             return None
         if ftype == w.RST_STREAM:
-            self.open_streams.discard(sid)
+            self._call_done(sid, 1)
             st = self.streams.get(sid)
             if st is not None:
                 st.cancelled = True
@@ -499,8 +503,7 @@ class Relay:
             log.error("cannot decode response headers; interception disabled on this connection",
                       error=repr(exc))
             return
-        st = self.streams.get(block.sid)
-        if st is None or not block.flags & w.FLAG_END_STREAM:
+        if not block.flags & w.FLAG_END_STREAM:
             return
         status: int | None = None
         message = ""
@@ -511,8 +514,16 @@ class Relay:
                 except ValueError:
                     status = None
             elif name == "grpc-message":
-                message = _percent_decode(value)
-        self._finish_response(st, status, message)
+                message = value
+        self._call_done(block.sid, status)
+        st = self.streams.get(block.sid)
+        if st is not None:
+            self._finish_response(st, status, _percent_decode(message))
+
+    def _call_done(self, sid: int, status: int | None) -> None:
+        call = self.open_streams.pop(sid, None)
+        if call is not None:
+            self.handler.completed(call[0], status, time.monotonic() - call[1])
 
     def _finish_response(self, st: _Intercepted, status: int | None, message: str) -> None:
         if st.response_done:

@@ -54,8 +54,9 @@ class ProxyServer:
     async def start(self) -> None:
         prepare_socket_path(self.listen)
         loop = asyncio.get_running_loop()
+        # The backend is read per connection: a config reload may change it.
         self._server = await loop.create_unix_server(
-            client_protocol_factory(self.handler, self.backend, self.relays), self.listen
+            lambda: client_protocol_factory(self.handler, self.backend, self.relays)(), self.listen
         )
         os.chmod(self.listen, 0o660)
         log.info("serving CRI", listen=self.listen, backend=self.backend)

@@ -38,12 +38,14 @@ def wait_for_socket(path: str | Path, timeout_s: float = 20.0, proc: subprocess.
     raise TimeoutError(f"nobody listens on {path} after {timeout_s} s")
 
 
-def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "") -> tuple[Path, str, str]:
+def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
+                 metrics_listen: str = "") -> tuple[Path, str, str]:
     listen = str(sockdir / "koordnode.sock")
     admin = str(sockdir / "admin.sock")
     text = (
         f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
+        f'[metrics]\nlisten = "{metrics_listen}"\n'
         f'[log]\nformat = "json"\nlevel = "info"\n' + extra
     )
     path = workdir / "koordnode.toml"
@@ -54,11 +56,12 @@ def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "") ->
 class KoordnodeProcess:
     """`python -m koordnode run --config ...` as a child process."""
 
-    def __init__(self, workdir: Path, backend: str, extra_toml: str = "") -> None:
+    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", metrics_listen: str = "") -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sockdir = short_socket_dir()
-        self.config_path, self.listen, self.admin = write_config(self.workdir, backend, self.sockdir, extra_toml)
+        self.config_path, self.listen, self.admin = write_config(
+            self.workdir, backend, self.sockdir, extra_toml, metrics_listen)
         self.log_path = self.workdir / "koordnode.log"
         self.proc: subprocess.Popen | None = None
 
