@@ -38,6 +38,7 @@ from koordnode.hooks.policy import (
     plan_pod_memory,
     plan_pod_sandbox,
 )
+from koordnode.metrics import METRICS
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
 from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState, PodRecord
 
@@ -147,6 +148,7 @@ class QoSEngine:
         self.kubelet_resources: dict[str, ContainerResources] = {}
         self.cpu_owner: dict[str, str] = {}
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id
+        self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         self.container_records: dict[str, Record] = {}
 
@@ -281,6 +283,9 @@ class QoSEngine:
                 self._drop_container(cid)
             if removed:
                 self.pod_records.pop(sandbox_id, None)
+                names = self._metric_names.pop(sandbox_id, None)
+                if names is not None:
+                    METRICS.drop_pod(*names)
             self._refresh_pools()
 
     def _drop_container(self, container_id: str) -> None:
@@ -375,6 +380,8 @@ class QoSEngine:
             memories.append(plan.memory)
         writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
         results = self.executor.apply(writes, force=force)
+        METRICS.record_writes(results)
+        self._publish_metrics(pod, decision.qos_class.value, pod_cgroup, results, container_plans)
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
             by_cgroup.setdefault(r.write.cgroup, []).append(r)
@@ -390,6 +397,21 @@ class QoSEngine:
         if failed:
             log.warning("some cgroup writes failed", sandbox_id=sandbox_id,
                         failures=[f"{r.write.resource} {r.write.cgroup}: {r.detail}" for r in failed])
+
+    def _publish_metrics(self, pod: PodRecord, cls: str, pod_cgroup: str, results: list[WriteResult],
+                         container_plans: dict[str, tuple[ContainerPlan, int]]) -> None:
+        self._metric_names[pod.sandbox_id] = (pod.namespace, pod.name)
+        names = {c.container_id: c.name for c in self.state.containers_of(pod.sandbox_id)}
+        applied: dict[str, dict[str, Any]] = {}
+        for r in results:
+            if r.ok:
+                applied.setdefault(r.write.cgroup, {})[r.write.resource] = r.write.value
+        METRICS.set_applied(pod.namespace, pod.name, "", cls, applied.get(pod_cgroup, {}))
+        for cid, (plan, _) in container_plans.items():
+            values = dict(applied.get(self._container_cgroup(pod.cgroup_parent, cid), {}))
+            if plan.cri.oom_score_adj is not None:
+                values["oom_score_adj"] = plan.cri.oom_score_adj
+            METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
 
     def _refresh_pools(self) -> None:
         """After an allocation changed: move running shared-pool containers to the new pools."""
@@ -410,7 +432,9 @@ class QoSEngine:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
         if writes:
-            for r in self.executor.apply(writes):
+            results = self.executor.apply(writes)
+            METRICS.record_writes(results)
+            for r in results:
                 self._note_pool_result(r)
 
     def _note_pool_result(self, result: WriteResult) -> None:
