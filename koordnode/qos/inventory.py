@@ -1,0 +1,192 @@
+"""What the QoS manager works on: the node's running pods and containers, with their QoS
+class and cgroup paths, as an immutable snapshot of NodeState.
+
+Built on the event loop thread (the only one touching NodeState), then handed to the tick,
+which may run in a worker thread. Pure apart from reading the NodeState passed in.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.executor.resources import InvalidValueError, parse_cpu_list
+from koordnode.hooks.annotations import parse_pod_annotations
+from koordnode.hooks.qos_class import (
+    CPU_OWNING_CLASSES,
+    DEFAULT_KUBE_QOS_MAPPING,
+    KubeQoS,
+    QoSClass,
+    parse_qos_class,
+    resolve_qos_class,
+)
+from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+
+PRIORITY_LABEL = "koordinator.sh/priority"
+# Classes whose usage counts against the BE budget (everything but BE).
+NON_BE_CLASSES = frozenset({QoSClass.SYSTEM, QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
+__all__ = [
+    "CPU_OWNING_CLASSES", "ContainerView", "Inventory", "InventoryBuilder", "NON_BE_CLASSES", "PodView",
+    "build_inventory", "tier_cgroups",
+]
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    container_id: str
+    name: str
+    cgroup: str
+    cpu_quota_us: int  # 0 = no limit
+    cpu_period_us: int
+    cpuset: frozenset[int] | None  # as requested through CRI; None = not set
+    batch_cpu_milli: int | None  # BE: kubernetes.io/batch-cpu request
+
+
+@dataclass(frozen=True)
+class PodView:
+    sandbox_id: str
+    name: str  # namespace/name
+    qos_class: QoSClass
+    cgroup: str
+    priority: int
+    containers: tuple[ContainerView, ...]
+
+    @property
+    def tier(self) -> str:
+        return posixpath.dirname(self.cgroup.rstrip("/")) or "/"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    pods: tuple[PodView, ...]
+    skipped: tuple[str, ...] = ()  # pods left out, with the reason
+
+    def of_class(self, *classes: QoSClass) -> list[PodView]:
+        return [p for p in self.pods if p.qos_class in classes]
+
+
+def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
+    """The besteffort and burstable tier cgroups under kubelet's top pod cgroup."""
+    kubepods = "/" + kubepods.strip("/")
+    systemd = driver == "systemd" or (driver == "auto" and kubepods.endswith(".slice"))
+    if systemd:
+        stem = posixpath.basename(kubepods)[: -len(".slice")] if kubepods.endswith(".slice") else posixpath.basename(kubepods)
+        return {
+            "besteffort": f"{kubepods}/{stem}-besteffort.slice",
+            "burstable": f"{kubepods}/{stem}-burstable.slice",
+        }
+    base = kubepods.rstrip("/")
+    return {"besteffort": f"{base}/besteffort", "burstable": f"{base}/burstable"}
+
+
+def _priority(labels: Mapping[str, str]) -> int:
+    try:
+        return int(labels.get(PRIORITY_LABEL, "0"))
+    except ValueError:
+        return 0
+
+
+def _cpuset(text: str) -> frozenset[int] | None:
+    if not text:
+        return None
+    try:
+        return parse_cpu_list(text)
+    except InvalidValueError:
+        return None
+
+
+class InventoryBuilder:
+    """Builds inventories, remembering the per-pod and per-container work (class resolution,
+    annotation parsing, cgroup paths) between calls: a pod's labels and cgroup parent never
+    change, and a container's resources change only with an updated record."""
+
+    def __init__(self, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING) -> None:
+        self.mapping = mapping
+        self._pods: dict[str, tuple[tuple, tuple[str, QoSClass, str, int, object] | str]] = {}
+        self._containers: dict[str, tuple[tuple, ContainerView | str]] = {}
+
+    def set_mapping(self, mapping: Mapping[KubeQoS, QoSClass]) -> None:
+        if mapping != self.mapping:
+            self.mapping = mapping
+            self._pods.clear()
+
+    def _pod(self, pod) -> tuple[str, QoSClass, str, int, object] | str:  # type: ignore[no-untyped-def]
+        key = (pod.cgroup_parent, pod.qos_class, pod.updated_at)
+        cached = self._pods.get(pod.sandbox_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        label = f"{pod.namespace}/{pod.name}"
+        try:
+            cgroup = pod_cgroup_path(pod.cgroup_parent)
+        except UnsafePathError as err:
+            value: tuple[str, QoSClass, str, int, object] | str = f"{label}: {err}"
+        else:
+            qos = parse_qos_class(pod.qos_class) if pod.qos_class else None
+            if qos is None:
+                qos = resolve_qos_class(pod.labels, pod.cgroup_parent, self.mapping).qos_class
+            annotations = parse_pod_annotations(pod.annotations) if qos is QoSClass.BE else None
+            value = (label, qos, cgroup, _priority(pod.labels), annotations)
+        self._pods[pod.sandbox_id] = (key, value)
+        return value
+
+    def _container(self, c, cgroup_parent: str, label: str, annotations) -> ContainerView | str:  # type: ignore[no-untyped-def]
+        key = (cgroup_parent, c.updated_at, id(annotations))
+        cached = self._containers.get(c.container_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            path = container_cgroup_path(cgroup_parent, c.container_id)
+        except UnsafePathError as err:
+            value: ContainerView | str = f"{label}/{c.name}: {err}"
+        else:
+            res = c.resources
+            batch = annotations.batch_resources(c.name) if annotations is not None else None
+            value = ContainerView(
+                container_id=c.container_id,
+                name=c.name,
+                cgroup=path,
+                cpu_quota_us=res.cpu_quota if res.cpu_quota > 0 else 0,
+                cpu_period_us=res.cpu_period or 100_000,
+                cpuset=_cpuset(res.cpuset_cpus),
+                batch_cpu_milli=batch.cpu_request_milli if batch is not None else None,
+            )
+        self._containers[c.container_id] = (key, value)
+        return value
+
+    def build(self, state: NodeState) -> Inventory:
+        pods: list[PodView] = []
+        skipped: list[str] = []
+        by_pod: dict[str, list] = {}
+        for c in state.containers.values():
+            if c.state == CONTAINER_RUNNING:
+                by_pod.setdefault(c.sandbox_id, []).append(c)
+        live_containers: set[str] = set()
+        for pod in state.pods.values():
+            if pod.state != POD_READY:
+                continue
+            info = self._pod(pod)
+            if isinstance(info, str):
+                skipped.append(info)
+                continue
+            label, qos, cgroup, priority, annotations = info
+            containers = []
+            for c in by_pod.get(pod.sandbox_id, ()):
+                live_containers.add(c.container_id)
+                view = self._container(c, pod.cgroup_parent, label, annotations)
+                if isinstance(view, str):
+                    skipped.append(view)
+                else:
+                    containers.append(view)
+            pods.append(PodView(pod.sandbox_id, label, qos, cgroup, priority, tuple(containers)))
+        for gone in [sid for sid in self._pods if sid not in state.pods]:
+            del self._pods[gone]
+        for gone in [cid for cid in self._containers if cid not in live_containers]:
+            del self._containers[gone]
+        return Inventory(tuple(pods), tuple(skipped))
+
+
+def build_inventory(state: NodeState, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING) -> Inventory:
+    """One-off inventory (no caching)."""
+    return InventoryBuilder(mapping).build(state)

@@ -1,0 +1,195 @@
+"""BE CPU suppression: give BE what the LS side and the system leave over, and no more.
+
+    budget = node CPUs x threshold% - LS usage - max(system usage, node reserved)
+    budget x= ratio(LS CPU pressure)          (the configurable pressure curve)
+
+Policy "cfs_quota" turns the budget into the BE tier cgroup's CFS quota (floor
+`min_quota_us`); policy "cpuset" into a number of CPUs for BE (ceil(budget), at least
+`min_cpus`, never LSE/LSR/reserved ones). Either way a smaller budget applies at once (LS
+needs the CPU now) while a larger one grows by at most `max_growth_percent` of the node per
+tick (BE is let back in gradually, so one quiet sample does not undo the suppression), and
+changes below `min_change_percent` are not written at all.
+
+Pure: inputs and config in, writes and an explanation out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from koordnode.executor.plan import CgroupWrite
+from koordnode.executor.resources import format_cpu_list
+from koordnode.qos.config import CpuSuppressConfig, PressureCurve
+from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded
+
+NAME = "cpu_suppress"
+UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class CpuSuppressInput:
+    node_cpus: int  # online CPUs
+    ls_used_cpus: float  # SYSTEM + LSE + LSR + LS pods, over the last interval
+    be_used_cpus: float
+    system_used_cpus: float  # node usage outside the pods
+    reserved_cpus: float  # the node reservation, CPUs
+    ls_pressure_percent: float | None  # LS CPU "some" pressure; None = not measurable
+    be_tier: str  # the BE tier cgroup ("/kubepods/besteffort")
+    current_quota_us: int | None = None  # the tier's quota now (-1 unlimited); None = tier missing
+    period_us: int = 100_000
+    elapsed_s: float | None = None  # since the previous decision; None = first one
+    tick_s: float = 1.0
+    # cpuset policy
+    online_cpus: frozenset[int] = frozenset()
+    excluded_cpus: frozenset[int] = frozenset()  # LSE / LSR owned and node-reserved
+    current_be_cpus: frozenset[int] | None = None  # the tier's cpuset now
+    # Where the BE cpuset is written: the tier, its pods and their containers.
+    be_cpuset_cgroups: tuple[str, ...] = ()
+
+
+def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> float:
+    """Piecewise-linear ratio for a pressure; flat before the first and after the last point."""
+    if pressure_percent is None or not curve:
+        return 1.0
+    first_x, first_y = curve[0]
+    if pressure_percent <= first_x:
+        return first_y
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if pressure_percent <= x1:
+            return y0 + (y1 - y0) * (pressure_percent - x0) / (x1 - x0)
+    return curve[-1][1]
+
+
+@dataclass(frozen=True)
+class Budget:
+    raw_cpus: float  # before the pressure ratio, may be negative
+    ratio: float
+    cpus: float  # >= 0
+
+
+def be_budget(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Budget:
+    raw = (
+        inp.node_cpus * cfg.threshold_percent / 100.0
+        - inp.ls_used_cpus
+        - max(inp.system_used_cpus, inp.reserved_cpus)
+    )
+    ratio = pressure_ratio(inp.ls_pressure_percent, cfg.pressure_curve)
+    return Budget(raw, ratio, max(0.0, raw) * ratio)
+
+
+def _growth_scale(inp: CpuSuppressInput) -> float:
+    # Extra ticks woken by PSI events must not speed up the growth: scale it by time.
+    if inp.elapsed_s is None or inp.tick_s <= 0:
+        return 1.0
+    return max(0.0, min(1.0, inp.elapsed_s / inp.tick_s))
+
+
+def _inputs(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> dict[str, object]:
+    return {
+        "policy": cfg.policy,
+        "node_cpus": inp.node_cpus,
+        "threshold_percent": cfg.threshold_percent,
+        "ls_used_cpus": rounded(inp.ls_used_cpus),
+        "be_used_cpus": rounded(inp.be_used_cpus),
+        "system_used_cpus": rounded(inp.system_used_cpus),
+        "reserved_cpus": rounded(inp.reserved_cpus),
+        "ls_pressure_percent": rounded(inp.ls_pressure_percent, 2),
+        "pressure_ratio": rounded(budget.ratio),
+        "budget_before_ratio_cpus": rounded(budget.raw_cpus),
+        "be_budget_cpus": rounded(budget.cpus),
+        "be_tier": inp.be_tier,
+    }
+
+
+def decide_cpu_suppress(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> StrategyResult:
+    budget = be_budget(inp, cfg)
+    inputs = _inputs(inp, cfg, budget)
+    if cfg.policy == "cpuset":
+        return _decide_cpuset(inp, cfg, budget, inputs)
+    return _decide_quota(inp, cfg, budget, inputs)
+
+
+def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
+                  inputs: dict[str, object]) -> StrategyResult:
+    inputs.update(current_quota_us=inp.current_quota_us, period_us=inp.period_us)
+    if inp.current_quota_us is None:
+        return StrategyResult(Explanation(NAME, inputs, "no change", f"BE tier {inp.be_tier} does not exist"))
+    capacity = inp.node_cpus * inp.period_us
+    current = inp.current_quota_us
+    effective = capacity if current == UNLIMITED or current > capacity else current
+    target = max(cfg.min_quota_us, round(budget.cpus * inp.period_us))
+    if target < effective:
+        new, how = target, "shrink at once"
+    else:
+        step = cfg.max_growth_percent / 100.0 * capacity * _growth_scale(inp)
+        new = max(cfg.min_quota_us, min(target, round(effective + step)))
+        how = "grow (limited)" if new < target else "grow"
+    inputs["target_quota_us"] = target
+    if current != UNLIMITED and abs(new - current) < cfg.min_change_percent / 100.0 * current:
+        return StrategyResult(Explanation(
+            NAME, inputs, f"keep quota {current}",
+            f"{how} to {new} differs by less than {cfg.min_change_percent}%",
+        ))
+    reason = (
+        f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {cfg.threshold_percent}% - LS "
+        f"{inp.ls_used_cpus:.2f} - max(system {inp.system_used_cpus:.2f}, reserved {inp.reserved_cpus:.2f})"
+        f", x {budget.ratio:.2f} for LS pressure; {how}"
+    )
+    write = CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", new, f"cpu_suppress: {reason}")
+    return StrategyResult(Explanation(NAME, inputs, f"quota {current} -> {new}", reason), writes=(write,))
+
+
+def _choose_cpus(pool: list[int], current: frozenset[int], count: int) -> frozenset[int]:
+    """`count` CPUs from the pool: the ones BE has now first (no needless migration), then
+    the highest-numbered (low CPUs tend to carry system work and interrupts)."""
+    ordered = sorted(pool, key=lambda cpu: (cpu not in current, -cpu))
+    return frozenset(ordered[:count])
+
+
+def _decide_cpuset(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
+                   inputs: dict[str, object]) -> StrategyResult:
+    pool = sorted(inp.online_cpus - inp.excluded_cpus)
+    current = inp.current_be_cpus
+    inputs.update(
+        pool=format_cpu_list(pool),
+        excluded=format_cpu_list(inp.excluded_cpus),
+        current_cpus=format_cpu_list(current) if current is not None else None,
+    )
+    if current is None:
+        return StrategyResult(Explanation(NAME, inputs, "no change", f"BE tier {inp.be_tier} does not exist"))
+    if not pool:
+        return StrategyResult(Explanation(NAME, inputs, "no change", "no CPU left outside LSE/LSR/reserved"))
+    wanted = min(len(pool), max(cfg.min_cpus, math.ceil(budget.cpus)))
+    have = len(current & set(pool)) or len(pool)
+    if wanted < have:
+        count, how = wanted, "shrink at once"
+    else:
+        step = max(1, round(cfg.max_growth_percent / 100.0 * inp.node_cpus * _growth_scale(inp)))
+        count = min(wanted, have + step)
+        how = "grow (limited)" if count < wanted else "grow"
+    chosen = _choose_cpus(pool, current, count)
+    inputs["target_cpus"] = wanted
+    if chosen == current:
+        return StrategyResult(Explanation(NAME, inputs, f"keep {len(current)} CPUs", "already so"))
+    text = format_cpu_list(chosen)
+    reason = (f"BE budget {budget.cpus:.2f} CPUs (x {budget.ratio:.2f} for LS pressure) -> {count} "
+              f"of {len(pool)} pool CPUs; {how}")
+    writes = tuple(CgroupWrite(cg, "cpuset.cpus", text, f"cpu_suppress: {reason}") for cg in inp.be_cpuset_cgroups)
+    return StrategyResult(
+        Explanation(NAME, inputs, f"cpuset {format_cpu_list(current)} -> {text}", reason), writes=writes
+    )
+
+
+def restore_cpu_suppress(inp: CpuSuppressInput, policy: str) -> StrategyResult:
+    """Undo the suppression of `policy`: unlimited quota, or the whole BE pool."""
+    if policy == "cpuset":
+        pool = inp.online_cpus - inp.excluded_cpus
+        if not pool:
+            return StrategyResult(Explanation(NAME, {"policy": policy}, "no change", "empty pool"))
+        text = format_cpu_list(pool)
+        writes = tuple(CgroupWrite(cg, "cpuset.cpus", text, "cpu_suppress disabled: full BE pool")
+                       for cg in inp.be_cpuset_cgroups)
+        return StrategyResult(Explanation(NAME, {"policy": policy}, f"restore cpuset {text}", "disabled"), writes=writes)
+    write = CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", UNLIMITED, "cpu_suppress disabled: no BE quota")
+    return StrategyResult(Explanation(NAME, {"policy": policy}, "restore quota -1", "disabled"), writes=(write,))
