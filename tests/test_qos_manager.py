@@ -482,3 +482,24 @@ def test_a_pressure_tick_sees_the_load_as_it_is_now(tmp_path):
     manager._sleep = calls.append
     manager.tick()
     assert calls == []
+
+
+def test_kubepods_cgroup_follows_the_driver(tmp_path):
+    node = FakeNode(tmp_path, "v1")
+    executor = CgroupExecutor(node.root)
+
+    def manager_for(driver: str | None, kubepods: str = "") -> QoSManager:
+        base = settings(kubepods_cgroup=kubepods)
+        config = base if driver is None else dataclasses.make_dataclass(
+            "Cfg", [("strategy", object), ("qos_manager", object), ("cgroup", object)])(
+            base.strategy, base.qos_manager, type("CgroupCfg", (), {"driver": driver})())
+        return QoSManager(config, node.state, executor, procfs_root=node.proc, clock=node.clock)
+
+    assert manager_for(None).be_tier == BESTEFFORT  # auto, no kubepods.slice: cgroupfs layout
+    assert manager_for("systemd").be_tier == "/kubepods.slice/kubepods-besteffort.slice"
+    assert manager_for("systemd", "/custom/kubepods").be_tier == "/custom/kubepods/besteffort"
+    auto = manager_for(None)
+    add_cgroup(node.root, "/kubepods.slice/kubepods-besteffort.slice")
+    auto.tick()  # kubelet created its slice after we started: followed
+    assert auto.kubepods == "/kubepods.slice"
+    assert auto.be_tier == "/kubepods.slice/kubepods-besteffort.slice"

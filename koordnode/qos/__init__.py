@@ -1,8 +1,12 @@
 """The QoS manager: collectors, bounded history, PSI triggers, strategies and the loop.
 
 Entry points: `QoSManager` (manager.py), the config sections (config.py), the pure
-strategy functions (strategies/).
+strategy functions (strategies/). The manager is imported lazily, so the policy modules
+living next to it (net_policy, resctrl_policy) can be imported by the executor without
+pulling the manager (and the executor) in.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from koordnode.qos.config import (
     BeEvictConfig,
@@ -13,7 +17,9 @@ from koordnode.qos.config import (
     QoSSettings,
     StrategyConfig,
 )
-from koordnode.qos.manager import QoSManager, TickReport
+
+if TYPE_CHECKING:
+    from koordnode.qos.manager import QoSManager, TickReport
 
 __all__ = [
     "BeEvictConfig",
@@ -26,3 +32,11 @@ __all__ = [
     "StrategyConfig",
     "TickReport",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("QoSManager", "TickReport"):
+        from koordnode.qos import manager
+
+        return getattr(manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,6 @@ from typing import Literal
 from koordnode.configfield import section, setting
 
 SuppressPolicy = Literal["cfs_quota", "cpuset"]
-CgroupDriverSetting = Literal["auto", "cgroupfs", "systemd"]
 PressureCurve = tuple[tuple[float, ...], ...]
 
 DEFAULT_PRESSURE_CURVE: PressureCurve = ((40.0, 1.0), (80.0, 0.3), (95.0, 0.1))
@@ -41,6 +40,8 @@ def check_pressure_curve(curve: PressureCurve) -> str | None:
 
 
 def _absolute_cgroup(value: str) -> str | None:
+    if value == "":
+        return None
     if not value.startswith("/") or "\0" in value or "\n" in value:
         return f"expected an absolute cgroup path such as \"/kubepods\", got {value!r}"
     if any(part == ".." for part in value.split("/")):
@@ -139,11 +140,9 @@ class StrategyConfig:
 class QoSManagerConfig:
     tick_ms: int = setting(1000, min=50, max=60000, doc="milliseconds between two regular ticks")
     kubepods_cgroup: str = setting(
-        "/kubepods", check=_absolute_cgroup,
-        doc='kubelet\'s top pod cgroup: "/kubepods" (cgroupfs) or "/kubepods.slice" (systemd)',
-    )
-    cgroup_driver: CgroupDriverSetting = setting(
-        "auto", doc='how tier cgroups are named; "auto": systemd when kubepods_cgroup ends in .slice',
+        "", check=_absolute_cgroup,
+        doc='kubelet\'s top pod cgroup, e.g. "/kubepods" (cgroupfs) or "/kubepods.slice" (systemd); '
+        '"": from [cgroup] driver (auto: whichever of the two exists)',
     )
     psi_triggers: bool = setting(True, doc="wake up on LS CPU pressure between ticks")
     psi_stall_us: int = setting(
@@ -175,7 +174,7 @@ class QoSManagerConfig:
 
 @dataclass(frozen=True)
 class QoSSettings:
-    """What the manager reads; built from the daemon's Config by `settings_from(config)`."""
+    """The two sections the manager reads: a stand-in for the daemon's Config (tests, benchmarks)."""
 
     strategy: StrategyConfig = StrategyConfig()
     qos_manager: QoSManagerConfig = QoSManagerConfig()

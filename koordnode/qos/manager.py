@@ -145,7 +145,8 @@ class QoSManager:
         self._wall = wall_clock
         self._sleep = sleep  # the tick thread's, for the wake sample
         self.history = History(self._settings.history_length)
-        self._tiers = tier_cgroups(self._settings.kubepods_cgroup, self._settings.cgroup_driver)
+        self._kubepods = self._resolve_kubepods()
+        self._tiers = tier_cgroups(self._kubepods, "auto")
 
         # Tick state: touched only by the tick (one at a time).
         self._prev_usage: dict[str, tuple[float, int]] = {}  # cgroup -> (t, ns)
@@ -193,6 +194,10 @@ class QoSManager:
     # ================================================================== public API
 
     @property
+    def kubepods(self) -> str:
+        return self._kubepods
+
+    @property
     def be_tier(self) -> str:
         return self._tiers["besteffort"]
 
@@ -221,7 +226,8 @@ class QoSManager:
             self._config = config
             self._strategy, self._settings = new_strategy, new_settings
             self._inventory.set_mapping(_kube_qos_mapping(config))
-            self._tiers = tier_cgroups(new_settings.kubepods_cgroup, new_settings.cgroup_driver)
+            self._kubepods = self._resolve_kubepods()
+            self._tiers = tier_cgroups(self._kubepods, "auto")
             self._restores += restores
             if new_settings.history_length != old_settings.history_length:
                 self.history.resize(new_settings.history_length)
@@ -471,7 +477,9 @@ class QoSManager:
 
         # ---- usage: per pod (history, LS/BE sums), kubepods (for the system's share)
         ls_used, be_used, lse_lsr_used, rates_ok = self._pod_usage(inventory, now, recent_usage)
-        kubepods_ns = self.collector.cpu_usage_ns(self._settings.kubepods_cgroup)
+        if not self._settings.kubepods_cgroup and self._driver() == "auto":
+            self._follow_kubepods()
+        kubepods_ns = self.collector.cpu_usage_ns(self._kubepods)
         self._update_system_usage(node, kubepods_ns, now)
 
         # ---- LS CPU pressure (and the targets the pressure watch should arm)
@@ -597,6 +605,30 @@ class QoSManager:
         return report
 
     # ------------------------------------------------------------------ measurements
+
+    def _driver(self) -> str:
+        return getattr(getattr(self._config, "cgroup", None), "driver", "auto")
+
+    def _resolve_kubepods(self) -> str:
+        """[qos_manager] kubepods_cgroup, else by [cgroup] driver, else whichever exists."""
+        configured = self._settings.kubepods_cgroup
+        if configured:
+            return configured
+        driver = self._driver()
+        if driver == "systemd":
+            return "/kubepods.slice"
+        if driver == "cgroupfs":
+            return "/kubepods"
+        systemd = self.collector.cgroup_file_text("cpu", "/kubepods.slice", "cgroup.procs") is not None
+        return "/kubepods.slice" if systemd else "/kubepods"
+
+    def _follow_kubepods(self) -> None:
+        # Driver "auto": kubelet may create its top cgroup after we start.
+        found = self._resolve_kubepods()
+        if found != self._kubepods:
+            log.info("qos_kubepods_cgroup", cgroup=found)
+            self._kubepods = found
+            self._tiers = tier_cgroups(found, "auto")
 
     def _pod_usage(self, inventory: Inventory, now: float,
                    recent: Mapping[str, float]) -> tuple[float, float, float, bool]:
@@ -899,7 +931,7 @@ class QoSManager:
         """Drop every per-pod series and counter of pods and containers no longer running."""
         live_pods = {p.sandbox_id for p in inventory.pods}
         live_cgroups = {p.cgroup for p in inventory.pods} | {c.cgroup for p in inventory.pods for c in p.containers}
-        live_cgroups |= set(self._tiers.values()) | {self._settings.kubepods_cgroup}
+        live_cgroups |= set(self._tiers.values()) | {self._kubepods}
         live_cgroups |= set(self._watch_targets(inventory))
         self.history.keep_only("pod/", live_pods)
         for table in (self._prev_usage, self._rates, self._prev_pressure, self._pressure_pct, self._prev_throttled):
