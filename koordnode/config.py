@@ -49,6 +49,7 @@ from koordnode.configfield import section, setting
 from koordnode.hooks.qos_config import KubeQoSMapping, NodeConfig, QoSConfig
 from koordnode.hwqos_config import NetQoSConfig, ResctrlConfig
 from koordnode.metrics import MetricsConfig
+from koordnode.qos.config import QoSManagerConfig, StrategyConfig
 
 __all__ = [
     "AdminConfig",
@@ -240,6 +241,8 @@ class Config:
     metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics endpoint")
     resctrl: ResctrlConfig = section(ResctrlConfig, doc="L3 cache and memory bandwidth per class (resctrl)")
     net: NetQoSConfig = section(NetQoSConfig, doc="egress shaping per class (tc HTB + nftables)")
+    qos_manager: QoSManagerConfig = section(QoSManagerConfig, doc="the QoS manager loop: ticks and PSI wake-ups")
+    strategy: StrategyConfig = section(StrategyConfig, doc="QoS manager strategies, [strategy.<name>]")
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = _internal(DEFAULTS_SOURCE)

@@ -28,6 +28,7 @@ from koordnode.metrics import METRICS, MetricsStartError
 from koordnode.metrics import start as start_metrics
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
+from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
 from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
 from koordnode.recovery import rebuild_until_done
@@ -83,6 +84,22 @@ class Daemon:
             config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
         )
         self.netqos = NetQoSController(config.net)
+        self.qos_manager: QoSManager | None = None
+        if self.qos is not None:
+            try:
+                self.qos_manager = QoSManager(
+                    config, self.state, self.qos.executor,
+                    procfs_root=config.procfs.root,
+                    evict=self.evict,
+                    # The engine's reconcile re-applies pod memory values; the manager keeps
+                    # the node watermarks only, so nothing is written twice.
+                    memory_plan=None,
+                    reserved_cpus=lambda: self.qos.allocator.reserved,
+                )
+                self.qos.be_cpuset_override = self.qos_manager.be_cpuset
+            except Exception as exc:
+                log.error("QoS manager disabled", error=str(exc))
+                self.qos_error = f"QoS manager disabled: {exc}"
         self.chain = HookChain(
             hooks,
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
@@ -118,6 +135,23 @@ class Daemon:
         self.spawn(self._reconcile_loop())
         self.spawn(self._notify_ready())
         self.spawn(sdnotify.watchdog_loop(self._stop))
+        if self.qos_manager is not None:
+            self.spawn(self._run_qos_manager())
+
+    async def _run_qos_manager(self) -> None:
+        await self._rebuilt.wait()  # strategies need to know which pods are LS and which BE
+        try:
+            await self.qos_manager.run(self._stop)
+        except Exception:
+            log.exception("QoS manager stopped on an error")
+
+    async def evict(self, container_id: str, reason: str) -> None:
+        """Stop a BE container through the runtime (BE eviction strategy)."""
+        log.warning("evicting BE container", container_id=container_id, reason=reason)
+        METRICS.record_eviction(reason)
+        await self._backend().StopContainer(
+            pb.StopContainerRequest(container_id=container_id, timeout=10), timeout=30
+        )
 
     def _start_metrics(self) -> None:
         try:
@@ -257,6 +291,8 @@ class Daemon:
                         listen=old.proxy.listen, admin=old.admin.socket)
         if self.qos is not None:
             await asyncio.to_thread(self.qos.reconfigure, new)
+        if self.qos_manager is not None:
+            await asyncio.to_thread(self.qos_manager.reconfigure, new)
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
         self.netqos.update_config(new.net)
         if new.metrics != old.metrics:
@@ -292,6 +328,7 @@ class Daemon:
                 },
             },
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
+            "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
             "resctrl": _safe(self.resctrl.status),
             "net": _safe(self.netqos.status),
             **snapshot,

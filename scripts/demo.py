@@ -75,7 +75,7 @@ class Tail:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=int, default=20, help="length of the live view (default 20)")
+    ap.add_argument("--seconds", type=int, default=30, help="length of the live view (default 30)")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="koordnode-demo-"))
@@ -91,14 +91,15 @@ def main() -> int:
     with ContainerdBed(work / "containerd") as bed:
         prepare_qos_tiers(bed.kubepods_cgroup)  # what kubelet would have set up
         print("== starting koordnode in front of it")
-        kn = KoordnodeProcess(work / "koordnode", str(bed.socket)).start()
+        kn = KoordnodeProcess(work / "koordnode", str(bed.socket), kubepods=bed.kubepods_cgroup).start()
         cri = Cri(kn.listen)
         pods = []
         try:
             busy_be = ["sh", "-c", "while :; do :; done"]
-            # The LS service idles, then steps up its load half-way through.
-            step_at = args.seconds // 2
-            ls_cmd = ["sh", "-c", f"sleep {step_at}; while :; do :; done & while :; do :; done"]
+            # The LS service idles for a third of the view, is busy (2 CPUs) for a third, then idles.
+            step_at = max(args.seconds // 3, 1)
+            busy = f"timeout {step_at} sh -c 'while :; do :; done'"
+            ls_cmd = ["sh", "-c", f"sleep {step_at}; {busy} & {busy}; sleep 3600"]
             print("== RunPodSandbox/CreateContainer/StartContainer through koordnode: LS pod 'web', BE pod 'batch'")
             ls_sb = sandbox_config(bed, "web", qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
             ls_sid = run_pod(cri, ls_sb)
@@ -114,7 +115,7 @@ def main() -> int:
             be_cg = f"{be_sb.linux.cgroup_parent}/{be_cid}"
             be_tier = be_sb.linux.cgroup_parent.rsplit("/", 1)[0]
             tail = Tail(kn.log_path)
-            print(f"== live view for {args.seconds} s (the LS load steps up at {step_at} s)")
+            print(f"== live view for {args.seconds} s (the LS load steps up at {step_at} s and stops at {2 * step_at} s)")
             print(f"{'t':>3}  {'LS cpu':>7}  {'BE cpu':>7}  {'PSI cpu some avg10':>18}  {'BE tier quota':>13}")
             last = (cpu_usage_ns(ls_cg), cpu_usage_ns(be_cg), time.monotonic())
             for t in range(1, args.seconds + 1):

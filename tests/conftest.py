@@ -11,7 +11,8 @@ from support.koordnode_runner import KoordnodeProcess
 @pytest.fixture
 def koordnode(containerd_bed, tmp_path):  # noqa: F811
     """A real `koordnode run` process in front of the test bed's containerd."""
-    proc = KoordnodeProcess(tmp_path / "koordnode", str(containerd_bed.socket)).start()
+    proc = KoordnodeProcess(tmp_path / "koordnode", str(containerd_bed.socket),
+                            kubepods=containerd_bed.kubepods_cgroup).start()
     yield proc
     proc.stop()
 

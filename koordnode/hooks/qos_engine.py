@@ -24,7 +24,12 @@ from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.plan import CgroupWrite
 from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpuset_allocator import CpusetAllocator, allocator_from_config, cpuset_owner_id
+from koordnode.hooks.cpuset_allocator import (
+    CpusetAllocator,
+    CpusetDecision,
+    allocator_from_config,
+    cpuset_owner_id,
+)
 from koordnode.hooks.annotations import parse_pod_annotations
 from koordnode.hooks.cpulist import parse_cpu_list
 from koordnode.hooks.policy import (
@@ -150,6 +155,8 @@ class QoSEngine:
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
+        # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
+        self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
         self.container_records: dict[str, Record] = {}
 
     def _apply_config(self, config: Any) -> None:
@@ -227,7 +234,8 @@ class QoSEngine:
         kubelet = resources_from_pb(req.config.linux.resources)
         container = ContainerInput(name=req.config.metadata.name, resources=kubelet)
         with self.lock:
-            cpuset = allocate_cpuset(self.allocator, pod, container, decision.qos_class)
+            cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
+                self.allocator, pod, container, decision.qos_class)
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
         apply_overrides(req.config.linux.resources, plan)
@@ -318,7 +326,7 @@ class QoSEngine:
                 self.cpu_owner[container_id] = owner
                 self.container_pod[container_id] = pod.sandbox_id
             return cpuset
-        return self.allocator.pool_for(decision.qos_class)
+        return self._be_override(decision.qos_class) or self.allocator.pool_for(decision.qos_class)
 
     def _plan(self, pod: PodRecord, name: str, container_id: str, kubelet: ContainerResources,
               with_cgroup: bool = True) -> ContainerPlan:
@@ -413,6 +421,15 @@ class QoSEngine:
                 values["oom_score_adj"] = plan.cri.oom_score_adj
             METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
 
+    def _be_override(self, qos_class: QoSClass):
+        if qos_class is not QoSClass.BE or self.be_cpuset_override is None:
+            return None
+        cpus = self.be_cpuset_override()
+        if not cpus:
+            return None
+        return CpusetDecision(cpus=frozenset(cpus), exclusive=False, fallback=False,
+                              reason="BE cpuset set by the cpu_suppress strategy (policy cpuset)")
+
     def _refresh_pools(self) -> None:
         """After an allocation changed: move running shared-pool containers to the new pools."""
         writes = []
@@ -425,6 +442,8 @@ class QoSEngine:
             decision = self._decision(pod)
             # LSE/LSR containers without an allocation (the fail-open fallback) share the pool
             # too, so they must leave cores handed out since; pool_for gives them the share pool.
+            if self._be_override(decision.qos_class) is not None:
+                continue  # the QoS manager owns BE cpusets while its cpuset policy runs
             pool = self.allocator.pool_for(decision.qos_class)
             try:
                 cgroup = self._container_cgroup(pod.cgroup_parent, c.container_id)

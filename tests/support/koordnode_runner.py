@@ -39,13 +39,14 @@ def wait_for_socket(path: str | Path, timeout_s: float = 20.0, proc: subprocess.
 
 
 def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
-                 metrics_listen: str = "") -> tuple[Path, str, str]:
+                 metrics_listen: str = "", kubepods: str = "") -> tuple[Path, str, str]:
     listen = str(sockdir / "koordnode.sock")
     admin = str(sockdir / "admin.sock")
     text = (
         f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
         f'[metrics]\nlisten = "{metrics_listen}"\n'
+        f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n'
         f'[log]\nformat = "json"\nlevel = "info"\n' + extra
     )
     path = workdir / "koordnode.toml"
@@ -56,12 +57,13 @@ def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
 class KoordnodeProcess:
     """`python -m koordnode run --config ...` as a child process."""
 
-    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", metrics_listen: str = "") -> None:
+    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", metrics_listen: str = "",
+                 kubepods: str = "") -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sockdir = short_socket_dir()
         self.config_path, self.listen, self.admin = write_config(
-            self.workdir, backend, self.sockdir, extra_toml, metrics_listen)
+            self.workdir, backend, self.sockdir, extra_toml, metrics_listen, kubepods)
         self.log_path = self.workdir / "koordnode.log"
         self.proc: subprocess.Popen | None = None
 

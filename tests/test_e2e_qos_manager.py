@@ -1,0 +1,66 @@
+"""The QoS manager on the test bed: the BE tier's quota follows the LS pods' load."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from koordnode.cri import api_pb2 as pb
+from support.cri import container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.kubelet_tiers import prepare_qos_tiers
+
+pytestmark = pytest.mark.e2e
+
+CG = Path("/sys/fs/cgroup")
+
+
+def be_quota(kubepods: str) -> int:
+    return int((CG / "cpu" / kubepods.lstrip("/") / "besteffort" / "cpu.cfs_quota_us").read_text())
+
+
+def wait_quota(kubepods: str, predicate, timeout_s: float) -> list[int]:
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen.append(be_quota(kubepods))
+        if predicate(seen[-1]):
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"BE tier quota never satisfied the condition; seen {seen[-20:]}")
+
+
+def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed, cri_proxy, koordnode):
+    bed, cri = containerd_bed, cri_proxy
+    kubepods = bed.kubepods_cgroup
+    prepare_qos_tiers(kubepods)
+    pods = []
+    try:
+        be_sb = sandbox_config(bed, "batch", qos="besteffort")
+        pods.append(run_pod(cri, be_sb))
+        start_container(cri, pods[-1], be_sb, container_config(bed, "burn", ["sh", "-c", "while :; do :; done"]))
+        ls_sb = sandbox_config(bed, "web", qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
+        pods.append(run_pod(cri, ls_sb))
+        ls_cid = start_container(cri, pods[-1], ls_sb, container_config(
+            bed, "web", ["sleep", "3600"], resources={"cpu_shares": 2048}))
+
+        # Idle LS: BE may use most of the 65% budget (2000 us is the floor).
+        idle = wait_quota(kubepods, lambda q: q > 20000, 15)[-1]
+        started = time.monotonic()
+        # Two busy loops for 8 s, detached from the exec's output so ExecSync returns at once.
+        busy = "timeout 8 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"
+        cri.rt.ExecSync(pb.ExecSyncRequest(container_id=ls_cid, cmd=["sh", "-c", f"{busy} {busy} exit 0"],
+                                           timeout=5), timeout=10)
+        wait_quota(kubepods, lambda q: q <= 2000, 5)
+        reaction = time.monotonic() - started
+        # The LS load ends after 8 s; the quota grows back (at most 10% of the node per tick).
+        wait_quota(kubepods, lambda q: q >= idle * 0.8, 30)
+        status = koordnode.status()["qos_manager"]
+        suppress = status["strategies"]["cpu_suppress"]
+        assert suppress["last_write"]  # explained: inputs, decision, value written and when
+        print(f"BE quota idle {idle} us, floor reached {reaction:.2f} s after the LS step, mode {status['trigger_mode']}")
+        assert reaction < 3
+    finally:
+        for sid in pods:
+            remove_pod(cri, sid)
