@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import sys
 import time
 from typing import Any
 
@@ -357,6 +358,9 @@ async def _main(config: Any) -> int:
     # it again and again (full collections of those objects are the relay's latency spikes).
     gc.collect()
     gc.freeze()
+    # QoS ticks and reconcile passes run in threads; a relayed call waiting for the GIL waits
+    # at most one switch interval (5 ms by default) for them: keep that wait short.
+    sys.setswitchinterval(0.0005)
     log.info("koordnode started", version=__version__, listen=config.proxy.listen,
              backend=config.proxy.backend)
     await daemon.serve_forever()
