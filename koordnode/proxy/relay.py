@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from typing import Any, Protocol
 
@@ -58,6 +59,45 @@ class CallHandler(Protocol):
     def opened(self) -> None: ...
 
     def closed(self) -> None: ...
+
+
+# A header block made only of one-byte "indexed header field" representations (index 1..126).
+# Decoding it reads the tables but cannot change them.
+_ONLY_INDEXED = re.compile(rb"[\x81-\xfe]+")
+
+
+class _HeaderDecoder:
+    """hpack's decoder plus a cache for the blocks that repeat call after call.
+
+    Once both ends have indexed their usual headers, most blocks (a response's ":status 200",
+    its "grpc-status 0" trailers, a request without a deadline) are a few indexed bytes, the same
+    every time. Their meaning only changes when the dynamic table does, so they are cached until a
+    block that changes the table comes by.
+    """
+
+    __slots__ = ("decoder", "cache")
+
+    def __init__(self) -> None:
+        self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
+        self.cache: dict[bytes, list[tuple[str, str]]] = {}
+
+    def set_max_table_size(self, size: int) -> None:
+        self.decoder.max_allowed_table_size = size
+
+    def decode(self, block: bytes) -> list[tuple[str, str]]:
+        if _ONLY_INDEXED.fullmatch(block):
+            headers = self.cache.get(block)
+            if headers is None:
+                headers = self.cache[block] = self.decoder.decode(block, raw=False)
+                if len(self.cache) > 256:  # bounded: a peer cannot grow it without end
+                    self.cache.clear()
+            return headers
+        table = self.decoder.header_table.dynamic_entries
+        before = tuple(table)
+        headers = self.decoder.decode(block, raw=False)
+        if self.cache and tuple(table) != before:
+            self.cache.clear()
+        return headers
 
 
 class _Intercepted:
@@ -107,8 +147,8 @@ class Relay:
         self._bbuf = bytearray()
         self._preface_done = False
         self._opaque = False  # not HTTP/2 prior knowledge: relay bytes blindly
-        self._c2s_hpack = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
-        self._s2c_hpack = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
+        self._c2s_hpack = _HeaderDecoder()
+        self._s2c_hpack = _HeaderDecoder()
         self._c2s_block: _HeaderBlock | None = None
         self._s2c_block: _HeaderBlock | None = None
         self._hpack_broken = False  # after a decode error we stop intercepting new streams
@@ -291,7 +331,7 @@ class Relay:
         if ftype == w.SETTINGS and not flags & w.FLAG_ACK:
             table = w.parse_settings(payload).get(w.SETTINGS_HEADER_TABLE_SIZE)
             if table is not None:
-                self._s2c_hpack.max_allowed_table_size = table
+                self._s2c_hpack.set_max_table_size(table)
             return None
         return None
 
@@ -299,7 +339,7 @@ class Relay:
         if self._hpack_broken:
             return
         try:
-            headers = self._c2s_hpack.decode(b"".join(block.fragments), raw=False)
+            headers = self._c2s_hpack.decode(b"".join(block.fragments))
         except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
             self._hpack_broken = True
             log.error("cannot decode request headers; interception disabled on this connection",
@@ -481,7 +521,7 @@ class Relay:
             if w.SETTINGS_MAX_FRAME_SIZE in settings:
                 self.server_max_frame = settings[w.SETTINGS_MAX_FRAME_SIZE]
             if w.SETTINGS_HEADER_TABLE_SIZE in settings:
-                self._c2s_hpack.max_allowed_table_size = settings[w.SETTINGS_HEADER_TABLE_SIZE]
+                self._c2s_hpack.set_max_table_size(settings[w.SETTINGS_HEADER_TABLE_SIZE])
             return None
         if ftype == w.RST_STREAM:
             self._call_done(sid, 1)
@@ -497,7 +537,7 @@ class Relay:
         if self._hpack_broken:
             return
         try:
-            headers = self._s2c_hpack.decode(b"".join(block.fragments), raw=False)
+            headers = self._s2c_hpack.decode(b"".join(block.fragments))
         except Exception as exc:
             self._hpack_broken = True
             log.error("cannot decode response headers; interception disabled on this connection",
