@@ -57,13 +57,17 @@ def main() -> int:
     ap.add_argument("--containers", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--extra-toml", default="", help="appended to koordnode's config (e.g. to slow the QoS manager)")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kn-bench-"))
     with ContainerdBed(work / "bed") as bed:
         direct_cri = Cri(bed.address)
         cids = make_containers(bed, direct_cri, args.containers)
-        kn = KoordnodeProcess(work / "kn", str(bed.socket), extra_toml="").start()
+        extra = args.extra_toml.replace("\\n", "\n")
+        if "[qos_manager]" not in extra:
+            extra += f'[qos_manager]\nkubepods_cgroup = "{bed.kubepods_cgroup}"\n'
+        kn = KoordnodeProcess(work / "kn", str(bed.socket), extra_toml=extra).start()
         kn_proc = psutil.Process(kn.proc.pid)
         try:
             channels = {

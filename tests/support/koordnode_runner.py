@@ -46,8 +46,8 @@ def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
         f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
         f'[metrics]\nlisten = "{metrics_listen}"\n'
-        f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n'
-        f'[log]\nformat = "json"\nlevel = "info"\n' + extra
+        + (f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n' if kubepods else "")
+        + '[log]\nformat = "json"\nlevel = "info"\n' + extra
     )
     path = workdir / "koordnode.toml"
     path.write_text(text)
