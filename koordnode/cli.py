@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import platform
 import sys
@@ -247,6 +246,9 @@ def _optional_module(name: str) -> Any:
 
 
 def _dist_version(dist: str) -> str:
+    # Imported here: only `version` needs it, and it would stay in the daemon's memory.
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

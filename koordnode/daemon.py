@@ -98,6 +98,7 @@ class Daemon:
                     reserved_cpus=lambda: self.qos.allocator.reserved,
                 )
                 self.qos.be_cpuset_override = self.qos_manager.be_cpuset
+                self.qos_manager.on_tick = self._on_qos_tick
             except Exception as exc:
                 log.error("QoS manager disabled", error=str(exc))
                 self.qos_error = f"QoS manager disabled: {exc}"
@@ -145,6 +146,23 @@ class Daemon:
             await self.qos_manager.run(self._stop)
         except Exception:
             log.exception("QoS manager stopped on an error")
+
+    def _on_qos_tick(self, report: Any) -> None:
+        METRICS.record_writes(report.writes)
+        node = self.qos_manager.last_node if self.qos_manager is not None else None
+        if node is not None:
+            METRICS.set_pressures(node.pressure)
+        suppress = report.results.get("cpu_suppress")
+        if suppress is None:
+            return
+        inputs = suppress.explanation.inputs
+        quota = inputs.get("current_quota_us")
+        for result in report.writes:
+            if result.ok and result.write.resource == "cpu.cfs_quota_us" and result.write.cgroup == inputs.get("be_tier"):
+                quota = result.write.value
+        period = inputs.get("period_us") or 0
+        cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
+        METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
 
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
@@ -287,6 +305,9 @@ class Daemon:
         self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
                              failure_policy=new.proxy.failure_policy)
         self.server.backend = new.proxy.backend
+        if new.proxy.backend != old.proxy.backend and self._backend_channel is not None:
+            await self._backend_channel.close()
+            self._backend_channel = None
         if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
             log.warning("socket paths changed; they take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
@@ -295,8 +316,9 @@ class Daemon:
         if self.qos_manager is not None:
             await asyncio.to_thread(self.qos_manager.reconfigure, new)
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
+        self.resctrl.forget_probe()  # resctrl may have been mounted since
         self.netqos.update_config(new.net)
-        if new.metrics != old.metrics:
+        if new.metrics != old.metrics or self.metrics_server is None:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
             self._start_metrics()

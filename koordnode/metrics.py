@@ -214,7 +214,7 @@ class Metrics:
 
         self.cri_requests = Counter(
             "koordnode_cri_requests_total",
-            "CRI calls koordnode intercepted, by gRPC method and status code",
+            "CRI calls koordnode relayed, by gRPC method and status code",
             ["method", "code"], registry=r)
         self.cri_duration = Histogram(
             "koordnode_cri_request_duration_seconds",

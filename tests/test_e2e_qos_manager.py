@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from support.cri import container_config, remove_pod, run_pod, sandbox_config, start_container
+import socket
+import urllib.request
+
+from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.koordnode_runner import KoordnodeProcess
 from support.kubelet_tiers import prepare_qos_tiers
 
 pytestmark = pytest.mark.e2e
@@ -31,10 +35,22 @@ def wait_quota(kubepods: str, predicate, timeout_s: float) -> list[int]:
     raise AssertionError(f"BE tier quota never satisfied the condition; seen {seen[-20:]}")
 
 
-def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed, cri_proxy, koordnode):
-    bed, cri = containerd_bed, cri_proxy
+def be_quota_metric(port: int) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    line = next(line for line in body.splitlines() if line.startswith("koordnode_be_cpu_quota_cores "))
+    return float(line.split()[1])
+
+
+def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed, tmp_path):
+    bed = containerd_bed
     kubepods = bed.kubepods_cgroup
     prepare_qos_tiers(kubepods)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    koordnode = KoordnodeProcess(tmp_path / "kn", str(bed.socket), kubepods=kubepods,
+                                 metrics_listen=f"127.0.0.1:{port}").start()
+    cri = Cri(koordnode.listen)
     pods = []
     try:
         be_sb = sandbox_config(bed, "batch", qos="besteffort")
@@ -54,6 +70,7 @@ def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed
                                            timeout=5), timeout=10)
         wait_quota(kubepods, lambda q: q <= 2000, 5)
         reaction = time.monotonic() - started
+        assert be_quota_metric(port) <= 0.05  # the gauge follows: 2000 us per 100000 us period
         # The LS load ends after 8 s; the quota grows back (at most 10% of the node per tick).
         wait_quota(kubepods, lambda q: q >= idle * 0.8, 30)
         status = koordnode.status()["qos_manager"]
@@ -64,3 +81,5 @@ def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed
     finally:
         for sid in pods:
             remove_pod(cri, sid)
+        cri.close()
+        koordnode.stop()

@@ -845,3 +845,26 @@ def test_hostile_cgroup_parent_writes_nothing_outside_the_root(make_node, versio
     assert entry["qos_class"] == expected_class
     assert ctx.request.config.linux.resources.oom_score_adj == {"BE": 1000, "LSR": -700}[expected_class]
     assert ctx.request.config.linux.resources.cpu_shares == {"BE": 256, "LSR": 128}[expected_class]
+
+
+def test_skip_labelled_pod_stays_untouched_by_reconcile_and_pool_changes(make_node):
+    """The skip label also holds for the reconcile pass and for pods adopted after a restart."""
+    node = make_node(version="v1")
+    skip = node.run_pod("skip", parent="/kubepods/burstable/podskip",
+                        labels={"runtimeproxy.koordinator.sh/skip-hookserver": "true"})
+    add_cgroup(node.root, f"{skip.cgroup}/manual")
+    write_cgroup_file(node.root, skip.cgroup, "cpu.idle", "1")
+    before = snapshot_tree(node.root)
+    cid = node.run_container(skip, cpu_shares=512)
+    write_cgroup_file(node.root, node.ccg(cid), "cpu.shares", "777")
+    node.engine.reconcile(force=True)
+    node.engine.adopt()
+    assert node.read(node.ccg(cid), "cpu.shares") == "777"
+    assert node.read(skip.cgroup, "cpu.idle") == "1"
+    # An LSE pod takes cores: the skipped container's cpuset is not moved either.
+    cpuset_before = node.read(node.ccg(cid), "cpuset.cpus")
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={"koordinator.sh/qosClass": "LSE"})
+    lse_cid = node.run_container(lse, cpu_shares=2048, cpu_quota=200000)
+    assert node.read(node.ccg(lse_cid), "cpuset.cpus") != cpuset_before  # LSE did get cores
+    assert node.read(node.ccg(cid), "cpuset.cpus") == cpuset_before
+    assert set(before) <= set(snapshot_tree(node.root))

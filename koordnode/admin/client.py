@@ -25,12 +25,29 @@ def fetch_status(path: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return reply["status"]
 
 
+_RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("notes", "note"))
+
+
 def render_status(status: dict[str, Any]) -> str:
+    config = status.get("config", {})
+    reload = config.get("last_reload", {})
     lines = [
         f"koordnode {status.get('version')}  up {status.get('uptime_s')} s",
         f"listen  {status.get('listen')}",
-        f"backend {status.get('backend')}",
+        f"backend {status.get('backend')}  ({status.get('backend_health', '?')})",
+        f"config  {config.get('source', '?')}  last reload: {reload.get('result', '?')}",
     ]
+    for error in reload.get("errors", []) or []:
+        lines.append(f"  reload error: {error}")
+    manager = status.get("qos_manager") or {}
+    if manager:
+        lines.append(f"qos manager  {manager.get('trigger_mode', '?')}")
+        for name, strategy in sorted((manager.get("strategies") or {}).items()):
+            explanation = strategy.get("decision") or {}
+            decision = explanation.get("decision", "") if isinstance(explanation, dict) else ""
+            reason = explanation.get("reason", "") if isinstance(explanation, dict) else ""
+            enabled = "on" if strategy.get("enabled", True) else "off"
+            lines.append(f"  {name} [{enabled}] {decision}" + (f": {reason}" if reason else ""))
     proxy = status.get("proxy", {})
     lines.append(
         f"proxy   {proxy.get('connections_open', 0)} connections open, "
@@ -49,14 +66,14 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  {pod['namespace']}/{pod['name']}  {pod['state']}  qos={qos}  {pod['sandbox_id'][:13]}")
         if pod.get("qos_reason"):
             lines.append(f"    why: {pod['qos_reason']}")
-        for key in ("applied", "skipped", "notes"):
+        for key, label in _RECORD_LABELS:
             for item in pod.get(key, []) or []:
-                lines.append(f"    {key[:-1] if key != 'notes' else 'note'}: {item}")
+                lines.append(f"    {label}: {item}")
         for c in pod.get("containers", []):
             lines.append(f"    {c['name']}  {c['state']}  {c['container_id'][:13]}  {c.get('resources', {})}")
-            for key in ("applied", "skipped", "notes"):
+            for key, label in _RECORD_LABELS:
                 for item in c.get(key, []) or []:
-                    lines.append(f"      {key[:-1] if key != 'notes' else 'note'}: {item}")
+                    lines.append(f"      {label}: {item}")
     return "\n".join(lines)
 
 

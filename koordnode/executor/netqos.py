@@ -27,12 +27,11 @@ import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
+from koordnode.executor import rtnl
 from koordnode.hwqos_config import NetQoSConfig
 from koordnode.qos.net_policy import (
     HTB_MAJOR,
@@ -46,6 +45,9 @@ from koordnode.qos.net_policy import (
     classid,
     plan_network,
 )
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 __all__ = ["NetQoSController", "NetQoSExecutor", "NetReport", "pod_network_from_status"]
 
@@ -96,7 +98,8 @@ class NetQoSExecutor:
     # ---------------------------------------------------------------- netlink helpers
 
     def _ipr(self) -> IPRoute:
-        return IPRoute(netns=self.netns) if self.netns else IPRoute()
+        ipr_class = _pyroute2().IPRoute
+        return ipr_class(netns=self.netns) if self.netns else ipr_class()
 
     @staticmethod
     def _names(ipr: IPRoute) -> dict[int, str]:
@@ -132,7 +135,7 @@ class NetQoSExecutor:
             for ip in ips:
                 try:
                     routes = ipr.route("get", dst=ip)
-                except NetlinkError:
+                except _netlink_errors():
                     continue
                 for route in routes:
                     name = names.get(route.get_attr("RTA_OIF"))
@@ -158,7 +161,7 @@ class NetQoSExecutor:
                 wanted.add(index)
                 try:
                     self._converge_tree(ipr, index, tree, report)
-                except NetlinkError as err:
+                except _netlink_errors() as err:
                     report.failures.append(f"{tree.device}: {_netlink_error(err)}")
                     self._log.warning("netqos_tc_failed", device=tree.device, error=_netlink_error(err))
             for index in sorted(self._owned_indexes(ipr)):
@@ -170,10 +173,11 @@ class NetQoSExecutor:
     def remove_all(self, *, report: NetReport | None = None) -> NetReport:
         """Delete every ``4b4e:`` HTB root qdisc and the ``inet koordnode`` table."""
         report = report or NetReport(enabled=False)
-        with self._lock, self._ipr() as ipr:
-            names = self._names(ipr)
-            for index in sorted(self._owned_indexes(ipr)):
-                self._remove_qdisc(ipr, index, names.get(index, str(index)), report, "network QoS disabled")
+        if self._may_own_qdiscs():
+            with self._lock, self._ipr() as ipr:
+                names = self._names(ipr)
+                for index in sorted(self._owned_indexes(ipr)):
+                    self._remove_qdisc(ipr, index, names.get(index, str(index)), report, "network QoS disabled")
         if self._nft_fingerprint() is not None:
             if self._nft(["delete", "table", NFT_FAMILY, NFT_TABLE], report, "delete table") is not None:
                 report.changes.append(f"nft: deleted table {NFT_FAMILY} {NFT_TABLE}")
@@ -187,6 +191,18 @@ class NetQoSExecutor:
             return [names.get(index, str(index)) for index in sorted(self._owned_indexes(ipr))]
 
     # ---------------------------------------------------------------- tc
+
+    def _may_own_qdiscs(self) -> bool:
+        """False only when a stdlib netlink dump shows no koordnode HTB root qdisc, so that the
+        disabled path, run on every reconcile pass, does not load pyroute2 for nothing. Any
+        doubt (another namespace, a failed dump) answers True and pyroute2 looks itself."""
+        if self.netns:
+            return True
+        try:
+            qdiscs = rtnl.dump_qdiscs()
+        except (OSError, ValueError):
+            return True
+        return any(q.parent == _TC_H_ROOT and q.handle == _QDISC_HANDLE and q.kind == "htb" for q in qdiscs)
 
     @staticmethod
     def _owned_indexes(ipr: IPRoute) -> set[int]:
@@ -276,7 +292,7 @@ class NetQoSExecutor:
     def _remove_qdisc(self, ipr: IPRoute, index: int, name: str, report: NetReport, why: str) -> None:
         try:
             ipr.tc("del", index=index, handle=_QDISC_HANDLE, parent=_TC_H_ROOT)
-        except NetlinkError as err:
+        except _netlink_errors() as err:
             report.failures.append(f"{name}: removing htb {HTB_MAJOR:x}: failed: {_netlink_error(err)}")
             self._log.warning("netqos_tc_failed", device=name, error=_netlink_error(err))
             return
@@ -365,8 +381,22 @@ def _htb_params(spec: HtbClass) -> dict[str, int]:
     }
 
 
-def _netlink_error(err: NetlinkError) -> str:
+def _netlink_error(err: Exception) -> str:
     return f"{err.code}: {err.args[1] if len(err.args) > 1 else err}"
+
+
+def _pyroute2() -> Any:
+    """pyroute2, imported on first use: it adds ~10 MB to the daemon (sqlite3, psutil, ctypes
+    and all its netlink families), which only a node that shapes traffic or has our qdiscs to
+    remove should pay for."""
+    import pyroute2
+
+    return pyroute2
+
+
+def _netlink_errors() -> type[Exception]:
+    """pyroute2's NetlinkError, for except clauses (evaluated only when something was raised)."""
+    return _pyroute2().NetlinkError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,7 +444,7 @@ class NetQoSController:
             route_devices = self.executor.route_devices(limited) if limited else {}
             plan = plan_network(self.config, pods, uplinks, route_devices=route_devices,
                                 local_ips=self.executor.local_addresses())
-        except (NetlinkError, OSError, ValueError) as err:
+        except (_netlink_errors(), OSError, ValueError) as err:
             report.failures.append(f"planning failed: {err}")
             self._log.warning("netqos_plan_failed", error=str(err))
             self.last_report = report

@@ -31,6 +31,7 @@ from koordnode.hooks.cpuset_allocator import (
     cpuset_owner_id,
 )
 from koordnode.hooks.annotations import parse_pod_annotations
+from koordnode.hooks.chain import SKIP_LABEL
 from koordnode.hooks.cpulist import parse_cpu_list
 from koordnode.hooks.policy import (
     ContainerInput,
@@ -221,7 +222,11 @@ class QoSEngine:
     # ---- hook entry points ----------------------------------------------------------------
 
     def pod_sandbox_pre(self, cfg: pb.PodSandboxConfig) -> ClassDecision:
-        return self.classify(cfg.labels, cfg.linux.cgroup_parent)
+        decision = self.classify(cfg.labels, cfg.linux.cgroup_parent)
+        if decision.label_problem:
+            log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
+                        problem=decision.label_problem, qos_class=decision.qos_class.value)
+        return decision
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         with self.lock:
@@ -355,8 +360,8 @@ class QoSEngine:
     def _apply_pod(self, sandbox_id: str, pod_in: PodInput, *, force: bool) -> None:
         """Pod-level and container-level writes of one pod (its running containers)."""
         pod = self.state.pods.get(sandbox_id)
-        if pod is None:
-            return
+        if pod is None or pod.labels.get(SKIP_LABEL, "").lower() == "true":
+            return  # skipped pods are left alone, also by the reconcile pass after a restart
         decision = self._decision(pod)
         try:
             pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
@@ -437,7 +442,7 @@ class QoSEngine:
             if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
                 continue
             pod = self.state.pods.get(c.sandbox_id)
-            if pod is None:
+            if pod is None or pod.labels.get(SKIP_LABEL, "").lower() == "true":
                 continue
             decision = self._decision(pod)
             # LSE/LSR containers without an allocation (the fail-open fallback) share the pool

@@ -165,6 +165,9 @@ class QoSManager:
         self._last_sweep: float | None = None
         self._restores: list[tuple[str, Any]] = []  # (strategy, old config) to undo next tick
         self._tick_lock = threading.Lock()
+        self.last_node: Any = None  # the NodeSample of the last tick
+        # Called in the tick's thread after every tick (the daemon feeds its metrics from it).
+        self.on_tick: Callable[[TickReport], None] | None = None
 
         # Status.
         self._status_lock = threading.Lock()
@@ -448,6 +451,11 @@ class QoSManager:
             started = time.perf_counter()
             report = self._tick_locked(inventory, woken_by)
             report.duration_s = time.perf_counter() - started
+            if self.on_tick is not None:
+                try:
+                    self.on_tick(report)
+                except Exception as err:  # an observer must not break the loop
+                    self._note_error(err)
             with self._status_lock:
                 self._ticks += 1
                 self._woken_ticks += woken_by is not None and woken_by.startswith("pressure:")
@@ -472,6 +480,7 @@ class QoSManager:
             recent_usage, recent_pressure = self._recent_rates(inventory, targets)
         now = self._clock()
         node = self.collector.node()
+        self.last_node = node
         online = node.cpu.cpus if node.cpu is not None else frozenset()
         node_cpus = len(online)
 
