@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -76,6 +77,7 @@ class Tail:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=30, help="length of the live view (default 30)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep containerd's and koordnode's logs")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="koordnode-demo-"))
@@ -149,6 +151,10 @@ def main() -> int:
                     print(f"   (remove {sid[:12]}: {exc})")
             cri.close()
             kn.stop()
+    if args.keep_logs:
+        print(f"== logs kept under {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print("== done: no pods, cgroups, sockets or processes left")
     return 0
 
