@@ -9,14 +9,13 @@ import sys
 import time
 from typing import Any
 
-import grpc
 import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri import api_pb2_grpc as pb_grpc
+from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
@@ -112,7 +111,7 @@ class Daemon:
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server = None
-        self._backend_channel: grpc.aio.Channel | None = None
+        self._backend_client: CriClient | None = None
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
         self._background: set[asyncio.Task] = set()
@@ -168,8 +167,10 @@ class Daemon:
         """Stop a BE container through the runtime (BE eviction strategy)."""
         log.warning("evicting BE container", container_id=container_id, reason=reason)
         METRICS.record_eviction(reason)
-        await self._backend().StopContainer(
-            pb.StopContainerRequest(container_id=container_id, timeout=10), timeout=30
+        await self._backend().call(
+            RUNTIME_SERVICE + "StopContainer",
+            pb.StopContainerRequest(container_id=container_id, timeout=10),
+            pb.StopContainerResponse, timeout=30,
         )
 
     def _start_metrics(self) -> None:
@@ -204,8 +205,8 @@ class Daemon:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._backend_channel is not None:
-            await self._backend_channel.close()
+        if self._backend_client is not None:
+            await self._backend_client.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
@@ -253,19 +254,21 @@ class Daemon:
             if p.state == POD_READY
         ]
 
-    def _backend(self) -> pb_grpc.RuntimeServiceStub:
-        if self._backend_channel is None:
-            self._backend_channel = grpc.aio.insecure_channel(f"unix://{self.config.proxy.backend}")
-        return pb_grpc.RuntimeServiceStub(self._backend_channel)
+    def _backend(self) -> CriClient:
+        if self._backend_client is None:
+            self._backend_client = CriClient(self.config.proxy.backend)
+        return self._backend_client
 
     async def record_pod_network(self, sandbox_id: str) -> None:
         """A new pod's IPs, for the network classes (kubelet's own status calls are not parsed)."""
         try:
-            resp = await self._backend().PodSandboxStatus(
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id), timeout=2
+            resp = await self._backend().call(
+                RUNTIME_SERVICE + "PodSandboxStatus",
+                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
+                pb.PodSandboxStatusResponse, timeout=2,
             )
-        except grpc.aio.AioRpcError as exc:
-            log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=exc.details())
+        except CriError as exc:
+            log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=str(exc))
             return
         pod = self.state.pods.get(sandbox_id)
         if pod is not None:
@@ -305,9 +308,9 @@ class Daemon:
         self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
                              failure_policy=new.proxy.failure_policy)
         self.server.backend = new.proxy.backend
-        if new.proxy.backend != old.proxy.backend and self._backend_channel is not None:
-            await self._backend_channel.close()
-            self._backend_channel = None
+        if new.proxy.backend != old.proxy.backend and self._backend_client is not None:
+            await self._backend_client.close()
+            self._backend_client = None
         if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
             log.warning("socket paths changed; they take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
@@ -380,6 +383,7 @@ async def _main(config: Any) -> int:
     # it again and again (full collections of those objects are the relay's latency spikes).
     gc.collect()
     gc.freeze()
+    _return_free_memory_to_the_os()
     # QoS ticks and reconcile passes run in threads; a relayed call waiting for the GIL waits
     # at most one switch interval (5 ms by default) for them: keep that wait short.
     sys.setswitchinterval(0.0005)
@@ -390,6 +394,17 @@ async def _main(config: Any) -> int:
     await daemon.stop()
     log.info("koordnode stopped")
     return 0
+
+
+def _return_free_memory_to_the_os() -> None:
+    # Start-up (imports, the state rebuild) leaves freed heap pages in glibc's arenas; give them
+    # back so the resident size reflects what the daemon keeps. Not glibc: nothing to do.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def run(config: Any) -> int:

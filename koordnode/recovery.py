@@ -12,11 +12,11 @@ import asyncio
 import json
 from typing import Any
 
-import grpc
 import structlog
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri import api_pb2_grpc as pb_grpc
+from koordnode.cri_client import RUNTIME_SERVICE as RT
+from koordnode.cri_client import CriClient, CriError
 from koordnode.executor.netqos import pod_network_from_status
 from koordnode.state import (
     CONTAINER_CREATED,
@@ -120,18 +120,18 @@ def cgroup_parent_from_info(doc: dict[str, Any]) -> str:
     return ""
 
 
-async def rebuild(state: NodeState, channel: grpc.aio.Channel, *, timeout_s: float = 10.0) -> None:
-    """One rebuild pass; raises grpc.aio.AioRpcError when the runtime cannot be asked."""
-    rt = pb_grpc.RuntimeServiceStub(channel)
-    sandboxes = await rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=timeout_s)
+async def rebuild(state: NodeState, cri: CriClient, *, timeout_s: float = 10.0) -> None:
+    """One rebuild pass; raises CriError when the runtime cannot be asked."""
+    sandboxes = await cri.call(RT + "ListPodSandbox", pb.ListPodSandboxRequest(),
+                               pb.ListPodSandboxResponse, timeout_s)
     pods: list[PodRecord] = []
     for sb in sandboxes.items:
         try:
-            st = await rt.PodSandboxStatus(
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True), timeout=timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
+            st = await cri.call(RT + "PodSandboxStatus",
+                                pb.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True),
+                                pb.PodSandboxStatusResponse, timeout_s)
+        except CriError as exc:
+            if exc.code_name == "NOT_FOUND":
                 continue  # removed while we were listing
             raise
         doc = _info_doc(st.info)
@@ -152,15 +152,16 @@ async def rebuild(state: NodeState, channel: grpc.aio.Channel, *, timeout_s: flo
                 host_network=host_network,
             )
         )
-    listed = await rt.ListContainers(pb.ListContainersRequest(), timeout=timeout_s)
+    listed = await cri.call(RT + "ListContainers", pb.ListContainersRequest(),
+                            pb.ListContainersResponse, timeout_s)
     containers: list[ContainerRecord] = []
     for c in listed.containers:
         try:
-            st = await rt.ContainerStatus(
-                pb.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
+            st = await cri.call(RT + "ContainerStatus",
+                                pb.ContainerStatusRequest(container_id=c.id, verbose=True),
+                                pb.ContainerStatusResponse, timeout_s)
+        except CriError as exc:
+            if exc.code_name == "NOT_FOUND":
                 continue
             raise
         doc = _info_doc(st.info)
@@ -185,16 +186,19 @@ async def rebuild_until_done(state: NodeState, backend: str, *, max_backoff_s: f
                              on_done=None) -> None:
     """Keep trying until the runtime answers (it may be down when koordnode starts)."""
     backoff = 0.5
-    async with grpc.aio.insecure_channel(f"unix://{backend}") as channel:
+    cri = CriClient(backend)
+    try:
         while True:
             try:
-                await rebuild(state, channel)
+                await rebuild(state, cri)
                 if on_done is not None:
                     await on_done()
                 return
-            except grpc.aio.AioRpcError as exc:
-                state.rebuild_error = f"{exc.code().name}: {exc.details()}"
+            except CriError as exc:
+                state.rebuild_error = f"{exc.code_name}: {exc.details}"
                 log.warning("cannot rebuild state from runtime yet; will retry",
                             backend=backend, error=state.rebuild_error, retry_in_s=backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)
+    finally:
+        await cri.close()

@@ -212,7 +212,8 @@ def test_serves_while_backend_is_down_and_rebuilds_when_it_returns(containerd_be
         os.symlink(bed.socket, missing)  # the runtime "comes back"
         st = kn.wait_rebuilt(30)
         assert st["rebuild_error"] is None
-        assert cri.rt.Version(pb.VersionRequest(), timeout=10).runtime_name == "containerd"
+        # The channel may still be in its reconnect backoff from the failed call: wait it out.
+        assert cri.rt.Version(pb.VersionRequest(), timeout=10, wait_for_ready=True).runtime_name == "containerd"
     finally:
         cri.close()
         kn.stop()
