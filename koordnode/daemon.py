@@ -47,7 +47,7 @@ class HardwareQoSHook(RuntimeHook):
     """Post hooks for what needs the pod running: its IPs (tc classes), its threads (resctrl)."""
 
     name = "hw-qos"
-    methods = frozenset({"RunPodSandbox", "StartContainer"})
+    methods = frozenset({"RunPodSandbox", "StartContainer", "StopPodSandbox", "RemovePodSandbox"})
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
@@ -59,6 +59,8 @@ class HardwareQoSHook(RuntimeHook):
             await self.daemon.record_pod_network(call.response.pod_sandbox_id)
         elif call.method == "StartContainer":
             await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
+        else:  # a pod stopped or went away: its IPs leave the network classes now
+            self.daemon.refresh_network_classes()
 
 
 class Daemon:
@@ -273,6 +275,9 @@ class Daemon:
         pod = self.state.pods.get(sandbox_id)
         if pod is not None:
             pod.ips, pod.host_network = pod_network_from_status(resp.status)
+        self.refresh_network_classes()
+
+    def refresh_network_classes(self) -> None:
         if self.config.net.enable:
             self.spawn(asyncio.to_thread(self.netqos.reconcile, self._pod_networks()))
 

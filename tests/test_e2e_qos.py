@@ -292,3 +292,16 @@ def test_hostile_inputs_change_nothing_outside_the_root_and_calls_behave_as_dire
     assert not outside.exists() or not any(outside.rglob("cpu.idle"))
     # koordnode refused to write there and said so.
     assert "cgroup_write" not in [line for line in koordnode.log_text().splitlines() if marker in line and '"cgroup_write"' in line]
+
+
+def test_pod_ips_are_recorded_for_the_network_classes(containerd_bed, cri_proxy, cri_direct, koordnode, pods):
+    sb, sid, cid = pods.run("net", qos="burstable", resources={"cpu_shares": 512})
+    want = cri_direct.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid)).status.network.ip
+    assert want  # the bed's CNI bridge gave the pod an address
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pod = next(p for p in koordnode.status()["pods"] if p["sandbox_id"] == sid)
+        if pod["ips"]:
+            break
+        time.sleep(0.1)
+    assert pod["ips"] == [want]
