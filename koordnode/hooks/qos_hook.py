@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from koordnode.hooks.chain import CallContext, RuntimeHook
+from koordnode.proxy.methods import INTERCEPTED_METHODS
 from koordnode.hooks.qos_engine import QoSEngine
 
 
@@ -11,18 +12,7 @@ class QoSHook(RuntimeHook):
     relay's event loop; the chain's timeout bounds them."""
 
     name = "qos"
-    methods = frozenset(
-        {
-            "RunPodSandbox",
-            "CreateContainer",
-            "StartContainer",
-            "UpdateContainerResources",
-            "StopContainer",
-            "RemoveContainer",
-            "StopPodSandbox",
-            "RemovePodSandbox",
-        }
-    )
+    methods = frozenset(INTERCEPTED_METHODS)
 
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import CallContext, RuntimeHook
+from koordnode.proxy.methods import INTERCEPTED_METHODS
 from koordnode.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -17,18 +18,7 @@ from koordnode.state import (
 
 class StateRecorder(RuntimeHook):
     name = "state-recorder"
-    methods = frozenset(
-        {
-            "RunPodSandbox",
-            "StopPodSandbox",
-            "RemovePodSandbox",
-            "CreateContainer",
-            "StartContainer",
-            "UpdateContainerResources",
-            "StopContainer",
-            "RemoveContainer",
-        }
-    )
+    methods = frozenset(INTERCEPTED_METHODS)
 
     def __init__(self, state: NodeState) -> None:
         self.state = state
