@@ -24,6 +24,11 @@ log = structlog.get_logger("koordnode.hooks")
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 
 
+def skip_requested(labels: dict[str, str]) -> bool:
+    """True when a pod's labels ask koordnode to leave it alone."""
+    return labels.get(SKIP_LABEL, "").lower() == "true"
+
+
 @dataclasses.dataclass
 class CallContext:
     """One intercepted CRI call as the hooks see it."""
@@ -41,7 +46,7 @@ class CallContext:
 
     @property
     def skip_hooks(self) -> bool:
-        return self.pod_labels.get(SKIP_LABEL, "").lower() == "true"
+        return skip_requested(self.pod_labels)
 
     @property
     def succeeded(self) -> bool:

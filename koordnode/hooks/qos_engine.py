@@ -31,7 +31,7 @@ from koordnode.hooks.cpuset_allocator import (
     cpuset_owner_id,
 )
 from koordnode.hooks.annotations import parse_pod_annotations
-from koordnode.hooks.chain import SKIP_LABEL
+from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpulist import parse_cpu_list
 from koordnode.hooks.policy import (
     ContainerInput,
@@ -360,7 +360,7 @@ class QoSEngine:
     def _apply_pod(self, sandbox_id: str, pod_in: PodInput, *, force: bool) -> None:
         """Pod-level and container-level writes of one pod (its running containers)."""
         pod = self.state.pods.get(sandbox_id)
-        if pod is None or pod.labels.get(SKIP_LABEL, "").lower() == "true":
+        if pod is None or skip_requested(pod.labels):
             return  # skipped pods are left alone, also by the reconcile pass after a restart
         decision = self._decision(pod)
         try:
@@ -442,7 +442,7 @@ class QoSEngine:
             if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
                 continue
             pod = self.state.pods.get(c.sandbox_id)
-            if pod is None or pod.labels.get(SKIP_LABEL, "").lower() == "true":
+            if pod is None or skip_requested(pod.labels):
                 continue
             decision = self._decision(pod)
             # LSE/LSR containers without an allocation (the fail-open fallback) share the pool
