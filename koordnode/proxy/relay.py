@@ -286,6 +286,12 @@ class Relay:
             end = pos + 9 + length
             if end > n:
                 break
+            ftype = buf[pos + 3]
+            if ftype == w.DATA and pos > out_start and self.streams:
+                # A held call's frame may make us write to the backend (a refusal's RST_STREAM):
+                # what came before it must reach the backend first.
+                self._to_backend(bytes(buf[out_start:pos]))
+                out_start = pos
             replacement = self._client_frame(
                 buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF,
                 memoryview(buf)[pos + 9 : end], length,
