@@ -108,6 +108,42 @@ def test_a_late_post_hook_finishes_before_the_next_hook_of_the_call():
     assert order == ["slow", "next"]
 
 
+def test_a_stuck_post_hook_does_not_delay_later_calls():
+    """A Post hook that never returns is waited for once (its timeout), not by every call."""
+    release = threading.Event()
+
+    class Stuck(RuntimeHook):
+        name = "stuck"
+        methods = frozenset({"RemovePodSandbox", "CreateContainer"})
+
+        def post(self, call):
+            release.wait(10)
+
+    chain = HookChain([Stuck()], timeout_s=0.2)
+
+    async def body():
+        await _schedule(chain, 1)
+        await asyncio.sleep(0.3)  # it is late now
+        started = time.monotonic()
+        for _ in range(5):
+            await chain.run_pre(CallContext(method="CreateContainer", request=create_request()))
+        return time.monotonic() - started
+
+    try:
+        elapsed = run(body())
+    finally:
+        release.set()
+        chain.close()
+    assert elapsed < 0.2, elapsed
+
+
+async def _schedule(chain: HookChain, n: int) -> None:
+    for i in range(n):
+        call = CallContext(method="RemovePodSandbox", request=pb.RemovePodSandboxRequest(pod_sandbox_id=f"p{i}"))
+        call.grpc_status = 0
+        chain.schedule_post(call)
+
+
 class SlowCreatePre(RuntimeHook):
     """Changes CreateContainer requests only; Post-only bookkeeping for the rest."""
 

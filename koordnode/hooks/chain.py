@@ -92,6 +92,9 @@ class HookChain:
         # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
         self._pending_post: set[asyncio.Task] = set()
+        # The Post tasks a new call waits for: not those already late, or one stuck hook would
+        # cost every later call the full timeout.
+        self._awaited_post: set[asyncio.Task] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
@@ -132,7 +135,9 @@ class HookChain:
             return
         task = asyncio.get_running_loop().create_task(self._run_post(call))
         self._pending_post.add(task)
+        self._awaited_post.add(task)
         task.add_done_callback(self._pending_post.discard)
+        task.add_done_callback(self._awaited_post.discard)
 
     async def _run_post(self, call: CallContext) -> None:
         # In order, each to its end: a Post hook keeps books (state, CPU release), so one that
@@ -142,8 +147,8 @@ class HookChain:
                 await self._invoke(hook, "post", call, run_to_end=True)
 
     async def drain_post(self, timeout_s: float) -> None:
-        if self._pending_post:
-            await asyncio.wait(list(self._pending_post), timeout=timeout_s)
+        if self._awaited_post:
+            await asyncio.wait(list(self._awaited_post), timeout=timeout_s)
 
     async def _invoke(self, hook: RuntimeHook, phase: str, call: CallContext,
                       run_to_end: bool = False) -> bool:
@@ -163,6 +168,7 @@ class HookChain:
             if run_to_end:
                 await asyncio.wait({work}, timeout=timeout)
                 if not work.done():
+                    self._awaited_post.discard(asyncio.current_task())
                     self._failed(hook, phase, call, "timeout", f"exceeded {timeout * 1000:.0f} ms",
                                  started, "running to its end")
                     try:
