@@ -9,8 +9,11 @@ import socket
 import struct
 import time
 
+import grpc
 import pytest
 
+from koordnode.cri import api_pb2 as pb
+from koordnode.cri import api_pb2_grpc as pb_grpc
 from koordnode.proxy import h2wire as w
 from support.h2raw import RS, RawConnection, frame_header, request_headers, unary_call
 
@@ -92,6 +95,19 @@ def test_request_over_16MiB_is_refused_at_its_prefix_like_containerd(containerd_
             ("HEADERS", 1, "8", f"grpc: received message larger than max ({20 * MiB} vs. {16 * MiB})"),
             ("RST_STREAM", 1, 0)], path
         assert not answer.closed
+
+
+def test_a_20MiB_request_from_a_grpc_client_fails_as_it_does_direct(containerd_bed, koordnode):
+    req = pb.CreateContainerRequest(pod_sandbox_id="nope")
+    req.config.annotations["a"] = "x" * (20 * MiB)
+    details = []
+    for path in (str(containerd_bed.socket), koordnode.listen):
+        with grpc.insecure_channel(f"unix://{path}", options=[("grpc.max_send_message_length", 64 * MiB)]) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                pb_grpc.RuntimeServiceStub(ch).CreateContainer(req, timeout=30)
+            details.append((err.value.code(), err.value.details()))
+    assert details[0] == details[1]
+    assert details[0][0] == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def _rss_kib(pid: int) -> int:
