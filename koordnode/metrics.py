@@ -10,7 +10,8 @@ Exported metrics (labels in braces):
 - ``koordnode_build_info{version,python_version}`` (always 1), ``koordnode_start_time_seconds``,
   ``koordnode_uptime_seconds``; ``process_*`` and ``python_info`` from prometheus-client.
 - ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
-  (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...).
+  (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...); a
+  path that names no CRI method counts as ``other``, so clients cannot grow the label set.
 - ``koordnode_hook_failures_total{hook,phase,kind}``: hook errors (``kind="error"``) and
   timeouts (``kind="timeout"``), read from the hook chain's counters at scrape time.
 - ``koordnode_proxy_connections_open``, ``koordnode_proxy_connections_total``,
