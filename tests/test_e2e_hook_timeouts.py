@@ -1,4 +1,4 @@
-"""Hook timeouts far below what the hooks take, against the real containerd and `koordnode run`
+"""Hook timeouts far below what the hooks take, against the real containerd and koordnode
 (kubelet's calls reproduced in kubelet's order through the CRI socket):
 
 - the books stay right: every removed pod leaves koordnode's state and its exclusive CPUs;
@@ -15,7 +15,7 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
-from support.koordnode_runner import KoordnodeProcess
+from support.koordnode_runner import InProcessKoordnode, KoordnodeProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -89,6 +89,34 @@ def test_failure_policy_fail_never_fails_calls_the_hooks_do_not_change(container
                 remove_pod(cri_direct, sid)
                 pytest.fail(f"{exc.code()}: {exc.details()}")
         assert "failed in pre" not in kn.log_text()
+    finally:
+        cri.close()
+        kn.stop()
+
+
+def test_cpu_release_queued_behind_busy_hook_threads_still_runs(containerd_bed, tmp_path):
+    """The reported leak, made deterministic: when the pod is removed every hook thread is busy,
+    so the QoS Post hook that releases its CPU is still queued when the timeout fires."""
+    kn = InProcessKoordnode(tmp_path, str(containerd_bed.socket)).start()
+    cri = Cri(kn.listen)
+    try:
+        kn.wait_rebuilt()
+        sb = sandbox_config(containerd_bed, "lse", qos="guaranteed", labels={"koordinator.sh/qosClass": "LSE"})
+        sid = run_pod(cri, sb)
+        start_container(cri, sid, sb, container_config(containerd_bed, "app", ["sleep", "3600"],
+                                                       resources=GUARANTEED_1CPU))
+
+        def allocations():
+            return kn.call(lambda: kn.daemon.status())["qos"]["cpus"]["allocations"]
+
+        assert _wait(allocations), "the LSE pod got no exclusive CPU"
+        chain = kn.daemon.chain
+        kn.call(lambda: chain.configure(timeout_s=0.02, failure_policy="ignore"))
+        for _ in range(chain._pool._max_workers):
+            chain._pool.submit(time.sleep, 1.0)
+        remove_pod(cri, sid)
+        assert _wait(lambda: not allocations(), 10), allocations()
+        assert _wait(lambda: not kn.call(lambda: sid in kn.daemon.state.pods), 10)
     finally:
         cri.close()
         kn.stop()
