@@ -120,3 +120,38 @@ def test_cpu_release_queued_behind_busy_hook_threads_still_runs(containerd_bed, 
     finally:
         cri.close()
         kn.stop()
+
+
+def test_failure_policy_fail_with_busy_hook_threads_fails_no_bookkeeping_call(containerd_bed, cri_direct, tmp_path):
+    """The reported failures, made deterministic: every hook thread busy, a short timeout and
+    failure_policy = "fail" failed StartContainer, StopPodSandbox and RemovePodSandbox."""
+    kn = InProcessKoordnode(tmp_path, str(containerd_bed.socket)).start()
+    cri = Cri(kn.listen)
+    try:
+        kn.wait_rebuilt()
+        sb = sandbox_config(containerd_bed, "pod")
+        sid = run_pod(cri_direct, sb)
+        cid = cri_direct.rt.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=sid, sandbox_config=sb,
+            config=container_config(containerd_bed, "app", ["sleep", "3600"])), timeout=60).container_id
+        chain = kn.daemon.chain
+        kn.call(lambda: chain.configure(timeout_s=0.02, failure_policy="fail"))
+        calls = (("StartContainer", pb.StartContainerRequest(container_id=cid)),
+                 ("StopContainer", pb.StopContainerRequest(container_id=cid, timeout=1)),
+                 ("RemoveContainer", pb.RemoveContainerRequest(container_id=cid)),
+                 ("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sid)),
+                 ("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sid)))
+        failed = []
+        for method, request in calls:
+            for _ in range(chain._pool._max_workers):
+                chain._pool.submit(time.sleep, 0.3)
+            try:
+                getattr(cri.rt, method)(request, timeout=30)
+            except grpc.RpcError as exc:
+                failed.append(f"{method}: {exc.code()} {exc.details()}")
+        if failed:
+            remove_pod(cri_direct, sid)
+        assert failed == []
+    finally:
+        cri.close()
+        kn.stop()
