@@ -6,9 +6,12 @@ wrong; the policy then uses the class defaults for whatever could not be read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -311,9 +314,56 @@ class PodAnnotations:
         return self.resource_status.cpuset if self.resource_status else None
 
 
+_KNOWN = (EXTENDED_RESOURCE_SPEC, MEMORY_QOS, RESOURCE_STATUS)
+_EMPTY = PodAnnotations()
+# Parsed annotations by a digest of their text: a plan, a reconcile pass and the QoS manager
+# ask again and again for the same pod, and a hostile value must cost its parse once, not
+# once per question. Keyed by digest so the cache never holds the (up to 64 KiB) texts.
+_CACHE_SIZE = 1024
+_cache: OrderedDict[bytes, PodAnnotations] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _cache_key(values: tuple[Any, ...]) -> bytes | None:
+    digest = hashlib.blake2b(digest_size=16)
+    for value in values:
+        if value is None:
+            digest.update(b"\x00")
+        elif isinstance(value, str):
+            encoded = value.encode("utf-8", "surrogatepass")
+            digest.update(b"\x01" + len(encoded).to_bytes(8, "big") + encoded)
+        else:
+            return None  # not what CRI carries; parsed every time (and refused)
+    return digest.digest()
+
+
 def parse_pod_annotations(annotations: Mapping[str, Any] | None) -> PodAnnotations:
-    """Parse every annotation koordnode understands; absent ones stay None. Never raises."""
+    """Parse every annotation koordnode understands; absent ones stay None. Never raises.
+
+    Bounded: each value is refused above MAX_ANNOTATION_CHARS, CPU lists above
+    MAX_CPU_LIST_CHARS, and the result is cached, so the same text is parsed once.
+    """
     annotations = annotations or {}
+    values = tuple(annotations.get(name) for name in _KNOWN)
+    if all(value is None for value in values):
+        return _EMPTY
+    key = _cache_key(values)
+    if key is not None:
+        with _cache_lock:
+            cached = _cache.get(key)
+            if cached is not None:
+                _cache.move_to_end(key)
+                return cached
+    parsed = _parse_pod_annotations(annotations)
+    if key is not None:
+        with _cache_lock:
+            _cache[key] = parsed
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    return parsed
+
+
+def _parse_pod_annotations(annotations: Mapping[str, Any]) -> PodAnnotations:
     problems: list[ParseProblem] = []
     extended = memory_qos = resource_status = None
     if EXTENDED_RESOURCE_SPEC in annotations:

@@ -30,7 +30,7 @@ from koordnode.hooks.cpuset_allocator import (
     allocator_from_config,
     cpuset_owner_id,
 )
-from koordnode.hooks.annotations import parse_pod_annotations
+from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpulist import parse_cpu_list
 from koordnode.hooks.policy import (
@@ -73,7 +73,7 @@ def resources_to_annotation(res: ContainerResources) -> str:
 
 def resources_from_annotation(text: str | None) -> ContainerResources | None:
     """kubelet's resources from our annotation; None when absent or not what we wrote."""
-    if not text:
+    if not text or not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
     try:
         doc = json.loads(text)
@@ -86,7 +86,7 @@ def resources_from_annotation(text: str | None) -> ContainerResources | None:
             if isinstance(v, bool) or not isinstance(v, wanted):
                 return None
         return ContainerResources(**values, unified=unified)
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return None
 
 
