@@ -272,9 +272,8 @@ class Daemon:
         except CriError as exc:
             log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=str(exc))
             return
-        pod = self.state.pods.get(sandbox_id)
-        if pod is not None:
-            pod.ips, pod.host_network = pod_network_from_status(resp.status)
+        ips, host_network = pod_network_from_status(resp.status)
+        self.state.set_pod_network(sandbox_id, ips, host_network)
         self.refresh_network_classes()
 
     def refresh_network_classes(self) -> None:
