@@ -72,12 +72,33 @@ def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[in
                       sort_keys=True, separators=(",", ":"))
 
 
-def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozenset[int]] | None:
-    """(owner, class, CPUs) of our allocation record; None when absent or not what we write."""
+def fallback_to_annotation(reason: str) -> str:
+    """The record of an LSE/LSR container that got no CPUs: why, for status after restarts."""
+    return json.dumps({"fallback": reason[:1000]}, separators=(",", ":"))
+
+
+def _allocation_doc(text: str | None) -> dict[str, Any] | None:
     if not text or not isinstance(text, str) or len(text) > _MAX_ALLOCATION_RECORD_CHARS:
         return None
     try:
         doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def fallback_from_annotation(text: str | None) -> str | None:
+    doc = _allocation_doc(text)
+    reason = doc.get("fallback") if doc is not None else None
+    return reason if isinstance(reason, str) else None
+
+
+def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozenset[int]] | None:
+    """(owner, class, CPUs) of our allocation record; None when absent or not what we write."""
+    doc = _allocation_doc(text)
+    if doc is None:
+        return None
+    try:
         owner, cls, cpus = doc["owner"], QoSClass(doc["class"]), parse_cpu_list(doc["cpus"])
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
@@ -203,6 +224,8 @@ class QoSEngine:
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
+        # LSE/LSR containers that got no CPUs at creation -> why (from their record annotation).
+        self.fallback_reason: dict[str, str] = {}
         self._published = PublishedStatus({}, {}, {})
         with self.lock:
             self._publish_status()
@@ -303,6 +326,8 @@ class QoSEngine:
         if allocation is not None:
             req.config.annotations[CPU_ALLOCATION_ANNOTATION] = allocation_to_annotation(
                 owner, allocation.qos_class, allocation.cpus)
+        elif cpuset.fallback:
+            req.config.annotations[CPU_ALLOCATION_ANNOTATION] = fallback_to_annotation(cpuset.reason)
         if cpuset.fallback:
             log.warning("not enough free CPUs; container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
@@ -330,6 +355,9 @@ class QoSEngine:
                     req.config.linux.resources)
                 if forwarded and self.allocator.allocation_of(owner) is not None:
                     self.cpu_owner[container_id] = owner
+                fallback = fallback_from_annotation(req.config.annotations.get(CPU_ALLOCATION_ANNOTATION))
+                if fallback is not None:
+                    self.fallback_reason[container_id] = fallback
             if (not container_id or not forwarded) and owner not in self.cpu_owner.values():
                 self.allocator.release(owner)
             self._refresh_pools(view)
@@ -383,6 +411,7 @@ class QoSEngine:
         self.kubelet_resources.pop(container_id, None)
         self.container_records.pop(container_id, None)
         self.reallocate.discard(container_id)
+        self.fallback_reason.pop(container_id, None)
         if owner is not None and owner not in self.cpu_owner.values():
             self.allocator.release(owner)
 
@@ -412,10 +441,9 @@ class QoSEngine:
             # No allocation: it fell back at creation and stays a share-pool container (CPUs
             # are handed out at CreateContainer, never to a running container later).
             pool = self.allocator.pool_for(decision.qos_class)
-            why = ("no whole-CPU request" if requested_cpus(kubelet) <= 0
-                   else "not enough free CPUs at creation")
-            return dataclasses.replace(pool, reason=f"{decision.qos_class.value}: {why}, falling back to"
-                                                    f" the share pool ({pool.reason})")
+            why = self.fallback_reason.get(container_id) or (
+                f"{decision.qos_class.value}: no CPUs allocated at creation")
+            return dataclasses.replace(pool, reason=f"{why}; now on: {pool.reason}")
         return self._be_override(decision.qos_class) or self.allocator.pool_for(decision.qos_class)
 
     def _plan(self, pod: PodRecord, name: str, container_id: str, kubelet: ContainerResources,
@@ -576,7 +604,11 @@ class QoSEngine:
                 pod = view.pods.get(c.sandbox_id)
                 if pod is None:
                     continue
-                record = allocation_from_annotation(c.annotations.get(CPU_ALLOCATION_ANNOTATION))
+                text = c.annotations.get(CPU_ALLOCATION_ANNOTATION)
+                fallback = fallback_from_annotation(text)
+                if fallback is not None:
+                    self.fallback_reason[c.container_id] = fallback
+                record = allocation_from_annotation(text)
                 if record is None:
                     continue  # never held CPUs (another class, or it fell back to the share pool)
                 owner, qos_class, cpus = record
