@@ -9,6 +9,7 @@ import argparse
 import importlib
 import json
 import platform
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -245,17 +246,35 @@ def _admin_socket_despite(path: str) -> tuple[str, str]:
     """[admin] socket of a config file that does not validate, and where it came from."""
     default = AdminConfig().socket
     try:
-        import tomllib
+        text = Path(path).read_text(encoding="utf-8", errors="replace")[:1 << 20]
+    except OSError:
+        return default, f"the built-in default: {path} cannot be read"
+    import tomllib
 
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        value = raw.get("admin", {}).get("socket")
-        if value is None:
-            return default, f"the built-in default: {path} sets no [admin] socket"
-        if isinstance(value, str):
-            return unix_socket_path(value), f"[admin] socket of {path}"
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
-        pass
-    return default, f"the built-in default: the [admin] socket of {path} could not be read"
+    try:
+        value = tomllib.loads(text).get("admin", {}).get("socket")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        # Not even TOML: the [admin] table's `socket = "..."` line, if there is one.
+        value = _scan_admin_socket(text)
+    if value is None:
+        return default, f"the built-in default: {path} sets no readable [admin] socket"
+    try:
+        return unix_socket_path(str(value)), f"[admin] socket of {path}"
+    except ValueError:
+        return default, f"the built-in default: the [admin] socket of {path} is not a socket path"
+
+
+def _scan_admin_socket(text: str) -> str | None:
+    table = ""
+    for line in text.splitlines():
+        header = re.match(r"\s*\[([^\[\]]+)\]\s*(#.*)?$", line)
+        if header:
+            table = header.group(1).strip()
+            continue
+        found = re.match(r'\s*socket\s*=\s*"([^"\\]*)"\s*(#.*)?$', line)
+        if table == "admin" and found:
+            return found.group(1)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
