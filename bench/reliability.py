@@ -55,17 +55,25 @@ def summary(samples: list[float]) -> dict[str, float]:
             "max_ms": ms(ordered[-1])}
 
 
+def clear_cache() -> None:
+    cache = getattr(annotations_module, "_cache", None)
+    if cache is not None:
+        cache.clear()
+
+
 def parse_costs() -> dict[str, float]:
     out = {}
     for name, text in {"issue's 64 KiB annotation": ISSUE_ANNOTATION, **WORST_IN_BOUNDS}.items():
         best = float("inf")
         for _ in range(5):
-            annotations_module._cache.clear()
+            clear_cache()
             started = time.perf_counter()
             annotations_module.parse_pod_annotations({RESOURCE_STATUS: text})
             best = min(best, time.perf_counter() - started)
+            if best > 1.0:
+                break  # without the bounds (older versions) one parse is enough to tell
         out[name] = ms(best)
-    annotations_module._cache.clear()
+    clear_cache()
     annotations_module.parse_pod_annotations({RESOURCE_STATUS: ISSUE_ANNOTATION})
     started = time.perf_counter()
     annotations_module.parse_pod_annotations({RESOURCE_STATUS: ISSUE_ANNOTATION})

@@ -46,7 +46,6 @@ from koordnode.hooks.policy import (
     PodInput,
     allocate_cpuset,
     plan_container,
-    requested_cpus,
     plan_pod_memory,
     plan_pod_sandbox,
 )
@@ -293,6 +292,9 @@ class QoSEngine:
     # ---- hook entry points ----------------------------------------------------------------
 
     def pod_sandbox_pre(self, cfg: pb.PodSandboxConfig) -> ClassDecision:
+        # Parse (and cache) the pod's annotations here, in a hook thread: the event loop's
+        # readers (the QoS manager's inventory) then find them parsed.
+        parse_pod_annotations(dict(cfg.annotations))
         decision = self.classify(cfg.labels, cfg.linux.cgroup_parent)
         if decision.label_problem:
             log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
