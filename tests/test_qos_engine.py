@@ -958,6 +958,13 @@ def test_a_dropped_create_pre_hook_gives_its_cpus_back(make_node):
     assert node.allocations() == {"uid-a/app": parse_cpu_list(allocated.config.linux.resources.cpuset_cpus)}
     node.engine.container_created(req, "c" * 64)
     assert node.allocations() == {}
+    # A Pre hook that overran its timeout can even finish after the call's Post step.
+    scratch: dict = {}
+    node.engine.container_created(req, "d" * 64, scratch)
+    late = pb.CreateContainerRequest()
+    late.CopyFrom(req)
+    node.engine.container_create_pre(late, scratch)
+    assert node.allocations() == {}
 
 
 def test_exclusive_cpus_leave_the_share_pool_at_least_one_cpu(make_node):

@@ -64,6 +64,7 @@ KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
 # (e.g. a fallback container's share-pool set) is never taken for an allocation.
 CPU_ALLOCATION_ANNOTATION = "koordnode.io/cpu-allocation"
 _MAX_ALLOCATION_RECORD_CHARS = 64 * 1024
+_CREATE_POST_DONE = "qos.create_post_done"  # CallContext.scratch key
 
 
 def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[int]) -> str:
@@ -307,21 +308,32 @@ class QoSEngine:
             self._apply_pod(view, sandbox_id, self.pod_input(cfg), force=False)
             self._publish_status()
 
-    def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
-        """Rewrite the CreateContainer request in place; returns the plan for the record."""
+    def container_create_pre(self, req: pb.CreateContainerRequest,
+                             scratch: dict[str, Any] | None = None) -> ContainerPlan:
+        """Rewrite the CreateContainer request in place; returns the plan for the record.
+
+        `scratch`: the call's scratch dict, shared with container_created. A Pre hook that
+        overran its timeout may still finish after the call's Post step: then the CPUs it
+        took were never forwarded, and it gives them back itself."""
+        scratch = scratch if scratch is not None else {}
         pod = self.pod_input(req.sandbox_config)
         decision = self.classify(pod.labels, pod.cgroup_parent)
         kubelet = resources_from_pb(req.config.linux.resources)
         container = ContainerInput(name=req.config.metadata.name, resources=kubelet)
         # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
         req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
+        owner = self._owner_id(pod, container.name)
         with self.lock:
+            held_before = self.allocator.allocation_of(owner) is not None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
-            owner = self._owner_id(pod, container.name)
             allocation = self.allocator.allocation_of(owner) if cpuset.exclusive else None
+            if scratch.get(_CREATE_POST_DONE) and not held_before and owner not in self.cpu_owner.values():
+                self.allocator.release(owner)  # too late: the call went on without these CPUs
+                allocation = None
+                self._refresh_pools(self.state.view())
             self._publish_status()
         apply_overrides(req.config.linux.resources, plan)
         req.config.annotations[KUBELET_RESOURCES_ANNOTATION] = resources_to_annotation(kubelet)
@@ -340,7 +352,8 @@ class QoSEngine:
         preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
         return cpuset_owner_id(pod.uid, container_name, preferred is not None)
 
-    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None) -> None:
+    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
+                          scratch: dict[str, Any] | None = None) -> None:
         """After CreateContainer: remember the container, or undo the allocation if the call
         failed or went on without it (a Pre hook that failed or timed out has its request
         changes dropped: then the runtime never saw the CPUs, and they go back)."""
@@ -350,6 +363,8 @@ class QoSEngine:
         forwarded = record is not None and record[0] == owner
         view = self.state.view()
         with self.lock:
+            if scratch is not None:
+                scratch[_CREATE_POST_DONE] = True
             if container_id:
                 self.container_pod[container_id] = req.pod_sandbox_id
                 self.kubelet_resources[container_id] = resources_from_annotation(
