@@ -314,3 +314,10 @@ def test_pod_annotations_are_parsed_once_per_distinct_text(monkeypatch) -> None:
     assert len(calls) == 1
     assert parse_pod_annotations({RESOURCE_STATUS: json.dumps({"cpuset": "4"})}).scheduler_cpuset == {4}
     assert len(calls) == 2
+
+
+def test_problems_of_a_pod_are_capped() -> None:
+    spec = {"containers": {f"c{i}": {"requests": {BATCH_CPU: "fast"}} for i in range(1000)}}
+    parsed = parse_pod_annotations({EXTENDED_RESOURCE_SPEC: json.dumps(spec)})
+    assert len(parsed.problems) == 11
+    assert "990 more problems" in str(parsed.problems[-1])

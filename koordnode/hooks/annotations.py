@@ -29,6 +29,7 @@ BATCH_MEMORY = "kubernetes.io/batch-memory"  # bytes
 # Annotations are user input: bound what we are willing to parse.
 MAX_ANNOTATION_CHARS = 64 * 1024
 MAX_QUANTITY_CHARS = 64
+MAX_PROBLEMS = 10  # problems reported per pod (the rest are counted)
 _INT64_MAX = 2**63 - 1
 
 
@@ -375,6 +376,10 @@ def _parse_pod_annotations(annotations: Mapping[str, Any]) -> PodAnnotations:
     if RESOURCE_STATUS in annotations:
         resource_status, found = parse_resource_status(annotations[RESOURCE_STATUS])
         problems += found
+    if len(problems) > MAX_PROBLEMS:
+        # Each problem becomes a status note on every container of the pod: keep them few.
+        problems = problems[:MAX_PROBLEMS] + [
+            ParseProblem(problems[MAX_PROBLEMS].annotation, f"... and {len(problems) - MAX_PROBLEMS} more problems")]
     return PodAnnotations(
         extended_resources=extended,
         memory_qos=memory_qos,
