@@ -6,7 +6,7 @@ import json
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from koordnode.hooks.annotations import (
@@ -253,6 +253,9 @@ json_values = st.recursive(
 )
 
 
+# No deadline: parsed annotations are cached, so a replayed example runs faster than its first
+# run, which Hypothesis would report as unreliable timing on a loaded machine.
+@settings(deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from([EXTENDED_RESOURCE_SPEC, MEMORY_QOS, RESOURCE_STATUS, "other"]),
