@@ -319,8 +319,15 @@ def test_pod_annotations_are_parsed_once_per_distinct_text(monkeypatch) -> None:
     assert len(calls) == 2
 
 
+def test_cached_scheduler_cpuset_is_kept_as_canonical_text() -> None:
+    # A cache entry holds at most the merged text, never a set of thousands of CPUs.
+    parsed = parse_pod_annotations({RESOURCE_STATUS: json.dumps({"cpuset": ",".join(["0-8191"] * 100)})})
+    assert parsed.resource_status.cpuset_text == "0-8191"
+    assert parsed.has_scheduler_cpuset and len(parsed.scheduler_cpuset) == 8192
+
+
 def test_problems_of_a_pod_are_capped() -> None:
-    spec = {"containers": {f"c{i}": {"requests": {BATCH_CPU: "fast"}} for i in range(1000)}}
+    spec = {"containers": {f"c{i}": {"requests": {BATCH_CPU: "fast"}} for i in range(60)}}
     parsed = parse_pod_annotations({EXTENDED_RESOURCE_SPEC: json.dumps(spec)})
     assert len(parsed.problems) == 11
-    assert "990 more problems" in str(parsed.problems[-1])
+    assert "50 more problems" in str(parsed.problems[-1])

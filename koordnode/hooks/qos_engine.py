@@ -349,8 +349,8 @@ class QoSEngine:
 
     @staticmethod
     def _owner_id(pod: PodInput | PodRecord, container_name: str) -> str:
-        preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
-        return cpuset_owner_id(pod.uid, container_name, preferred is not None)
+        return cpuset_owner_id(pod.uid, container_name,
+                               parse_pod_annotations(pod.annotations).has_scheduler_cpuset)
 
     def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
                           scratch: dict[str, Any] | None = None) -> None:
