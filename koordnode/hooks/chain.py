@@ -26,7 +26,8 @@ SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 
 def skip_requested(labels: dict[str, str]) -> bool:
     """True when a pod's labels ask koordnode to leave it alone."""
-    return labels.get(SKIP_LABEL, "").lower() == "true"
+    value = labels.get(SKIP_LABEL, "")
+    return len(value) == 4 and value.lower() == "true"  # bounded: label values are pod input
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ class QoSHook(RuntimeHook):
             call.scratch["qos_class"] = decision.qos_class.value
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
-            self.engine.container_create_pre(req)
+            self.engine.container_create_pre(req, call.scratch)
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
 
@@ -39,7 +39,7 @@ class QoSHook(RuntimeHook):
             if ok:
                 self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
         elif call.method == "CreateContainer":
-            self.engine.container_created(req, resp.container_id if ok else None)
+            self.engine.container_created(req, resp.container_id if ok else None, call.scratch)
         elif call.method == "StartContainer":
             if ok:
                 self.engine.container_started(req.container_id)
