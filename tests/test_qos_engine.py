@@ -80,12 +80,17 @@ class Node:
         toml: str = "",
         root: Path | None = None,
         state: NodeState | None = None,
+        be_idle_group: bool = False,
     ) -> None:
+        # The BE group (hooks/be_group.py) moves BE pods away from the cgroup this fake runtime
+        # creates their containers in: it is tested against the real runtime (test_e2e_be_group).
+        self.be_idle_group = be_idle_group
         self.topology = topology or CpuTopology.describe(cores_per_numa=4, threads_per_core=2)
         all_cpus = format_cpu_list(self.topology.online)
         self.root = root or make_cgroup_tree(directory, version, anolis, cpus=all_cpus)
         self.toml = toml
-        self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n' + toml)
+        self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n'
+                                   f'be_idle_group = {str(be_idle_group).lower()}\n' + toml)
         self.state = state if state is not None else NodeState()
         self.engine = QoSEngine(self.config, self.state, executor=CgroupExecutor(self.root),
                                 topology=self.topology)
@@ -112,7 +117,8 @@ class Node:
             [dataclasses.replace(c, resources=copy.deepcopy(c.resources), source="recovered")
              for c in self.state.containers.values()],
         )
-        node = Node(self.root.parent, topology=self.topology, toml=self.toml, root=self.root, state=state)
+        node = Node(self.root.parent, topology=self.topology, toml=self.toml, root=self.root, state=state,
+                    be_idle_group=self.be_idle_group)
         node.pods, node.container_pod = dict(self.pods), dict(self.container_pod)
         node._next = self._next + 1000
         self.restarts.append(node)

@@ -401,7 +401,8 @@ def test_inventory_classes_and_tiers(tmp_path):
     assert {p.sandbox_id: p.cgroup for p in inventory.pods}["b"] == \
         "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice"
     assert len(inventory.skipped) == 1 and inventory.skipped[0].startswith("ns/x")
-    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE}
+    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
+                                                 "be_group": "/kubepods/koordnode_be"}
     assert tier_cgroups("/kubepods.slice", "auto")["besteffort"] == "/kubepods.slice/kubepods-besteffort.slice"
     assert tier_cgroups("/koordnode-test-ab/kubepods", "cgroupfs")["burstable"] == "/koordnode-test-ab/kubepods/burstable"
 

@@ -21,13 +21,19 @@ class QoSHook(RuntimeHook):
         req = call.request
         if call.method == "RunPodSandbox":
             decision = self.engine.pod_sandbox_pre(req.config)
+            self.engine.place_be_pod(req.config, decision)
             # Read by the state recorder when it records the pod.
             call.scratch["qos_class"] = decision.qos_class.value
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
+            self.engine.follow_sandbox_parent(req)
             self.engine.container_create_pre(req)
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
+        elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
+            # The state recorder forgets the pod before this hook's post step runs.
+            pod = self.engine.state.pods.get(req.pod_sandbox_id)
+            call.scratch["cgroup_parent"] = pod.cgroup_parent if pod is not None else ""
 
     def post(self, call: CallContext) -> None:
         req, resp = call.request, call.response
@@ -46,3 +52,4 @@ class QoSHook(RuntimeHook):
         elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
             if ok:
                 self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")
+                self.engine.remove_be_pod_cgroup(call.scratch.get("cgroup_parent", ""))

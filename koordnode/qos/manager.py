@@ -202,6 +202,13 @@ class QoSManager:
 
     @property
     def be_tier(self) -> str:
+        """The cgroup holding the BE pods: koordnode's idle BE group once it exists (the hooks
+        create it with the first BE pod), else kubelet's besteffort tier."""
+        cgroup = getattr(self._config, "cgroup", None)
+        if getattr(cgroup, "be_idle_group", False):
+            group = self._tiers["be_group"]
+            if self.collector.cfs_quota(group) is not None:
+                return group
         return self._tiers["besteffort"]
 
     @property
