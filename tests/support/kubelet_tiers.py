@@ -40,13 +40,15 @@ def kubelet_update_qos_cgroups(kubepods: str, burstable_shares: int = 2048) -> N
     _write("cpu", f"{kubepods}/besteffort", "cpu.shares", "2")
 
 
-def kubelet_ensure_pod_cgroup(kubepods: str, tier: str, uid: str, pids_max: int = 1024) -> str:
-    """kubelet's pod cgroup before RunPodSandbox: created in every controller, cpu.shares (2 for
-    BestEffort) and the pod pids limit. Returns the cgroup parent kubelet passes in the call."""
+def kubelet_ensure_pod_cgroup(kubepods: str, tier: str, uid: str, pids_max: int = 1024, *,
+                              cpu_shares: int = 2, cpu_quota: int = -1) -> str:
+    """kubelet's pod cgroup before RunPodSandbox: created in every controller, cpu.shares (the
+    sum of requests; 2 for BestEffort), the CFS quota of the limits and the pod pids limit.
+    `tier` "" is a Guaranteed pod. Returns the cgroup parent kubelet passes in the call."""
     pod = f"{kubepods}/{tier}/pod{uid}" if tier else f"{kubepods}/pod{uid}"
     for controller in KUBELET_V1_CONTROLLERS:
         (CG / controller / pod.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    kubelet_set_pod_config(pod, cpu_shares=2, pids_max=pids_max)
+    kubelet_set_pod_config(pod, cpu_shares=cpu_shares, cpu_quota=cpu_quota, pids_max=pids_max)
     return pod
 
 
