@@ -219,6 +219,11 @@ class CgroupConfig:
         '("<kubepods>/koordnode_be", systemd "kubepods-koordnode_be.slice", cpu.idle = 1) so they '
         "yield to LS at once; false: they stay in kubelet's besteffort tier",
     )
+    be_idle_group_systemd: bool = setting(
+        False,
+        doc="also with the systemd driver (the slice made idle with systemctl set-property CPUWeight=idle); "
+        "not yet verified on a systemd host, hence off",
+    )
 
 
 @dataclass(frozen=True)

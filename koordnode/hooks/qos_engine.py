@@ -241,6 +241,8 @@ class QoSEngine:
         new_parent = be_group_parent(cfg.linux.cgroup_parent)
         if new_parent is None:
             return None
+        if systemd_group_slice(new_parent) is not None and not self.config.cgroup.be_idle_group_systemd:
+            return None
         problem = self._ensure_be_group(new_parent)
         if problem is not None:
             log.warning("BE pod stays in kubelet's besteffort tier: the BE group is not idle",

@@ -205,6 +205,7 @@ class QoSManager:
         self._woken_by: str | None = None
         self._watch: PressureWatch | None = None
         self._usage: UsageWatch | None = None
+        self._pressure_watch_note: str | None = None
         self._usage_ticks = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._evict_tasks: set[asyncio.Task[Any]] = set()
@@ -371,6 +372,8 @@ class QoSManager:
                 "avg_duration_ms": round(1000 * self._tick_seconds_total / self._ticks, 3) if self._ticks else None,
             }
         watch = self._watch.status() if self._watch is not None else {"mode": "not running"}
+        if self._pressure_watch_note:
+            watch["note"] = self._pressure_watch_note
         node_series = [n for n in self.history.names() if n.startswith("node/") or n.startswith("tier/")]
         return {
             "trigger_mode": watch["mode"],
@@ -561,10 +564,15 @@ class QoSManager:
 
         # ---- LS CPU pressure (and the targets the pressure watch should arm)
         if strategy.cpu_suppress.enable:  # pressure wake-ups only serve the suppression
-            report.watch_targets = {name: path for name, path in
-                                    ((t, self.collector.pressure_path(t, "cpu")) for t in targets) if path}
             report.usage_targets = {name: path for name, path in
                                     ((t, self.collector.perf_cgroup_dir(t)) for t in targets) if path}
+            if not self._pressure_watch_needed(inventory):
+                self._pressure_watch_note = ("idle: LS usage events are armed and every BE pod is in the "
+                                             "idle BE group, so BE cannot stall LS")
+            else:
+                self._pressure_watch_note = None
+                report.watch_targets = {name: path for name, path in
+                                        ((t, self.collector.pressure_path(t, "cpu")) for t in targets) if path}
         ls_pressure = self._ls_pressure(targets, now)
         if recent_pressure:
             recent = max(recent_pressure.values())
@@ -802,6 +810,15 @@ class QoSManager:
         self._system_used_cpus = max(0.0, node_used - pods_used)
         if span >= _SYSTEM_WINDOW_S:
             self._system_base = sample
+
+    def _pressure_watch_needed(self, inventory: Inventory) -> bool:
+        """Pressure wake-ups catch LS stalled by BE. A BE pod in the idle BE group cannot stall
+        LS (the scheduler runs LS first), and LS getting busy is seen by the usage events: only
+        BE pods elsewhere (kubelet's tiers) still need the pressure watch, or its polling."""
+        if self._usage is None or not self._usage.active:
+            return True
+        group = self._tiers["be_group"]
+        return any(pod.qos_class is QoSClass.BE and pod.tier != group for pod in inventory.pods)
 
     def _watch_targets(self, inventory: Inventory) -> list[str]:
         """Cgroups whose CPU pressure is LS pressure: the burstable tier when LS pods live in
