@@ -8,7 +8,9 @@ at the moments kubelet makes them, and each must succeed.
 from __future__ import annotations
 
 import json
+import socket
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -76,7 +78,11 @@ def test_be_pods_run_in_the_idle_group_and_kubelets_writes_succeed(containerd_be
     group = f"{kubepods}/koordnode_be"
     prepare_qos_tiers(kubepods)
     kubelet_update_qos_cgroups(kubepods)
-    kn = KoordnodeProcess(tmp_path / "kn", str(bed.socket), kubepods=kubepods).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kn = KoordnodeProcess(tmp_path / "kn", str(bed.socket), kubepods=kubepods,
+                          metrics_listen=f"127.0.0.1:{port}").start()
     cri = Cri(kn.listen)
     sids: list[str] = []
     try:
@@ -97,6 +103,12 @@ def test_be_pods_run_in_the_idle_group_and_kubelets_writes_succeed(containerd_be
         pods = {p["sandbox_id"]: p for p in status["pods"]}
         assert pods[be_sid]["qos_class"] == "BE" and pods[ls_sid]["qos_class"] == "LS"
         assert status["qos_manager"]["be_tier"] == group
+        # Interference as the LS pod feels it, from its real cpu.pressure / cpu.stat (BE: none).
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'koordnode_pod_cpu_pressure_seconds_total{class="LS",namespace="default",pod="web"}' in body
+        assert 'koordnode_pod_cpu_throttled_seconds_total{class="LS",namespace="default",pod="web"}' in body
+        assert 'koordnode_class_cpu_pressure_seconds_total{class="LS"}' in body
+        assert 'pod="batch"' not in "".join(line for line in body.splitlines() if "cpu_pressure_seconds" in line)
 
         # koordnode restarts: kubelet keeps writing while it is down, the pod is found again (BE,
         # in the group), and a container kubelet (re)creates with its own parent follows the pod.
