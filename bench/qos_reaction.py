@@ -190,6 +190,14 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
     manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group), bed.state(), executor)
     stop = asyncio.Event()
     results = []
+    usage_wakes: list[float] = []
+    on_usage = manager._on_usage
+
+    def noting_usage(target: str) -> None:  # when the kernel's usage event reached the manager
+        usage_wakes.append(time.monotonic())
+        on_usage(target)
+
+    manager._on_usage = noting_usage  # type: ignore[method-assign]
     try:
         bed.start()
         task = asyncio.create_task(manager.run(stop))
@@ -200,6 +208,7 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
             before = bed.be_quota()
             writes_before = len(executor.quota_writes)
             wakeups_before = _early_wakes(manager)
+            wakes_before = len(usage_wakes)
             step = time.monotonic()
             bed.signal_ls(signal.SIGUSR1)
             shares = await asyncio.gather(cpu_share(bed, step, 1.0), cpu_share(bed, step + 2.0, 1.0))
@@ -216,6 +225,8 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
                 "suppressed_quota": final,
                 "suppressed_ms": round((settled[0] - step) * 1000, 1) if settled else None,
                 "early_wakeups": _early_wakes(manager) - wakeups_before,
+                "usage_event_ms": round((usage_wakes[wakes_before] - step) * 1000, 1)
+                if len(usage_wakes) > wakes_before else None,
                 "below_half_cpu_ms": _below(executor, writes_before, step, 50_000),
                 "first_second": shares[0],
                 "third_second": shares[1],
@@ -227,11 +238,13 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
         bed.close()
     firsts = [r["first_lower_write_ms"] for r in results if r["first_lower_write_ms"] is not None]
     belows = [r["below_half_cpu_ms"] for r in results if r["below_half_cpu_ms"] is not None]
+    events = [r["usage_event_ms"] for r in results if r["usage_event_ms"] is not None]
     settled = [r["suppressed_ms"] for r in results if r["suppressed_ms"] is not None]
     return {
         "trigger_mode": status["trigger_mode"],
         "usage_watch": status["usage_watch"]["mode"],
         "median_below_half_cpu_ms": round(statistics.median(belows), 1) if belows else None,
+        "median_usage_event_ms": round(statistics.median(events), 1) if events else None,
         "median_first_lower_write_ms": round(statistics.median(firsts), 1) if firsts else None,
         "median_suppressed_ms": round(statistics.median(settled), 1) if settled else None,
         "steps": results,
