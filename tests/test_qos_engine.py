@@ -874,3 +874,42 @@ def test_skip_labelled_pod_stays_untouched_by_reconcile_and_pool_changes(make_no
     assert node.read(node.ccg(lse_cid), "cpuset.cpus") != cpuset_before  # LSE did get cores
     assert node.read(node.ccg(cid), "cpuset.cpus") == cpuset_before
     assert set(before) <= set(snapshot_tree(node.root))
+
+
+# --- the idle BE group (hooks/be_group.py); the real thing is in test_e2e_be_group.py ------------
+
+
+def test_be_group_rewrites_the_parent_of_besteffort_be_pods_and_their_containers(make_node):
+    node = make_node(version="v1", be_idle_group=True)
+    add_cgroup(node.root, "/kubepods/koordnode_be")  # the fake kernel's files for the group
+    add_cgroup(node.root, "/kubepods/besteffort/podbe1")  # kubelet's pod cgroup
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be1", uid="be1", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podbe1"))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    assert read_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle") == "1"
+    assert read_cgroup_file(node.root, "/kubepods/besteffort", "cpu.idle") == "0"  # kubelet's tier
+    sid = ctx.response.pod_sandbox_id
+    assert node.state.pods[sid].qos_class == "BE"
+    # kubelet sends CreateContainer with its own parent: it follows the sandbox.
+    req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                    config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app")))
+    created = node.call("CreateContainer", req)
+    assert created.request.sandbox_config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    # A Burstable pod labelled BE and a Burstable LS pod stay where kubelet put them.
+    for name, labels in (("bb", {QOS_LABEL: "BE"}), ("ls", {})):
+        parent = f"/kubepods/burstable/pod{name}"
+        add_cgroup(node.root, parent)
+        other = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=name, uid=name, namespace="default"),
+                                    labels=labels, linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+        assert node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=other)).request.config.linux.cgroup_parent == parent
+
+
+def test_be_group_is_off_for_the_systemd_driver_unless_asked(make_node):
+    node = make_node(version="v2", be_idle_group=True)
+    parent = "kubepods-besteffort-podbe2.slice"
+    add_cgroup(node.root, slice_path(parent))
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be2", uid="be2", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == parent
