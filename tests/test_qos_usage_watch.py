@@ -129,3 +129,20 @@ def test_missing_cgroup_is_reported_not_raised():
 def test_disabled_by_configuration():
     watch = UsageWatch(period_ns=0, min_rate=0.5, on_wake=lambda n: None)
     assert watch.mode.startswith("off") and not watch.active
+
+
+def test_event_budget_is_bounded():
+    from koordnode.qos.usage_watch import MAX_EVENTS
+
+    async def run() -> dict:
+        # More CPUs than the budget allows for even one cgroup: nothing is opened, it is said.
+        watch = UsageWatch(period_ns=10_000_000, min_rate=0.5, on_wake=lambda n: None,
+                           cpus=list(range(MAX_EVENTS + 1)))
+        watch.start(asyncio.get_running_loop())
+        watch.set_targets({"ls": "/sys/fs/cgroup"})
+        status = watch.status()
+        watch.stop()
+        return status
+
+    status = asyncio.run(run())
+    assert "not watched" in status["missing"]["ls"] and status["armed"] == []

@@ -12,6 +12,10 @@ armed) wakes the manager; slower use (an idle pod's housekeeping) only re-arms i
 wake the cgroup's events stay disabled until the next tick re-arms them, so a busy LS costs
 at most one wake-up per tick, and an idle node none.
 
+The watched cgroups are the LS pressure targets (the burstable tier, then each Guaranteed
+pod), up to MAX_EVENTS events in all: on a node with many CPUs and Guaranteed pods the last ones are
+listed as not watched, and the tick still sees them.
+
 Needs perf events for cgroups: the perf_event controller (v1) or the cgroup2 hierarchy (v2, or
 the hybrid `unified` mount), and perf_event_open allowed (CAP_PERFMON / CAP_SYS_ADMIN, or
 perf_event_paranoid <= 0). Where that fails the watch says why in `mode` and stays off.
@@ -46,6 +50,9 @@ _ATTR_DISABLED = 1 << 0
 _IOC_ENABLE, _IOC_DISABLE, _IOC_RESET = 0x2400, 0x2401, 0x2403
 _DATA_HEAD, _DATA_TAIL = 1024, 1032  # offsets in struct perf_event_mmap_page
 _PAGES = 2  # the control page and one data page (samples carry only their 8-byte header)
+
+# Each event is an fd and two mapped pages: at most this many (4 MiB of mappings).
+MAX_EVENTS = 512
 
 MODE_EVENTS = "perf-events"
 MODE_OFF = "off"
@@ -203,6 +210,9 @@ class UsageWatch:
         now = self._clock()
         for name, path in self._targets.items():
             if name in self._events:
+                continue
+            if (sum(len(e) for e in self._events.values()) + len(self._cpus)) > MAX_EVENTS:
+                self._missing[name] = f"not watched: {MAX_EVENTS} events ({len(self._cpus)} CPUs per cgroup) in use"
                 continue
             try:
                 cgroup_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
