@@ -292,8 +292,8 @@ class QoSEngine:
     def remove_be_pod_cgroup(self, cgroup_parent: str) -> None:
         """After StopPodSandbox / RemovePodSandbox: kubelet removes its own pod cgroup, the one
         in the BE group is koordnode's to remove (runc never removes a parent)."""
-        if not in_be_group(cgroup_parent):
-            return
+        if not in_be_group(cgroup_parent) or systemd_group_slice(cgroup_parent) is not None:
+            return  # systemd removes the slices it made once nothing is left in them
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
             problems = self.executor.remove_cgroup(pod_cgroup)
