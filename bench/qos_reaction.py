@@ -50,7 +50,7 @@ sys.path[:0] = [str(REPO)]
 import structlog  # noqa: E402
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus  # noqa: E402
-from koordnode.qos import QoSManager, QoSSettings  # noqa: E402
+from koordnode.qos import QoSManager  # noqa: E402
 from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
 from koordnode.state import NodeState, PodRecord  # noqa: E402
 
