@@ -8,6 +8,7 @@ at the moments kubelet makes them, and each must succeed.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.request
@@ -181,5 +182,44 @@ def test_option_off_and_non_besteffort_be_pods_stay_where_kubelet_put_them(conta
     finally:
         for s in sids:
             remove_pod(cri, s)
+        cri.close()
+        kn.stop()
+
+
+def test_leftover_pod_cgroups_in_the_group_are_swept(containerd_bed, tmp_path):
+    """A pod cgroup left in the group (koordnode stopped between a pod's removal and its clean-up)
+    goes at a reconcile pass once it is a minute old; a fresh one (a pod being created) stays."""
+    bed = containerd_bed
+    kubepods = bed.kubepods_cgroup
+    group = f"{kubepods}/koordnode_be"
+    prepare_qos_tiers(kubepods)
+    kn = KoordnodeProcess(tmp_path / "kn", str(bed.socket), kubepods=kubepods,
+                          extra_toml="[cgroup]\nreconcile_interval_s = 0.5\n").start()
+    cri = Cri(kn.listen)
+    sids: list[str] = []
+    leftover, fresh = f"{group}/pod{uuid.uuid4().hex}", f"{group}/pod{uuid.uuid4().hex}"
+    try:
+        sb, sid, cid, _ = kubelet_pod(bed, cri, "batch", "besteffort")
+        sids.append(sid)
+        for cgroup in (leftover, fresh):
+            for controller in ("cpu", "cpuacct"):
+                (CG / controller / cgroup.lstrip("/")).mkdir()
+        old = time.time() - 120
+        for controller in ("cpu", "cpuacct"):
+            os.utime(CG / controller / leftover.lstrip("/"), (old, old))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (CG / "cpu" / leftover.lstrip("/")).exists():
+            time.sleep(0.2)
+        assert not (CG / "cpu" / leftover.lstrip("/")).exists()
+        assert not (CG / "cpuacct" / leftover.lstrip("/")).exists()
+        assert (CG / "cpu" / fresh.lstrip("/")).is_dir()
+        assert cpu_cgroup_of(cri, cid) == f"{group}/pod{sb.metadata.uid}/{cid}"  # the live pod stays
+    finally:
+        for s in sids:
+            remove_pod(cri, s)
+        for controller in ("cpu", "cpuacct"):
+            for cgroup in (leftover, fresh):
+                if (CG / controller / cgroup.lstrip("/")).is_dir():
+                    (CG / controller / cgroup.lstrip("/")).rmdir()
         cri.close()
         kn.stop()

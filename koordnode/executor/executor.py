@@ -309,6 +309,29 @@ class CgroupExecutor(_Converger):
                 directory.mkdir(parents=True, exist_ok=True)
                 self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
 
+    def child_cgroups(self, cgroup: str, controller: str = "cpu") -> dict[str, float]:
+        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy."""
+        import time
+
+        hierarchy = self._fs.hierarchy(controller)
+        if hierarchy is None:
+            return {}
+        directory = self._fs.cgroup_dir(hierarchy, cgroup)
+        children: dict[str, float] = {}
+        now = time.time()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return {}
+        base = normalize_cgroup_path(cgroup).rstrip("/")
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    children[f"{base}/{entry.name}"] = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+        return children
+
     def remove_cgroup(self, cgroup: str) -> list[str]:
         """rmdir an (empty) cgroup in every hierarchy that has it; never removes anything else.
 

@@ -56,6 +56,10 @@ log = structlog.get_logger("koordnode.qos")
 # policy starts again from what kubelet asked, not from what koordnode made of it.
 KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
 
+# A pod cgroup in the BE group with no pod recorded is removed by the reconcile pass once older
+# than this: RunPodSandbox creates it before koordnode records the pod.
+BE_GROUP_SWEEP_AGE_S = 60.0
+
 _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
                     "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes")
 
@@ -161,6 +165,7 @@ class QoSEngine:
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
         self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
         self.container_records: dict[str, Record] = {}
+        self._be_groups: set[str] = set()  # cgroupfs BE groups seen, swept by the reconcile pass
 
     def _apply_config(self, config: Any) -> None:
         old = getattr(self, "allocator", None)
@@ -285,6 +290,7 @@ class QoSEngine:
             self.executor.make_cgroup(group, "cpu")
         except (OSError, UnsafePathError) as exc:
             return f"cannot create {group}: {exc}"
+        self._be_groups.add(group)
         result = self.executor.apply([CgroupWrite(group, "cpu.idle", 1, "koordnode BE group")])[0]
         METRICS.record_writes([result])
         return None if result.ok else f"cpu.idle on {group}: {result.status.value}: {result.detail}"
@@ -594,6 +600,29 @@ class QoSEngine:
             for sid in list(self.pod_records):
                 if sid not in live:
                     del self.pod_records[sid]
+            self._sweep_be_group()
+
+    def _sweep_be_group(self) -> None:
+        """Remove pod cgroups left in the BE group by pods that are gone (koordnode stopped
+        between a pod's removal and its clean-up). Only empty ones go (rmdir), and only after a
+        minute: a pod being created has its cgroup before koordnode records it."""
+        live: set[str] = set()
+        for pod in self.state.pods.values():
+            if in_be_group(pod.cgroup_parent) and systemd_group_slice(pod.cgroup_parent) is None:
+                try:
+                    cgroup = self._pod_cgroup(pod.cgroup_parent)
+                except UnsafePathError:
+                    continue
+                live.add(cgroup)
+                self._be_groups.add(be_group_of(cgroup))
+        for group in list(self._be_groups):
+            for child, age_s in self.executor.child_cgroups(group).items():
+                name = child.rsplit("/", 1)[-1]
+                if child in live or not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
+                    continue
+                problems = self.executor.remove_cgroup(child)
+                if not problems:
+                    log.info("removed a leftover BE pod cgroup", cgroup=child)
 
     # ---- views ----------------------------------------------------------------------------
 
