@@ -161,6 +161,11 @@ class Bench:
         from support.cri import Cri
         from support.koordnode_runner import KoordnodeProcess
 
+        # A quota an earlier setup's suppression left on the BE tier or group must not carry over.
+        for tier in ("besteffort", "koordnode_be"):
+            quota = CG / "cpu" / self.bed.kubepods_cgroup.lstrip("/") / tier / "cpu.cfs_quota_us"
+            if quota.exists():
+                quota.write_text("-1")
         kn = None
         if SETUPS[setup] is not None:
             extra = SETUPS[setup] + (Path(self.args.koordnode_toml).read_text() if self.args.koordnode_toml else "")

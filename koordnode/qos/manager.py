@@ -177,6 +177,10 @@ class QoSManager:
         self._last_burst_reconcile: float | None = None
         self._last_sweep: float | None = None
         self._restores: list[tuple[str, Any]] = []  # (strategy, old config) to undo next tick
+        if not self._strategy.cpu_suppress.enable:
+            # Started with the strategy off: a quota an earlier run left on the BE tier or
+            # group (koordnode's own, it outlives restarts) must not hold BE down for good.
+            self._restores.append(("cpu_suppress", self._strategy.cpu_suppress))
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
         # Called in the tick's thread after every tick (the daemon feeds its metrics from it).
