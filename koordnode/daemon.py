@@ -17,14 +17,14 @@ from koordnode.config import ConfigError, reload_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
-from koordnode.executor.paths import UnsafePathError, container_cgroup_path
+from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
-from koordnode.metrics import METRICS, MetricsStartError
+from koordnode.metrics import METRICS, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
@@ -73,6 +73,7 @@ class Daemon:
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
+        self._scrape_collector = None  # the metrics thread's own (Collector is not shared across threads)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
@@ -132,6 +133,7 @@ class Daemon:
         await self.admin.start()
         METRICS.follow_hook_failures(lambda: self.chain.failures)
         METRICS.follow_proxy_stats(self.stats)
+        METRICS.follow_interference(self._interference)
         self._start_metrics()
         # Serve first: if the runtime is down, calls fail as they would without us, and the
         # state is rebuilt once it answers.
@@ -165,6 +167,35 @@ class Daemon:
         period = inputs.get("period_us") or 0
         cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
         METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
+
+    def _interference(self) -> list[PodInterference]:
+        """CPU pressure and throttling of the non-BE pods, read at scrape time (in the metrics
+        server's thread, with a collector of its own)."""
+        if self._scrape_collector is None:
+            from koordnode.qos.collect import Collector
+
+            self._scrape_collector = Collector(self.config.procfs.root, self.config.cgroup.root)
+        collector = self._scrape_collector
+        driver = self.config.cgroup.driver
+        rows = []
+        for pod in list(self.state.pods.values()):
+            if pod.state != POD_READY or not pod.qos_class or pod.qos_class == "BE":
+                continue
+            try:
+                cgroup = pod_cgroup_path(pod.cgroup_parent, driver)
+                containers = [container_cgroup_path(pod.cgroup_parent, c.container_id, driver)
+                              for c in self.state.containers_of(pod.sandbox_id)]
+            except UnsafePathError:
+                continue
+            pressure = collector.pressure(cgroup, "cpu")
+            throttled = None
+            for cg in [cgroup, *containers]:  # a quota throttles the cgroup it is set on
+                stat = collector.cpu_stat(cg)
+                if stat is not None:
+                    throttled = (throttled or 0.0) + stat.throttled_ns / 1e9
+            rows.append(PodInterference(pod.namespace, pod.name, pod.qos_class,
+                                        pressure.some.total_us / 1e6 if pressure is not None else None, throttled))
+        return rows
 
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
