@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -171,4 +172,5 @@ class InProcessKoordnode:
 
 
 async def _as_coro(fn):
-    return fn()
+    result = fn()
+    return await result if inspect.isawaitable(result) else result
