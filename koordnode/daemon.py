@@ -26,12 +26,13 @@ from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError
 from koordnode.metrics import start as start_metrics
+from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
 from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
-from koordnode.recovery import rebuild_until_done
+from koordnode.recovery import rebuild, rebuild_until_done
 from koordnode.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")
@@ -56,7 +57,10 @@ class HardwareQoSHook(RuntimeHook):
         if not call.succeeded or call.response is None:
             return
         if call.method == "RunPodSandbox":
-            await self.daemon.record_pod_network(call.response.pod_sandbox_id)
+            if "pod_ips" in call.scratch:  # NRI mode: the runtime said; CRI does not know the pod yet
+                self.daemon.refresh_network_classes()
+            else:
+                await self.daemon.record_pod_network(call.response.pod_sandbox_id)
         elif call.method == "StartContainer":
             await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
         else:  # a pod stopped or went away: its IPs leave the network classes now
@@ -111,6 +115,15 @@ class Daemon:
         self.handler = HookCallHandler(self.chain, self.state, self.stats)
         self.handler.on_completed = lambda path, code, seconds: METRICS.observe_cri_call(path, code, seconds)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
+        self.mode = config.runtime.mode
+        self.nri = None
+        if self.mode == "nri":
+            from koordnode.nri.plugin import NriPlugin  # only NRI mode loads it
+
+            self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
+                                 chain=self.chain, state=self.state, engine=self.qos,
+                                 on_synchronized=self._adopted_from_nri)
+        self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server = None
         self._backend_client: CriClient | None = None
@@ -126,20 +139,59 @@ class Daemon:
         task.add_done_callback(self._background.discard)
         return task
 
+    @property
+    def endpoint(self) -> str:
+        return self.config.nri.socket if self.mode == "nri" else self.config.proxy.listen
+
     async def start(self) -> None:
-        await self.server.start()
-        await self.admin.start()
+        self.node_lock.acquire(self.mode, self.endpoint)
+        try:
+            if self.mode == "nri":
+                _refuse_if_proxy_serves(self.config.proxy.listen)
+            else:
+                await self.server.start()
+            await self.admin.start()
+        except BaseException:
+            self.node_lock.release()
+            raise
         METRICS.follow_hook_failures(lambda: self.chain.failures)
         METRICS.follow_proxy_stats(self.stats)
         self._start_metrics()
-        # Serve first: if the runtime is down, calls fail as they would without us, and the
-        # state is rebuilt once it answers.
-        self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
+        if self.nri is not None:
+            self.spawn(self._run_nri())
+        else:
+            # Serve first: if the runtime is down, calls fail as they would without us, and the
+            # state is rebuilt once it answers.
+            self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
         self.spawn(self._reconcile_loop())
         self.spawn(self._notify_ready())
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:
             self.spawn(self._run_qos_manager())
+
+    async def _run_nri(self) -> None:
+        """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
+        resources kubelet itself asked for (NRI adjustments change the OCI spec, not that)."""
+        kubelet_view = NodeState()
+        cri = CriClient(self.config.proxy.backend)
+        try:
+            await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
+            self.nri.kubelet_view = kubelet_view
+        except (CriError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("kubelet's container resources not read from CRI; the runtime's are used",
+                        backend=self.config.proxy.backend, error=str(exc) or type(exc).__name__)
+        finally:
+            await cri.close()
+        try:
+            await self.nri.run(self._stop)
+        except Exception:
+            log.exception("NRI plugin stopped on an error")
+
+    async def _adopted_from_nri(self) -> None:
+        # Allocations were restored during Synchronize; one full pass writes the cgroup-level
+        # values NRI cannot carry (pod cpu.idle, memory protection, blkio) for every pod.
+        self._rebuilt.set()
+        await self.reconcile_once()
 
     async def _run_qos_manager(self) -> None:
         await self._rebuilt.wait()  # strategies need to know which pods are LS and which BE
@@ -183,11 +235,13 @@ class Daemon:
             self.metrics_server = None
 
     async def _notify_ready(self) -> None:
+        serving = (f"NRI plugin on {self.config.nri.socket}" if self.mode == "nri"
+                   else f"serving CRI on {self.config.proxy.listen}")
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}")
+            sdnotify.ready(serving)
         except asyncio.TimeoutError:
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}; runtime not answering yet")
+            sdnotify.ready(f"{serving}; runtime not answering yet")
 
     async def _adopt(self) -> None:
         if self.qos is not None:
@@ -202,7 +256,8 @@ class Daemon:
 
     async def stop(self) -> None:
         sdnotify.stopping()
-        await self.server.stop(SHUTDOWN_GRACE_S)
+        if self.mode != "nri":
+            await self.server.stop(SHUTDOWN_GRACE_S)
         await self.admin.stop()
         for task in list(self._background):
             task.cancel()
@@ -212,6 +267,7 @@ class Daemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
+        self.node_lock.release()
 
     # ---- periodic work --------------------------------------------------------------------
 
@@ -316,6 +372,9 @@ class Daemon:
         if new.proxy.backend != old.proxy.backend and self._backend_client is not None:
             await self._backend_client.close()
             self._backend_client = None
+        if new.runtime != old.runtime or new.nri != old.nri:
+            log.warning("[runtime] and [nri] take effect at the next restart",
+                        mode=old.runtime.mode, nri_socket=old.nri.socket)
         if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
             log.warning("socket paths changed; they take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
@@ -344,6 +403,7 @@ class Daemon:
             snapshot = self.qos.decorate(snapshot)
         return {
             "version": __version__,
+            "mode": self.mode,
             "uptime_s": round(time.time() - self.started_at, 1),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
@@ -358,6 +418,7 @@ class Daemon:
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
+            "nri": _safe(self.nri.status) if self.nri is not None else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
             "resctrl": _safe(self.resctrl.status),
@@ -381,7 +442,7 @@ async def _main(config: Any) -> int:
     loop.add_signal_handler(signal.SIGHUP, lambda: daemon.spawn(daemon.reload()))
     try:
         await daemon.start()
-    except (SocketInUseError, OSError) as exc:
+    except (SocketInUseError, NodeLockError, OSError) as exc:
         log.error("cannot start", error=str(exc))
         return 1
     # Everything allocated so far lives as long as the daemon: keep the collector from walking
@@ -392,8 +453,12 @@ async def _main(config: Any) -> int:
     # QoS ticks and reconcile passes run in threads; a relayed call waiting for the GIL waits
     # at most one switch interval (5 ms by default) for them: keep that wait short.
     sys.setswitchinterval(0.0005)
-    log.info("koordnode started", version=__version__, listen=config.proxy.listen,
-             backend=config.proxy.backend)
+    if daemon.mode == "nri":
+        log.info("koordnode started", version=__version__, mode="nri", nri_socket=config.nri.socket,
+                 backend=config.proxy.backend)
+    else:
+        log.info("koordnode started", version=__version__, mode="proxy", listen=config.proxy.listen,
+                 backend=config.proxy.backend)
     await daemon.serve_forever()
     log.info("shutting down")
     await daemon.stop()
@@ -414,3 +479,22 @@ def _return_free_memory_to_the_os() -> None:
 
 def run(config: Any) -> int:
     return asyncio.run(_main(config))
+
+
+def _refuse_if_proxy_serves(listen: str) -> None:
+    """NRI mode: a CRI proxy answering on [proxy] listen (kubelet may still use it) would apply
+    QoS a second time; refuse instead. A stale socket file with nobody behind it is fine."""
+    import socket as _socket
+
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(listen)
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise NodeLockError(
+        f"a CRI proxy serves {listen} (another koordnode in proxy mode?): refusing to start in "
+        f"nri mode, the two would both apply QoS; stop it and point kubelet at containerd first"
+    )

@@ -125,6 +125,12 @@ class HookChain:
         self._pending_post.add(task)
         task.add_done_callback(self._pending_post.discard)
 
+    async def run_post_now(self, call: CallContext) -> None:
+        """Run the Post hooks of a call and wait for them (NRI: the answer carries their effects)."""
+        if call.skip_hooks or not self.wants(call.method):
+            return
+        await self._run_post(call)
+
     async def _run_post(self, call: CallContext) -> None:
         for hook in self.hooks:
             if call.method in hook.methods and _overrides(hook, "post"):

@@ -158,6 +158,9 @@ class QoSEngine:
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
         self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
+        # NRI mode: pool changes of running containers go to the runtime as container updates
+        # (container id -> cpuset) instead of being written to their cgroups here.
+        self.pool_update_sink = None  # Callable[[dict[str, str]], None] | None
         self.container_records: dict[str, Record] = {}
 
     def _apply_config(self, config: Any) -> None:
@@ -438,6 +441,7 @@ class QoSEngine:
     def _refresh_pools(self) -> None:
         """After an allocation changed: move running shared-pool containers to the new pools."""
         writes = []
+        moves: dict[str, str] = {}
         for c in list(self.state.containers.values()):
             if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
                 continue
@@ -450,11 +454,16 @@ class QoSEngine:
             if self._be_override(decision.qos_class) is not None:
                 continue  # the QoS manager owns BE cpusets while its cpuset policy runs
             pool = self.allocator.pool_for(decision.qos_class)
+            if self.pool_update_sink is not None:
+                moves[c.container_id] = pool.cpuset_cpus
+                continue
             try:
                 cgroup = self._container_cgroup(pod.cgroup_parent, c.container_id)
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
+        if moves:
+            self.pool_update_sink(moves)
         if writes:
             results = self.executor.apply(writes)
             METRICS.record_writes(results)
@@ -476,6 +485,11 @@ class QoSEngine:
 
     def adopt(self) -> None:
         """After the state was rebuilt: restore CPU allocations from running containers."""
+        self.restore_allocations()
+        self.reconcile(force=False)
+
+    def restore_allocations(self) -> None:
+        """The CPU allocations of the running containers of the state, as they run now."""
         with self.lock:
             for c in list(self.state.containers.values()):
                 if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
@@ -500,7 +514,36 @@ class QoSEngine:
                 else:
                     log.warning("cannot restore CPU allocation; will allocate again",
                                 container_id=c.container_id, reason=result.reason)
-        self.reconcile(force=False)
+
+    def remember_kubelet_resources(self, container_id: str, res: pb.LinuxContainerResources) -> None:
+        """kubelet's own values of a container learnt elsewhere (NRI mode: from CRI or the
+        runtime before koordnode changed anything); our annotation, when present, wins."""
+        with self.lock:
+            c = self.state.containers.get(container_id)
+            if c is not None and resources_from_annotation(c.annotations.get(KUBELET_RESOURCES_ANNOTATION)):
+                return
+            self.kubelet_resources[container_id] = resources_from_pb(res)
+
+    def forget_containers_except(self, live: set[str]) -> None:
+        """Drop what is kept for containers the runtime no longer has (NRI resynchronisation)."""
+        with self.lock:
+            for cid in [c for c in set(self.container_pod) | set(self.kubelet_resources) if c not in live]:
+                self._drop_container(cid)
+            self._refresh_pools()
+
+    def planned_resources(self, container_id: str) -> pb.LinuxContainerResources | None:
+        """The CRI-carried values a container should run with now; None when left alone."""
+        with self.lock:
+            c = self.state.containers.get(container_id)
+            pod = self.state.pod_of_container(container_id)
+            if c is None or pod is None or skip_requested(pod.labels):
+                return None
+            kubelet = self._kubelet_resources(container_id)
+            plan = self._plan(pod, c.name, container_id, kubelet, with_cgroup=False)
+        target = pb.LinuxContainerResources(
+            **{f: getattr(kubelet, f) for f in _RESOURCE_FIELDS}, unified=dict(kubelet.unified))
+        apply_overrides(target, plan)
+        return target
 
     def reconcile(self, force: bool = True) -> None:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files)."""

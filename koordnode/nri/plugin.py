@@ -1,0 +1,516 @@
+"""koordnode as an external NRI plugin: containerd calls the hooks itself, no proxy in between.
+
+The plugin connects to the runtime's NRI socket, registers, and serves the plugin service on
+the same connection. Each NRI event is handed to the hook chain as the CRI call it stands
+for (see convert.py), so the QoS engine, state recorder and hardware hooks work unchanged;
+what CreateContainer's hooks changed goes back as the container's adjustment, and pool
+changes of other containers as NRI container updates.
+
+Fail-open: the runtime waits for a plugin at most its request timeout (2 s by default). Every
+answer is given well inside it; a hook that fails or is late yields an answer without changes,
+and the container is created as kubelet asked. When the connection drops (runtime restart)
+the plugin reconnects, registers again, and the runtime's Synchronize rebuilds the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from koordnode.cri import api_pb2 as cri
+from koordnode.hooks.chain import CallContext, HookChain, HookFailed
+from koordnode.hooks.qos_engine import QoSEngine
+from koordnode.nri import api_pb2 as nri
+from koordnode.nri import convert
+from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
+from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer
+from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+
+log = structlog.get_logger("koordnode.nri")
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+
+# What koordnode needs. POST_START (not START): pod-level values need the container running.
+BASE_EVENTS = (
+    nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
+    nri.POST_START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER,
+)
+# Runtimes whose NRI predates UpdatePodSandbox refuse a subscription naming it; those that
+# announce their NRI version in Configure know it.
+UPDATE_POD_SANDBOX_EVENTS = (nri.UPDATE_POD_SANDBOX,)
+
+REGISTER_TIMEOUT_S = 5.0
+DEFAULT_REQUEST_TIMEOUT_MS = 2000
+# Share of the runtime's request timeout an answer may take; the rest is transport and slack.
+ANSWER_SHARE = 0.6
+UPDATE_TIMEOUT_S = 5.0
+
+
+def event_mask(events) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+class NriStats:
+    def __init__(self) -> None:
+        self.connected = False
+        self.connected_since: float | None = None
+        self.registrations = 0
+        self.synchronizations = 0
+        self.last_error: str | None = None
+        self.runtime = ""
+        self.events: Counter[str] = Counter()
+        self.late_answers: Counter[str] = Counter()
+        self.updates_sent = 0
+        self.updates_failed = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "connected": self.connected,
+            "connected_since": self.connected_since,
+            "registrations": self.registrations,
+            "synchronizations": self.synchronizations,
+            "runtime": self.runtime,
+            "last_error": self.last_error,
+            "events": dict(self.events),
+            "answered_without_changes_after_deadline": dict(self.late_answers),
+            "container_updates_sent": self.updates_sent,
+            "container_updates_failed": self.updates_failed,
+        }
+
+
+class NriPlugin:
+    def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
+                 state: NodeState, engine: QoSEngine | None,
+                 on_synchronized: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.socket_path = socket_path
+        self.plugin_name = plugin_name
+        self.plugin_index = plugin_index
+        self.chain = chain
+        self.state = state
+        self.engine = engine
+        self.on_synchronized = on_synchronized
+        # kubelet's own resources by container id, from the runtime's CRI view (set by the daemon).
+        self.kubelet_view: NodeState | None = None
+        self.stats = NriStats()
+        self.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_MS / 1000
+        self._client: TtrpcClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync_pods: list[nri.PodSandbox] = []
+        self._sync_containers: list[nri.Container] = []
+        self._pool_lock = threading.Lock()
+        self._pool_pending: dict[str, str] = {}
+        self._collecting = 0
+        self._flush_wanted = asyncio.Event()
+        self._background: set[asyncio.Task] = set()
+        if engine is not None:
+            engine.pool_update_sink = self._pool_changed
+
+    # ---- connection -----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, max_backoff_s: float = 5.0) -> None:
+        """Connect, register and serve; reconnect whenever the runtime goes away."""
+        self._loop = asyncio.get_running_loop()
+        flusher = self._spawn(self._flush_loop())
+        backoff = 0.2
+        try:
+            while not stop.is_set():
+                try:
+                    reader, writer = await asyncio.open_unix_connection(self.socket_path)
+                except OSError as exc:
+                    self._note_error(f"cannot connect to {self.socket_path}: {exc.strerror or exc}", backoff)
+                else:
+                    backoff = 0.2
+                    await self._session(reader, writer, stop)
+                    if stop.is_set():
+                        break
+                try:
+                    await asyncio.wait_for(stop.wait(), backoff)
+                except asyncio.TimeoutError:
+                    pass
+                backoff = min(backoff * 2, max_backoff_s)
+        finally:
+            flusher.cancel()
+
+    def _note_error(self, error: str, retry_in_s: float) -> None:
+        if error != self.stats.last_error:
+            log.warning("NRI runtime not reachable; will retry", error=error, retry_in_s=retry_in_s)
+        self.stats.last_error = error
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       stop: asyncio.Event) -> None:
+        mux = Mux(reader, writer)
+        server = TtrpcServer(mux.open(PLUGIN_SERVICE_CONN), self._handlers())
+        client = TtrpcClient(mux.open(RUNTIME_SERVICE_CONN))
+        tasks = [self._spawn(mux.run()), self._spawn(server.serve()), self._spawn(client.receive())]
+        stopper = self._spawn(stop.wait())
+        try:
+            request = nri.RegisterPluginRequest(plugin_name=self.plugin_name, plugin_idx=self.plugin_index)
+            try:
+                await client.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTER_TIMEOUT_S)
+            except (TtrpcError, MuxClosed) as exc:
+                self._note_error(f"registration refused: {exc}", 0.2)
+                return
+            self._client = client
+            self.stats.connected, self.stats.connected_since = True, time.time()
+            self.stats.registrations += 1
+            self.stats.last_error = None
+            log.info("registered with the runtime as an NRI plugin", socket=self.socket_path,
+                     plugin=self.plugin_name, index=self.plugin_index)
+            await asyncio.wait([tasks[0], stopper], return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():
+                log.warning("NRI connection lost; reconnecting", reason=mux.close_reason)
+                self.stats.last_error = f"connection lost: {mux.close_reason}"
+        finally:
+            self._client = None
+            self.stats.connected = False
+            mux.close("plugin stopping" if stop.is_set() else mux.close_reason)
+            for task in [*tasks, stopper]:
+                task.cancel()
+            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # ---- the plugin service ---------------------------------------------------------------
+
+    def _handlers(self):
+        def rpc(request_cls, fn, empty_cls, name: str | None = None):
+            async def handler(payload: bytes) -> bytes:
+                request = request_cls.FromString(payload)
+                return (await self._answer(name or request_cls.__name__, fn(request), empty_cls)).SerializeToString()
+            return handler
+
+        def pod_event(fn):
+            return lambda req: fn(req.pod)
+
+        def container_event(fn):
+            return lambda req: fn(req.pod, req.container)
+
+        empty = nri.Empty
+        return {
+            (PLUGIN_SERVICE, "Configure"): self._configure_handler,
+            (PLUGIN_SERVICE, "Synchronize"): self._synchronize_handler,
+            (PLUGIN_SERVICE, "Shutdown"): self._shutdown_handler,
+            (PLUGIN_SERVICE, "StateChange"): rpc(nri.StateChangeEvent, self._state_change, empty),
+            (PLUGIN_SERVICE, "CreateContainer"): rpc(nri.CreateContainerRequest, container_event(self._create_container),
+                                                     nri.CreateContainerResponse, "CreateContainer"),
+            (PLUGIN_SERVICE, "UpdateContainer"): rpc(nri.UpdateContainerRequest, self._update_container,
+                                                     nri.UpdateContainerResponse, "UpdateContainer"),
+            (PLUGIN_SERVICE, "StopContainer"): rpc(nri.StopContainerRequest, container_event(self._stop_container),
+                                                   nri.StopContainerResponse, "StopContainer"),
+            # Newer runtimes send these as calls of their own rather than as StateChange.
+            (PLUGIN_SERVICE, "RunPodSandbox"): rpc(nri.RunPodSandboxRequest, pod_event(self._run_pod_sandbox),
+                                                   nri.RunPodSandboxResponse, "RunPodSandbox"),
+            (PLUGIN_SERVICE, "StopPodSandbox"): rpc(nri.StopPodSandboxRequest, pod_event(self._stop_pod_sandbox),
+                                                    nri.StopPodSandboxResponse, "StopPodSandbox"),
+            (PLUGIN_SERVICE, "RemovePodSandbox"): rpc(nri.RemovePodSandboxRequest, pod_event(self._remove_pod_sandbox),
+                                                      nri.RemovePodSandboxResponse, "RemovePodSandbox"),
+            (PLUGIN_SERVICE, "PostStartContainer"): rpc(nri.PostStartContainerRequest,
+                                                        container_event(self._post_start_container),
+                                                        nri.PostStartContainerResponse, "PostStartContainer"),
+            (PLUGIN_SERVICE, "RemoveContainer"): rpc(nri.RemoveContainerRequest,
+                                                     container_event(self._remove_container),
+                                                     nri.RemoveContainerResponse, "RemoveContainer"),
+            (PLUGIN_SERVICE, "UpdatePodSandbox"): rpc(nri.UpdatePodSandboxRequest, self._update_pod_sandbox,
+                                                      nri.UpdatePodSandboxResponse, "UpdatePodSandbox"),
+        }
+
+    async def _answer(self, name: str, work: Awaitable[Any], empty_cls: type) -> Any:
+        """Run an event's work within the answer deadline; late or failed: answer with no changes."""
+        self.stats.events[name] += 1
+        task = asyncio.ensure_future(work)
+        try:
+            # Shielded: work that overruns finishes in the background, so the state it records
+            # stays consistent even though the runtime has had its (empty) answer.
+            result = await asyncio.wait_for(asyncio.shield(task), self.request_timeout_s * ANSWER_SHARE)
+        except asyncio.TimeoutError:
+            self.stats.late_answers[name] += 1
+            log.warning("NRI event not handled in time; answered without changes", event=name,
+                        deadline_ms=round(self.request_timeout_s * ANSWER_SHARE * 1000))
+            return empty_cls()
+        except HookFailed as exc:  # failure_policy = "fail": the runtime fails the operation
+            raise TtrpcError(INTERNAL, f"koordnode: {exc}") from exc
+        except Exception:
+            log.exception("NRI event failed; answered without changes", event=name)
+            return empty_cls()
+        return result if result is not None else empty_cls()
+
+    async def _configure_handler(self, payload: bytes) -> bytes:
+        req = nri.ConfigureRequest.FromString(payload)
+        self.request_timeout_s = (req.request_timeout or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+        self.stats.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
+        events = BASE_EVENTS + (UPDATE_POD_SANDBOX_EVENTS if req.NRI_version else ())
+        log.info("NRI plugin configured", runtime=self.stats.runtime, nri_version=req.NRI_version or None,
+                 request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout)
+        self._sync_pods, self._sync_containers = [], []
+        return nri.ConfigureResponse(events=event_mask(events)).SerializeToString()
+
+    async def _shutdown_handler(self, payload: bytes) -> bytes:
+        log.info("the runtime is shutting down NRI")
+        return nri.Empty().SerializeToString()
+
+    async def _state_change(self, ev: nri.StateChangeEvent) -> None:
+        handlers = {
+            nri.RUN_POD_SANDBOX: lambda: self._run_pod_sandbox(ev.pod),
+            nri.STOP_POD_SANDBOX: lambda: self._stop_pod_sandbox(ev.pod),
+            nri.REMOVE_POD_SANDBOX: lambda: self._remove_pod_sandbox(ev.pod),
+            nri.POST_START_CONTAINER: lambda: self._post_start_container(ev.pod, ev.container),
+            nri.REMOVE_CONTAINER: lambda: self._remove_container(ev.pod, ev.container),
+        }
+        handler = handlers.get(ev.event)
+        if handler is not None:
+            self.stats.events[nri.Event.Name(ev.event)] += 1
+            await handler()
+        return None
+
+    # ---- events as CRI calls --------------------------------------------------------------
+
+    async def _hooks(self, method: str, request: Any, response: Any, labels: dict[str, str],
+                     scratch: dict[str, Any] | None = None) -> CallContext:
+        call = CallContext(method=method, request=request, pod_labels=labels)
+        call.scratch.update(scratch or {})
+        await self.chain.run_pre(call)
+        call.response, call.grpc_status = response, 0
+        await self.chain.run_post_now(call)
+        return call
+
+    def _labels_of(self, pod: nri.PodSandbox) -> dict[str, str]:
+        if pod.id or pod.labels:
+            return dict(pod.labels)
+        return self.state.pod_labels_for("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.id))
+
+    async def _run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
+        req = cri.RunPodSandboxRequest(config=convert.sandbox_config(pod), runtime_handler=pod.runtime_handler)
+        await self._hooks("RunPodSandbox", req, cri.RunPodSandboxResponse(pod_sandbox_id=pod.id), dict(pod.labels),
+                          scratch={"pod_ips": tuple(pod.ips)})
+
+    async def _stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
+        await self._hooks("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.id),
+                          cri.StopPodSandboxResponse(), self._labels_of(pod))
+
+    async def _remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:
+        await self._hooks("RemovePodSandbox", cri.RemovePodSandboxRequest(pod_sandbox_id=pod.id),
+                          cri.RemovePodSandboxResponse(), self._labels_of(pod))
+        self._flush_soon()
+
+    async def _create_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.CreateContainerResponse:
+        request = convert.create_request(pod, container)
+        original = cri.CreateContainerRequest()
+        original.CopyFrom(request)
+        call = CallContext(method="CreateContainer", request=request, pod_labels=dict(pod.labels))
+        self._collecting += 1
+        try:
+            await self.chain.run_pre(call)
+            adjust = convert.adjustment(original, call.request)
+            call.response, call.grpc_status = cri.CreateContainerResponse(container_id=container.id), 0
+            await self.chain.run_post_now(call)
+            updates = self._take_pool_updates()
+        finally:
+            self._collecting -= 1
+        if call.hook_failures:
+            log.warning("hooks failed; container created without their changes", container_id=container.id,
+                        failures=call.hook_failures)
+        return nri.CreateContainerResponse(adjust=adjust, update=updates)
+
+    async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        await self._hooks("StartContainer", cri.StartContainerRequest(container_id=container.id),
+                          cri.StartContainerResponse(), dict(pod.labels))
+
+    async def _update_container(self, req: nri.UpdateContainerRequest) -> nri.UpdateContainerResponse:
+        """kubelet changes a container's resources (resize): keep the class values on top."""
+        asked = convert.cri_resources(req.linux_resources)
+        request = cri.UpdateContainerResourcesRequest(container_id=req.container.id, linux=asked)
+        call = await self._hooks("UpdateContainerResources", request, cri.UpdateContainerResourcesResponse(),
+                                 dict(req.pod.labels))
+        delta = convert.resources_delta(asked, call.request.linux)
+        if delta is None:
+            return nri.UpdateContainerResponse()
+        update = nri.ContainerUpdate(container_id=req.container.id)
+        update.linux.resources.CopyFrom(delta)
+        return nri.UpdateContainerResponse(update=[update])
+
+    async def _stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.StopContainerResponse:
+        self._collecting += 1
+        try:
+            await self._hooks("StopContainer", cri.StopContainerRequest(container_id=container.id),
+                              cri.StopContainerResponse(), dict(pod.labels))
+            updates = self._take_pool_updates()
+        finally:
+            self._collecting -= 1
+        return nri.StopContainerResponse(update=updates)
+
+    async def _remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        await self._hooks("RemoveContainer", cri.RemoveContainerRequest(container_id=container.id),
+                          cri.RemoveContainerResponse(), dict(pod.labels))
+        self._flush_soon()
+
+    async def _update_pod_sandbox(self, req: nri.UpdatePodSandboxRequest) -> None:
+        # Pod-level values are the engine's (reconcile); nothing to change in the runtime's update.
+        log.debug("pod sandbox update seen", sandbox_id=req.pod.id)
+
+    # ---- Synchronize: state recovery --------------------------------------------------------
+
+    async def _synchronize_handler(self, payload: bytes) -> bytes:
+        req = nri.SynchronizeRequest.FromString(payload)
+        self._sync_pods.extend(req.pods)
+        self._sync_containers.extend(req.containers)
+        if req.more:  # the runtime sends the node in parts; answer each but the last with "more"
+            return nri.SynchronizeResponse(more=True).SerializeToString()
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        response = await self._answer("Synchronize", self._synchronize(pods, containers), nri.SynchronizeResponse)
+        return response.SerializeToString()
+
+    async def _synchronize(self, pods: list[nri.PodSandbox], containers: list[nri.Container]) -> nri.SynchronizeResponse:
+        """Rebuild the node state and CPU ownership from the runtime's list, and bring every
+        running container to its class values (pods created while koordnode was away too)."""
+        kubelet = self._kubelet_values(containers)
+        state = self.state
+        pod_records = [convert.pod_record(p, "recovered") for p in pods]
+        container_records = [convert.container_record(c, "recovered") for c in containers]
+        state.pods, state.containers = {}, {}
+        state.replace_all(pod_records, container_records)
+        live = {c.container_id for c in container_records}
+        updates: list[nri.ContainerUpdate] = []
+        if self.engine is not None:
+            engine = self.engine
+            self._collecting += 1
+            try:
+                def rebuild() -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate]]:
+                    engine.forget_containers_except(live)
+                    for cid, res in kubelet.items():
+                        engine.remember_kubelet_resources(cid, res)
+                    engine.restore_allocations()
+                    return self._class_updates()
+
+                planned = await asyncio.to_thread(rebuild)
+                self._take_pool_updates()  # superseded by the full updates
+                for cid, target, update in planned:
+                    record = state.containers.get(cid)
+                    if record is not None:
+                        _apply_delta(record.resources, target)
+                    updates.append(update)
+            finally:
+                self._collecting -= 1
+        self.stats.synchronizations += 1
+        log.info("synchronized with the runtime", pods=len(pod_records), containers=len(container_records),
+                 updates=len(updates))
+        if self.on_synchronized is not None:
+            self._spawn(self.on_synchronized())
+        return nri.SynchronizeResponse(update=updates)
+
+    def _kubelet_values(self, containers: list[nri.Container]) -> dict[str, cri.LinuxContainerResources]:
+        """kubelet's own resources per container: what the runtime's CRI view recorded (its
+        CreateContainer config; NRI changes only the OCI spec), else — for a container never
+        seen — what it runs with, which is what kubelet asked while koordnode was away."""
+        out: dict[str, cri.LinuxContainerResources] = {}
+        known = self.engine.kubelet_resources if self.engine is not None else {}
+        for c in containers:
+            if c.id in known:
+                continue
+            seen = self.kubelet_view.containers.get(c.id) if self.kubelet_view is not None else None
+            out[c.id] = seen.resources if seen is not None else convert.cri_resources(
+                c.linux.resources, c.linux.oom_score_adj if c.linux.HasField("oom_score_adj") else None)
+        return out
+
+    def _class_updates(self) -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate]]:
+        """Updates that bring each running container to its class values (engine thread)."""
+        updates = []
+        for c in list(self.state.containers.values()):
+            pod = self.state.pods.get(c.sandbox_id)
+            if c.state != CONTAINER_RUNNING or pod is None or pod.state != POD_READY:
+                continue
+            target = self.engine.planned_resources(c.container_id)
+            if target is None:
+                continue
+            delta = convert.resources_delta(c.resources, target)
+            if delta is None:
+                continue
+            update = nri.ContainerUpdate(container_id=c.container_id, ignore_failure=True)
+            update.linux.resources.CopyFrom(delta)
+            updates.append((c.container_id, target, update))
+        return updates
+
+    # ---- pool changes as container updates ----------------------------------------------
+
+    def _pool_changed(self, moves: dict[str, str]) -> None:
+        """From the engine (any thread): running containers whose pool changed."""
+        with self._pool_lock:
+            self._pool_pending.update(moves)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._flush_soon)
+
+    def _take_pool_updates(self) -> list[nri.ContainerUpdate]:
+        with self._pool_lock:
+            moves, self._pool_pending = self._pool_pending, {}
+        updates = []
+        for cid, cpus in moves.items():
+            record = self.state.containers.get(cid)
+            if record is None or record.resources.cpuset_cpus == cpus:
+                continue
+            record.resources.cpuset_cpus = cpus
+            updates.append(convert.cpuset_update(cid, cpus))
+        return updates
+
+    def _flush_soon(self) -> None:
+        self._flush_wanted.set()
+
+    async def _flush_loop(self) -> None:
+        """Pool changes outside Create/StopContainer (removals, reconcile) as unsolicited updates."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if self._collecting or self._client is None:
+                # Picked up by the answer being prepared, or by the next Synchronize.
+                if self._collecting:
+                    await asyncio.sleep(0.05)
+                    self._flush_wanted.set()
+                continue
+            updates = self._take_pool_updates()
+            if updates:
+                self._spawn(self._send_updates(updates))
+
+    async def _send_updates(self, updates: list[nri.ContainerUpdate]) -> None:
+        client = self._client
+        if client is None:
+            return
+        request = nri.UpdateContainersRequest(update=updates)
+        try:
+            raw = await client.call(RUNTIME_SERVICE, "UpdateContainers", request.SerializeToString(), UPDATE_TIMEOUT_S)
+        except (TtrpcError, MuxClosed) as exc:
+            self.stats.updates_failed += len(updates)
+            log.warning("container updates not delivered", error=str(exc),
+                        containers=[u.container_id for u in updates])
+            return
+        failed = nri.UpdateContainersResponse.FromString(raw).failed
+        self.stats.updates_sent += len(updates) - len(failed)
+        self.stats.updates_failed += len(failed)
+        if failed:
+            log.warning("the runtime could not update some containers",
+                        containers=[u.container_id for u in failed])
+
+    def status(self) -> dict[str, Any]:
+        return {"socket": self.socket_path, "plugin_name": self.plugin_name, "plugin_index": self.plugin_index,
+                **self.stats.as_dict()}
+
+
+def _apply_delta(current: cri.LinuxContainerResources, target: cri.LinuxContainerResources) -> None:
+    """Record in the state what an update makes the container run with."""
+    for field in ("cpu_shares", "cpu_quota", "cpu_period", "cpuset_cpus", "cpuset_mems", "memory_limit_in_bytes"):
+        value = getattr(target, field)
+        if value:
+            setattr(current, field, value)
+    current.unified.update(target.unified)
