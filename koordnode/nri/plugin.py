@@ -53,6 +53,27 @@ ANSWER_SHARE = 0.6
 UPDATE_TIMEOUT_S = 5.0
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def oom_score_adj_floor(proc_self: str = "/proc/self") -> int | None:
+    """The lowest oom_score_adj a container can be given here; None when there is no limit.
+
+    Lowering oom_score_adj needs CAP_SYS_RESOURCE. Without it (some sandboxes, user
+    namespaces) runc fails to start a container whose spec asks for less than its parent
+    has; containerd clamps CRI values itself (restrict_oom_score_adj) but not NRI
+    adjustments, so the plugin clamps its own the same way.
+    """
+    try:
+        status = open(f"{proc_self}/status").read()
+        cap_eff = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+        if cap_eff & (1 << CAP_SYS_RESOURCE):
+            return None
+        return int(open(f"{proc_self}/oom_score_adj").read().strip())
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def event_mask(events) -> int:
     mask = 0
     for event in events:
@@ -70,7 +91,8 @@ class NriStats:
         self.runtime = ""
         self.events: Counter[str] = Counter()
         self.late_answers: Counter[str] = Counter()
-        self.updates_sent = 0
+        self.updates_answered = 0  # in CreateContainer/StopContainer/Synchronize answers
+        self.updates_sent = 0  # unsolicited (UpdateContainers)
         self.updates_failed = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,6 +105,7 @@ class NriStats:
             "last_error": self.last_error,
             "events": dict(self.events),
             "answered_without_changes_after_deadline": dict(self.late_answers),
+            "container_updates_in_answers": self.updates_answered,
             "container_updates_sent": self.updates_sent,
             "container_updates_failed": self.updates_failed,
         }
@@ -112,6 +135,10 @@ class NriPlugin:
         self._collecting = 0
         self._flush_wanted = asyncio.Event()
         self._background: set[asyncio.Task] = set()
+        self.oom_floor = oom_score_adj_floor()
+        if self.oom_floor is not None:
+            log.warning("no CAP_SYS_RESOURCE: oom_score_adj below koordnode's own is clamped to it, "
+                        "as containerd's restrict_oom_score_adj does", floor=self.oom_floor)
         if engine is not None:
             engine.pool_update_sink = self._pool_changed
 
@@ -238,13 +265,13 @@ class NriPlugin:
             result = await asyncio.wait_for(asyncio.shield(task), self.request_timeout_s * ANSWER_SHARE)
         except asyncio.TimeoutError:
             self.stats.late_answers[name] += 1
-            log.warning("NRI event not handled in time; answered without changes", event=name,
+            log.warning("NRI event not handled in time; answered without changes", nri_event=name,
                         deadline_ms=round(self.request_timeout_s * ANSWER_SHARE * 1000))
             return empty_cls()
         except HookFailed as exc:  # failure_policy = "fail": the runtime fails the operation
             raise TtrpcError(INTERNAL, f"koordnode: {exc}") from exc
         except Exception:
-            log.exception("NRI event failed; answered without changes", event=name)
+            log.exception("NRI event failed; answered without changes", nri_event=name)
             return empty_cls()
         return result if result is not None else empty_cls()
 
@@ -315,6 +342,13 @@ class NriPlugin:
         try:
             await self.chain.run_pre(call)
             adjust = convert.adjustment(original, call.request)
+            if (self.oom_floor is not None and adjust.linux.HasField("oom_score_adj")
+                    and adjust.linux.oom_score_adj.value < self.oom_floor):
+                floor = max(self.oom_floor, original.config.linux.resources.oom_score_adj)
+                if floor == original.config.linux.resources.oom_score_adj:
+                    adjust.linux.ClearField("oom_score_adj")
+                else:
+                    adjust.linux.oom_score_adj.value = floor
             call.response, call.grpc_status = cri.CreateContainerResponse(container_id=container.id), 0
             await self.chain.run_post_now(call)
             updates = self._take_pool_updates()
@@ -323,6 +357,7 @@ class NriPlugin:
         if call.hook_failures:
             log.warning("hooks failed; container created without their changes", container_id=container.id,
                         failures=call.hook_failures)
+        self.stats.updates_answered += len(updates)
         return nri.CreateContainerResponse(adjust=adjust, update=updates)
 
     async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -350,6 +385,7 @@ class NriPlugin:
             updates = self._take_pool_updates()
         finally:
             self._collecting -= 1
+        self.stats.updates_answered += len(updates)
         return nri.StopContainerResponse(update=updates)
 
     async def _remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -410,6 +446,7 @@ class NriPlugin:
                  updates=len(updates))
         if self.on_synchronized is not None:
             self._spawn(self.on_synchronized())
+        self.stats.updates_answered += len(updates)
         return nri.SynchronizeResponse(update=updates)
 
     def _kubelet_values(self, containers: list[nri.Container]) -> dict[str, cri.LinuxContainerResources]:
