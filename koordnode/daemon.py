@@ -122,7 +122,7 @@ class Daemon:
 
             self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
                                  chain=self.chain, state=self.state, engine=self.qos,
-                                 on_synchronized=self._adopted_from_nri)
+                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root)
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server = None

@@ -169,8 +169,10 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
         assert quota == ("100000" if cls in ("SYSTEM", "LSE", "LSR") else "-1"), cls
         # The adjustment carries our oom_score_adj; containerd applies it to the process. Where
         # it cannot be lowered (no CAP_SYS_RESOURCE, as on the test machine) it is clamped.
+        # containerd 1.7's NRI cannot adjust it: koordnode sets the process's after start.
         want_oom = expect_oom[cls] if OOM_FLOOR is None else max(expect_oom[cls], OOM_FLOOR)
-        assert spec["process"]["oomScoreAdj"] == want_oom, cls
+        if nri_bed.containerd_major >= 2:
+            assert spec["process"]["oomScoreAdj"] == want_oom, cls
         pid = json.loads(cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info["info"])["pid"]
         assert int(Path(f"/proc/{pid}/oom_score_adj").read_text()) == want_oom, cls
         # kubelet's own values travel in our annotation, for planning after restarts.
@@ -238,9 +240,9 @@ def test_be_suppress_works_in_nri_mode(nri_bed, cri, pods, tmp_path):
         def ls_counted():
             decision = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["decision"] or {}
             inputs = decision.get("inputs", {})
-            return inputs.get("ls_used_cpus", 0) >= 0.5 and inputs
+            return inputs.get("ls_used_cpus", 0) >= 0.2 and inputs
 
-        inputs = wait_for(ls_counted, 6, "the LS pod's busy loops counted by cpu_suppress")
+        inputs = wait_for(ls_counted, 10, "the LS pod's busy loops counted by cpu_suppress")
         assert int(cg_read("cpu", be_tier, "cpu.cfs_quota_us")) <= 2000, inputs
         assert kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["last_write"]["value"] > 0
     finally:
@@ -287,7 +289,7 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         assert "koordnode.io/kubelet-resources" not in runtime_spec(cri, lsr_cid)["annotations"]
 
         kn.start()
-        st = kn.wait_synchronized()
+        kn.wait_synchronized()
         # The Synchronize answer updated the gap pod's container through containerd ...
         wait_for(lambda: runtime_spec(cri, lsr_cid)["linux"]["resources"]["cpu"]["shares"] == 65536, 5,
                  "LSR shares in containerd's spec")
@@ -298,7 +300,7 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         assert not (ls_cpus & lsr_cpus)  # ... which the running LS container left
         # ... and the cgroup-level values NRI cannot carry came from the reconcile pass.
         wait_for(lambda: cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "1", 10, "gap BE pod cpu.idle")
-        by_name = {p["name"]: p for p in st["pods"]}
+        by_name = {p["name"]: p for p in kn.status()["pods"]}
         assert by_name["lsr-gap"]["qos_class"] == "LSR" and by_name["be-gap"]["qos_class"] == "BE"
 
         # A second restart must not plan from koordnode's own values (65536 is not kubelet's).

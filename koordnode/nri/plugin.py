@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as cri
+from koordnode.executor.process import set_oom_score_adj
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
@@ -114,7 +115,7 @@ class NriStats:
 class NriPlugin:
     def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
                  state: NodeState, engine: QoSEngine | None,
-                 on_synchronized: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_synchronized: Callable[[], Awaitable[None]] | None = None, procfs_root: str = "/proc") -> None:
         self.socket_path = socket_path
         self.plugin_name = plugin_name
         self.plugin_index = plugin_index
@@ -122,6 +123,7 @@ class NriPlugin:
         self.state = state
         self.engine = engine
         self.on_synchronized = on_synchronized
+        self.procfs_root = procfs_root
         # kubelet's own resources by container id, from the runtime's CRI view (set by the daemon).
         self.kubelet_view: NodeState | None = None
         self.stats = NriStats()
@@ -363,6 +365,23 @@ class NriPlugin:
     async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
         await self._hooks("StartContainer", cri.StartContainerRequest(container_id=container.id),
                           cri.StartContainerResponse(), dict(pod.labels))
+        await self._oom_score_adj_fallback(container)
+
+    async def _oom_score_adj_fallback(self, container: nri.Container) -> None:
+        """Runtimes whose NRI cannot adjust oom_score_adj (containerd 1.7) run the container with
+        kubelet's: give its process the class value after start instead."""
+        record = self.state.containers.get(container.id)
+        if record is None or not container.pid or not container.linux.HasField("oom_score_adj"):
+            return
+        want, have = record.resources.oom_score_adj, container.linux.oom_score_adj.value
+        if self.oom_floor is not None:
+            want = max(want, min(self.oom_floor, have))
+        if want == have:
+            return
+        error = await asyncio.to_thread(set_oom_score_adj, self.procfs_root, container.pid, want,
+                                        "class value; the runtime did not apply the NRI adjustment")
+        if error is not None:
+            log.warning("oom_score_adj not set", container_id=container.id, pid=container.pid, error=error)
 
     async def _update_container(self, req: nri.UpdateContainerRequest) -> nri.UpdateContainerResponse:
         """kubelet changes a container's resources (resize): keep the class values on top."""
@@ -417,6 +436,10 @@ class NriPlugin:
         state = self.state
         pod_records = [convert.pod_record(p, "recovered") for p in pods]
         container_records = [convert.container_record(c, "recovered") for c in containers]
+        if self.engine is not None:
+            for record in pod_records:  # the class at once; the reconcile pass adds the why and values
+                decision = self.engine.classify(record.labels, record.cgroup_parent)
+                record.qos_class, record.qos_reason = decision.qos_class.value, decision.why
         state.pods, state.containers = {}, {}
         state.replace_all(pod_records, container_records)
         live = {c.container_id for c in container_records}
