@@ -120,6 +120,11 @@ def runtime_spec(cri: Cri, cid: str) -> dict:
     return json.loads(info["info"])["runtimeSpec"]
 
 
+def process_oom(cri: Cri, cid: str) -> int:
+    info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=10).info
+    return int(Path(f"/proc/{json.loads(info['info'])['pid']}/oom_score_adj").read_text())
+
+
 def wait_for(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     last = None
@@ -286,6 +291,7 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         lsr_cg = f"{lsr_sb.linux.cgroup_parent}/{lsr_cid}"
         assert cg_read("cpu", lsr_cg, "cpu.shares") == "1024"
         assert cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "0"
+        assert process_oom(cri, be_cid) == 0
         assert "koordnode.io/kubelet-resources" not in runtime_spec(cri, lsr_cid)["annotations"]
 
         kn.start()
@@ -300,6 +306,8 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         assert not (ls_cpus & lsr_cpus)  # ... which the running LS container left
         # ... and the cgroup-level values NRI cannot carry came from the reconcile pass.
         wait_for(lambda: cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "1", 10, "gap BE pod cpu.idle")
+        # oom_score_adj, which NRI updates cannot carry, is set on the container's processes.
+        wait_for(lambda: process_oom(cri, be_cid) == 1000, 5, "gap BE container's oom_score_adj")
         by_name = {p["name"]: p for p in kn.status()["pods"]}
         assert by_name["lsr-gap"]["qos_class"] == "LSR" and by_name["be-gap"]["qos_class"] == "BE"
 

@@ -373,15 +373,33 @@ class NriPlugin:
         record = self.state.containers.get(container.id)
         if record is None or not container.pid or not container.linux.HasField("oom_score_adj"):
             return
-        want, have = record.resources.oom_score_adj, container.linux.oom_score_adj.value
+        want = self._oom_wanted(record.resources.oom_score_adj, container.linux.oom_score_adj.value)
+        if want is not None:
+            await asyncio.to_thread(self._write_oom, container.id, [container.pid], want,
+                                    "class value; the runtime did not apply the NRI adjustment")
+
+    def _oom_wanted(self, want: int, have: int) -> int | None:
+        """The value to write over `have`, or None (already right, or not lowerable here)."""
         if self.oom_floor is not None:
             want = max(want, min(self.oom_floor, have))
-        if want == have:
-            return
-        error = await asyncio.to_thread(set_oom_score_adj, self.procfs_root, container.pid, want,
-                                        "class value; the runtime did not apply the NRI adjustment")
-        if error is not None:
-            log.warning("oom_score_adj not set", container_id=container.id, pid=container.pid, error=error)
+        return None if want == have else want
+
+    def _write_oom(self, container_id: str, pids: list[int], value: int, reason: str) -> None:
+        for pid in pids:
+            error = set_oom_score_adj(self.procfs_root, pid, value, reason)
+            if error is not None:
+                log.warning("oom_score_adj not set", container_id=container_id, pid=pid, error=error)
+
+    def _fix_oom_after_sync(self, fixes: list[tuple[str, str, int, int]]) -> None:
+        """Engine thread: running containers whose processes run with another oom_score_adj than
+        their class's (created while koordnode was away): NRI updates cannot carry it."""
+        for cid, cgroup, pid, value in fixes:
+            pids = None
+            try:
+                pids = self.engine.executor.read_pids(cgroup)
+            except Exception:  # the cgroup may be gone; the init process is enough then
+                pids = None
+            self._write_oom(cid, pids or [pid], value, "class value for a container synchronized from the runtime")
 
     async def _update_container(self, req: nri.UpdateContainerRequest) -> nri.UpdateContainerResponse:
         """kubelet changes a container's resources (resize): keep the class values on top."""
@@ -457,11 +475,26 @@ class NriPlugin:
 
                 planned = await asyncio.to_thread(rebuild)
                 self._take_pool_updates()  # superseded by the full updates
+                by_id = {c.id: c for c in containers}
+                oom_fixes = []
                 for cid, target, update in planned:
                     record = state.containers.get(cid)
                     if record is not None:
                         _apply_delta(record.resources, target)
-                    updates.append(update)
+                    if update is not None:
+                        updates.append(update)
+                    nri_c = by_id.get(cid)
+                    if nri_c is not None and nri_c.pid and nri_c.linux.HasField("oom_score_adj"):
+                        want = self._oom_wanted(target.oom_score_adj, nri_c.linux.oom_score_adj.value)
+                        pod = state.pods.get(record.sandbox_id) if record is not None else None
+                        if want is not None and pod is not None:
+                            try:
+                                cgroup = engine._container_cgroup(pod.cgroup_parent, cid)
+                            except Exception:
+                                cgroup = ""
+                            oom_fixes.append((cid, cgroup, nri_c.pid, want))
+                if oom_fixes:
+                    self._spawn(asyncio.to_thread(self._fix_oom_after_sync, oom_fixes))
             finally:
                 self._collecting -= 1
         self.stats.synchronizations += 1
@@ -497,10 +530,10 @@ class NriPlugin:
             if target is None:
                 continue
             delta = convert.resources_delta(c.resources, target)
-            if delta is None:
-                continue
-            update = nri.ContainerUpdate(container_id=c.container_id, ignore_failure=True)
-            update.linux.resources.CopyFrom(delta)
+            update = None
+            if delta is not None:
+                update = nri.ContainerUpdate(container_id=c.container_id, ignore_failure=True)
+                update.linux.resources.CopyFrom(delta)
             updates.append((c.container_id, target, update))
         return updates
 
