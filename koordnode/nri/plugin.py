@@ -317,9 +317,11 @@ class NriPlugin:
         return call
 
     def _labels_of(self, pod: nri.PodSandbox) -> dict[str, str]:
-        if pod.id or pod.labels:
+        """The pod's labels (for the skip label): as the runtime sent them, else as recorded."""
+        if pod.labels:
             return dict(pod.labels)
-        return self.state.pod_labels_for("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.id))
+        record = self.state.pods.get(pod.id)
+        return dict(record.labels) if record is not None else {}
 
     async def _run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         req = cri.RunPodSandboxRequest(config=convert.sandbox_config(pod), runtime_handler=pod.runtime_handler)
