@@ -272,3 +272,46 @@ def test_pool_changes_outside_an_answer_go_out_as_unsolicited_updates() -> None:
             assert len(h.runtime.updates) == 1
 
     run(main())
+
+
+def test_a_late_synchronize_still_delivers_its_updates() -> None:
+    """When the rebuild overruns the answer deadline, the runtime gets an empty answer in time
+    and the container updates follow as an UpdateContainers call."""
+
+    class SlowPlanEngine:
+        kubelet_resources: dict = {}
+        pool_update_sink = None
+
+        def classify(self, labels, parent):
+            from koordnode.hooks.qos_class import resolve_qos_class
+            return resolve_qos_class(labels, parent, {})
+
+        def forget_containers_except(self, live):
+            time.sleep(0.6)  # beyond 60% of the 500 ms request timeout
+
+        def remember_kubelet_resources(self, cid, res):
+            pass
+
+        def restore_allocations(self):
+            pass
+
+        def planned_resources(self, cid):
+            from koordnode.cri import api_pb2 as cri
+            return cri.LinuxContainerResources(cpu_shares=4096)
+
+    async def main():
+        h = Harness([], request_timeout_ms=500)
+        h.plugin.engine = SlowPlanEngine()
+        c = container()
+        c.state = nri.CONTAINER_RUNNING
+        h.runtime.pods, h.runtime.containers = [pod()], [c]
+        async with h:
+            assert h.runtime.synchronized[0].update == []  # answered in time, without changes
+            deadline = time.monotonic() + 5
+            while not h.runtime.updates and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            (req,) = h.runtime.updates
+            assert [(u.container_id, u.linux.resources.cpu.shares.value) for u in req.update] == [("c1", 4096)]
+            assert h.plugin.stats.late_answers["Synchronize"] == 1
+
+    run(main())

@@ -137,6 +137,7 @@ class NriPlugin:
         self._collecting = 0
         self._flush_wanted = asyncio.Event()
         self._background: set[asyncio.Task] = set()
+        self._late: set[asyncio.Future] = set()  # work answered without changes, still running
         self.oom_floor = oom_score_adj_floor()
         if self.oom_floor is not None:
             log.warning("no CAP_SYS_RESOURCE: oom_score_adj below koordnode's own is clamped to it, "
@@ -267,6 +268,8 @@ class NriPlugin:
             result = await asyncio.wait_for(asyncio.shield(task), self.request_timeout_s * ANSWER_SHARE)
         except asyncio.TimeoutError:
             self.stats.late_answers[name] += 1
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
             log.warning("NRI event not handled in time; answered without changes", nri_event=name,
                         deadline_ms=round(self.request_timeout_s * ANSWER_SHARE * 1000))
             return empty_cls()
@@ -504,6 +507,12 @@ class NriPlugin:
                  updates=len(updates))
         if self.on_synchronized is not None:
             self._spawn(self.on_synchronized())
+        current = asyncio.current_task()
+        if current in self._late:  # the runtime already had an empty answer: deliver them now
+            self._late.discard(current)
+            if updates:
+                self._spawn(self._send_updates(updates))
+            return nri.SynchronizeResponse()
         self.stats.updates_answered += len(updates)
         return nri.SynchronizeResponse(update=updates)
 
