@@ -217,6 +217,20 @@ def test_lse_pool_changes_reach_running_containers_as_nri_updates(nri_bed, cri, 
     assert koordnode.status()["qos"]["cpus"]["allocations"] == {}
 
 
+def test_a_kubelet_resize_keeps_the_class_values(nri_bed, cri, koordnode, pods):
+    sb, _, cid = pods.run("lsr", qos="guaranteed", resources=GUARANTEED_1CPU)
+    ccg = f"{sb.linux.cgroup_parent}/{cid}"
+    assert cg_read("cpu", ccg, "cpu.shares") == "65536"
+    # kubelet resizes the container to 2 CPUs: UpdateContainerResources straight to containerd.
+    cri.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+        container_id=cid, linux=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000,
+                                                            memory_limit_in_bytes=256 << 20)), timeout=30)
+    # NRI's UpdateContainer answer keeps the LSR scaling (2 x 65536) on top of kubelet's values.
+    assert cg_read("cpu", ccg, "cpu.shares") == "131072"
+    assert runtime_spec(cri, cid)["linux"]["resources"]["cpu"]["shares"] == 131072
+    assert cg_read("cpu", ccg, "cpu.cfs_quota_us") == "200000"
+
+
 def only_on_21(bed: ContainerdBed) -> None:
     if (bed.containerd_major, bed.containerd_minor) < (2, 0):
         pytest.skip("does not depend on the containerd release; run against 2.1")

@@ -71,7 +71,7 @@ class KoordnodeProcess:
         self.log_path = self.workdir / "koordnode.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> KoordnodeProcess:
+    def start(self, timeout_s: float = 20.0) -> KoordnodeProcess:
         log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
@@ -80,8 +80,8 @@ class KoordnodeProcess:
         )
         log.close()
         if not self.nri:
-            wait_for_socket(self.listen, proc=self.proc)
-        wait_for_socket(self.admin, proc=self.proc)
+            wait_for_socket(self.listen, timeout_s, proc=self.proc)
+        wait_for_socket(self.admin, timeout_s, proc=self.proc)
         return self
 
     def wait_synchronized(self, count: int = 1, timeout_s: float = 20.0) -> dict:

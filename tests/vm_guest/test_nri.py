@@ -51,7 +51,7 @@ def spec_shares(cri: Cri, cid: str) -> int:
 def test_nri_on_containerd_17_with_cgroup_v2_and_systemd(nri_systemd_bed, tmp_path):
     bed = nri_systemd_bed
     kn = KoordnodeProcess(tmp_path / "kn", str(bed.socket), nri_socket=str(bed.nri_socket),
-                          kubepods="/" + KUBEPODS_SLICE, extra_toml='[cgroup]\ndriver = "systemd"\n').start()
+                          kubepods="/" + KUBEPODS_SLICE, extra_toml='[cgroup]\ndriver = "systemd"\n').start(timeout_s=120)
     cri = Cri(bed.address)
     sids = []
 
@@ -81,7 +81,7 @@ def test_nri_on_containerd_17_with_cgroup_v2_and_systemd(nri_systemd_bed, tmp_pa
         gap_parent, gap_cid = run("lsr-gap", "guaranteed", resources=GUARANTEED_1CPU)
         gap_dir = bed.container_cgroup_dir(gap_parent, gap_cid)
         assert (gap_dir / "cpu.weight").read_text().strip() == str(weight(1024))
-        kn.start()
+        kn.start(timeout_s=120)
         kn.wait_synchronized(timeout_s=60)
         wait_for(lambda: spec_shares(cri, gap_cid) == 65536, 10, "LSR shares in containerd's spec")
         wait_for(lambda: (gap_dir / "cpu.weight").read_text().strip() == str(weight(65536)), 10, "LSR cpu.weight")
