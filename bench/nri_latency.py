@@ -89,6 +89,8 @@ def main() -> int:
     nri_socket = short_socket_dir() / "nri.sock"
     starts: dict[str, list[float]] = {"direct": [], "proxy": [], "nri": []}
     calls_by_mode: dict[str, dict[str, list[float]]] = {"direct": {}, "nri": {}}
+    late_answers: dict[str, int] = {}
+    answer_ms: dict[str, list[dict]] = {}  # koordnode's own answer time per NRI event, per round
     with ContainerdBed(work / "bed", bin_dir=bin_dir, nri_socket=nri_socket) as bed:
         prepare_qos_tiers(bed.kubepods_cgroup)
         direct = Cri(bed.address)
@@ -122,6 +124,12 @@ def main() -> int:
                             calls_by_mode[mode].setdefault(name, []).extend(samples)
                     for sid in sids:
                         remove_pod(cri, sid)
+                    if mode == "nri":
+                        nri_status = kn.status()["nri"]
+                        for event, n in nri_status["answered_without_changes_after_deadline"].items():
+                            late_answers[event] = late_answers.get(event, 0) + n
+                        for event, ms in nri_status["answer_ms"].items():
+                            answer_ms.setdefault(event, []).append(ms)
                 finally:
                     if cri is not direct:
                         cri.close()
@@ -137,12 +145,19 @@ def main() -> int:
                     "python": platform.python_version(), "containerd": version},
         "pod_start": {mode: summary(samples) for mode, samples in starts.items()},
         "cri_calls": {mode: {name: summary(s) for name, s in by.items()} for mode, by in calls_by_mode.items()},
+        "nri_late_answers": late_answers,
+        "nri_answer_ms": {event: {"mean": round(statistics.fmean(r["mean"] for r in rounds), 2),
+                                  "max": max(r["max"] for r in rounds)} for event, rounds in answer_ms.items()},
     }
     print(f"containerd {version}, {result['machine']['cpus']} CPUs, kernel {platform.release()}")
     print("\npod start (RunPodSandbox -> StartContainer done)")
     print(f"{'mode':8} {'n':>4} {'p50':>9} {'p95':>9} {'mean':>9}")
     for mode, s in result["pod_start"].items():
         print(f"{mode:8} {s['n']:4d} {s['p50_ms']:8.1f}ms {s['p95_ms']:8.1f}ms {s['mean_ms']:8.1f}ms")
+    print(f"NRI answers past the deadline (sent without changes): {late_answers or 'none'}")
+    print("koordnode's answer time per NRI event (mean / max over the rounds):")
+    for event, ms in sorted(result["nri_answer_ms"].items()):
+        print(f"  {event:22} {ms['mean']:7.2f} ms / {ms['max']:7.2f} ms")
     print("\nCRI calls straight to containerd, without and with the NRI plugin registered")
     print(f"{'call':16} {'direct p50':>11} {'nri p50':>9} {'direct p95':>11} {'nri p95':>9}")
     for name in calls:

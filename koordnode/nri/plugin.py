@@ -91,6 +91,8 @@ class NriStats:
         self.last_error: str | None = None
         self.runtime = ""
         self.events: Counter[str] = Counter()
+        self.answer_seconds: Counter[str] = Counter()  # total time to answer, per event
+        self.answer_max_seconds: dict[str, float] = {}
         self.late_answers: Counter[str] = Counter()
         self.updates_answered = 0  # in CreateContainer/StopContainer/Synchronize answers
         self.updates_sent = 0  # unsolicited (UpdateContainers)
@@ -105,6 +107,9 @@ class NriStats:
             "runtime": self.runtime,
             "last_error": self.last_error,
             "events": dict(self.events),
+            "answer_ms": {name: {"mean": round(total * 1000 / max(self.events[name], 1), 2),
+                                 "max": round(self.answer_max_seconds.get(name, 0.0) * 1000, 2)}
+                          for name, total in self.answer_seconds.items()},
             "answered_without_changes_after_deadline": dict(self.late_answers),
             "container_updates_in_answers": self.updates_answered,
             "container_updates_sent": self.updates_sent,
@@ -220,7 +225,8 @@ class NriPlugin:
         def rpc(request_cls, fn, empty_cls, name: str | None = None):
             async def handler(payload: bytes) -> bytes:
                 request = request_cls.FromString(payload)
-                return (await self._answer(name or request_cls.__name__, fn(request), empty_cls)).SerializeToString()
+                label = name or _event_label(request.event)
+                return (await self._answer(label, fn(request), empty_cls)).SerializeToString()
             return handler
 
         def pod_event(fn):
@@ -261,6 +267,7 @@ class NriPlugin:
     async def _answer(self, name: str, work: Awaitable[Any], empty_cls: type) -> Any:
         """Run an event's work within the answer deadline; late or failed: answer with no changes."""
         self.stats.events[name] += 1
+        started = time.monotonic()
         task = asyncio.ensure_future(work)
         try:
             # Shielded: work that overruns finishes in the background, so the state it records
@@ -278,6 +285,10 @@ class NriPlugin:
         except Exception:
             log.exception("NRI event failed; answered without changes", nri_event=name)
             return empty_cls()
+        finally:
+            elapsed = time.monotonic() - started
+            self.stats.answer_seconds[name] += elapsed
+            self.stats.answer_max_seconds[name] = max(self.stats.answer_max_seconds.get(name, 0.0), elapsed)
         return result if result is not None else empty_cls()
 
     async def _configure_handler(self, payload: bytes) -> bytes:
@@ -304,7 +315,6 @@ class NriPlugin:
         }
         handler = handlers.get(ev.event)
         if handler is not None:
-            self.stats.events[nri.Event.Name(ev.event)] += 1
             await handler()
         return None
 
@@ -609,6 +619,13 @@ class NriPlugin:
     def status(self) -> dict[str, Any]:
         return {"socket": self.socket_path, "plugin_name": self.plugin_name, "plugin_index": self.plugin_index,
                 **self.stats.as_dict()}
+
+
+def _event_label(value: int) -> str:
+    try:
+        return nri.Event.Name(value)
+    except ValueError:  # an event of a newer runtime
+        return f"event {value}"
 
 
 def _apply_delta(current: cri.LinuxContainerResources, target: cri.LinuxContainerResources) -> None:
