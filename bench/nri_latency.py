@@ -6,8 +6,8 @@ One private containerd 2.1 (Debian forky's package, NRI on a private socket) ser
   proxy     - the same calls through `koordnode run` in proxy mode;
   nri       - straight to containerd again, with `koordnode run` registered as its NRI plugin.
 Pod start = RunPodSandbox + CreateContainer + StartContainer, timed until StartContainer
-returns; pods are removed between batches (not timed). The modes take turns in rounds so
-they see the same machine state. CRI call latency compares direct calls without and with the
+returns; pods are removed between batches (not timed). The modes take turns in rounds, each
+going first in turn, so they see the same machine state. CRI call latency compares direct calls without and with the
 NRI plugin registered (NRI mode puts nothing in the path of these calls).
 
     sudo python3 bench/nri_latency.py [--rounds 3] [--pods 10] [--iterations 2000] [--json out.json]
@@ -105,7 +105,8 @@ def main() -> int:
         call_latencies(direct.channel, calls, 200)  # warm-up
         start_pods(bed, direct, 2, "warmup")
         for r in range(args.rounds):
-            for mode in ("direct", "proxy", "nri"):
+            modes = ("direct", "proxy", "nri")
+            for mode in modes[r % 3:] + modes[:r % 3]:  # each mode goes first once in three rounds
                 kn = None
                 cri = direct
                 if mode == "proxy":
