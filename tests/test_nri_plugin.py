@@ -292,8 +292,8 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
         def remember_kubelet_resources(self, cid, res):
             pass
 
-        def restore_allocations(self):
-            pass
+        def adopt(self, view):
+            return {}
 
         def planned_resources(self, cid):
             from koordnode.cri import api_pb2 as cri

@@ -15,6 +15,7 @@ the plugin reconnects, registers again, and the runtime's Synchronize rebuilds t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -469,33 +470,35 @@ class NriPlugin:
         state = self.state
         pod_records = [convert.pod_record(p, "recovered") for p in pods]
         container_records = [convert.container_record(c, "recovered") for c in containers]
-        if self.engine is not None:
-            for record in pod_records:  # the class at once; the reconcile pass adds the why and values
-                decision = self.engine.classify(record.labels, record.cgroup_parent)
-                record.qos_class, record.qos_reason = decision.qos_class.value, decision.why
-        state.pods, state.containers = {}, {}
-        state.replace_all(pod_records, container_records)
+        if self.engine is not None:  # the class at once; the reconcile pass applies the values
+            pod_records = [dataclasses.replace(r, qos_class=d.qos_class.value, qos_reason=d.why)
+                           for r in pod_records for d in [self.engine.classify(r.labels, r.cgroup_parent)]]
+        state.install(pod_records, container_records)
         live = {c.container_id for c in container_records}
         updates: list[nri.ContainerUpdate] = []
         if self.engine is not None:
             engine = self.engine
             self._collecting += 1
             try:
-                def rebuild() -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate]]:
+                view = state.view()
+
+                def rebuild():
                     engine.forget_containers_except(live)
                     for cid, res in kubelet.items():
                         engine.remember_kubelet_resources(cid, res)
-                    engine.restore_allocations()
-                    return self._class_updates()
+                    classes = engine.adopt(view)  # CPU ownership from the records, then a reconcile pass
+                    return classes, self._class_updates(view)
 
-                planned = await asyncio.to_thread(rebuild)
+                classes, planned = await asyncio.to_thread(rebuild)
+                for sandbox_id, (qos_class, why) in classes.items():
+                    state.set_pod_class(sandbox_id, qos_class, why)
                 self._take_pool_updates()  # superseded by the full updates
                 by_id = {c.id: c for c in containers}
                 oom_fixes = []
                 for cid, target, update in planned:
                     record = state.containers.get(cid)
                     if record is not None:
-                        _apply_delta(record.resources, target)
+                        state.update_container_resources(cid, _with_delta(record.resources, target))
                     if update is not None:
                         updates.append(update)
                     nri_c = by_id.get(cid)
@@ -540,11 +543,11 @@ class NriPlugin:
                 c.linux.resources, c.linux.oom_score_adj if c.linux.HasField("oom_score_adj") else None)
         return out
 
-    def _class_updates(self) -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate]]:
+    def _class_updates(self, view) -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]]:
         """Updates that bring each running container to its class values (engine thread)."""
         updates = []
-        for c in list(self.state.containers.values()):
-            pod = self.state.pods.get(c.sandbox_id)
+        for c in view.containers.values():
+            pod = view.pods.get(c.sandbox_id)
             if c.state != CONTAINER_RUNNING or pod is None or pod.state != POD_READY:
                 continue
             target = self.engine.planned_resources(c.container_id)
@@ -575,7 +578,10 @@ class NriPlugin:
             record = self.state.containers.get(cid)
             if record is None or record.resources.cpuset_cpus == cpus:
                 continue
-            record.resources.cpuset_cpus = cpus
+            resources = cri.LinuxContainerResources()
+            resources.CopyFrom(record.resources)
+            resources.cpuset_cpus = cpus
+            self.state.update_container_resources(cid, resources)
             updates.append(convert.cpuset_update(cid, cpus))
         return updates
 
@@ -628,10 +634,13 @@ def _event_label(value: int) -> str:
         return f"event {value}"
 
 
-def _apply_delta(current: cri.LinuxContainerResources, target: cri.LinuxContainerResources) -> None:
-    """Record in the state what an update makes the container run with."""
+def _with_delta(current: cri.LinuxContainerResources, target: cri.LinuxContainerResources) -> cri.LinuxContainerResources:
+    """What an update makes the container run with (a new message: state records never change)."""
+    out = cri.LinuxContainerResources()
+    out.CopyFrom(current)
     for field in ("cpu_shares", "cpu_quota", "cpu_period", "cpuset_cpus", "cpuset_mems", "memory_limit_in_bytes"):
         value = getattr(target, field)
         if value:
-            setattr(current, field, value)
-    current.unified.update(target.unified)
+            setattr(out, field, value)
+    out.unified.update(target.unified)
+    return out
