@@ -16,9 +16,15 @@ two seconds later. Modes:
     psi-trigger  kernel PSI triggers (without CAP_SYS_RESOURCE: window 2 s, evaluated every 2 s)
     psi-poll     the fallback: pressure polled every psi_poll_ms (100) against 50 ms / 500 ms
     ticks-only   no pressure wake-ups: the 1 s tick alone
+    usage        LS usage wake-ups (perf cpu-clock events on the LS cgroups), no pressure polling
+    usage+poll   both (the daemon's defaults)
 
-    python3 bench/qos_reaction.py [--steps 5] [--modes psi-trigger,psi-poll,ticks-only]
-                                  [--be-shares 2] [--threshold 65] [--json]
+With --be-group (the default) the BE pod lives where koordnode puts BestEffort pods, in the
+idle group /koordnode-bench-<id>/kubepods/koordnode_be (cpu.idle = 1), and that group's quota
+is what the manager sets; --no-be-group keeps it in kubelet's besteffort tier.
+
+    python3 bench/qos_reaction.py [--steps 5] [--modes usage,usage+poll,psi-poll,ticks-only]
+                                  [--be-shares 2] [--threshold 65] [--no-be-group] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -43,7 +50,7 @@ sys.path[:0] = [str(REPO)]
 import structlog  # noqa: E402
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus  # noqa: E402
-from koordnode.qos import QoSManager, QoSSettings  # noqa: E402
+from koordnode.qos import QoSManager  # noqa: E402
 from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
 from koordnode.state import NodeState, PodRecord  # noqa: E402
 
@@ -63,24 +70,29 @@ while True:
 """
 
 
-def mode_settings(mode: str, kubepods: str, threshold: float) -> QoSSettings:
-    base = QoSManagerConfig(kubepods_cgroup=kubepods)
+def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool):
+    base = QoSManagerConfig(kubepods_cgroup=kubepods, usage_wake_cpu_ms=0)
+    usage = dataclasses.replace(base, usage_wake_cpu_ms=QoSManagerConfig().usage_wake_cpu_ms)
     manager = {
         "psi-trigger": dataclasses.replace(base, psi_stall_us=100_000, psi_window_us=2_000_000),
         "psi-poll": base,  # 50 ms / 500 ms: refused without CAP_SYS_RESOURCE -> polling
         "ticks-only": dataclasses.replace(base, psi_triggers=False, psi_poll_ms=0),
+        "usage": dataclasses.replace(usage, psi_triggers=False, psi_poll_ms=0),
+        "usage+poll": usage,
     }[mode]
     strategy = StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=threshold))
-    return QoSSettings(strategy, manager)
+    # The daemon's Config carries [cgroup] be_idle_group; QoSSettings has no [cgroup].
+    return types.SimpleNamespace(strategy=strategy, qos_manager=manager,
+                                 cgroup=types.SimpleNamespace(be_idle_group=be_group))
 
 
 class Bed:
-    def __init__(self, be_shares: int) -> None:
+    def __init__(self, be_shares: int, be_group: bool) -> None:
         self.prefix = f"/koordnode-bench-{uuid.uuid4().hex[:8]}"
         self.kubepods = f"{self.prefix}/kubepods"
         self.ls_pod = f"{self.kubepods}/burstable/podls"
-        self.be_pod = f"{self.kubepods}/besteffort/podbe"
-        self.be_tier = f"{self.kubepods}/besteffort"
+        self.be_tier = f"{self.kubepods}/koordnode_be" if be_group else f"{self.kubepods}/besteffort"
+        self.be_pod = f"{self.be_tier}/podbe"
         self.created: list[Path] = []
         self.procs: list[subprocess.Popen] = []
         self.ls_procs: list[subprocess.Popen] = []
@@ -92,8 +104,10 @@ class Bed:
                     if not directory.is_dir():
                         directory.mkdir()
                         self.created.append(directory)
-        # kubelet gives the besteffort tier cpu.shares 2
-        (CGROUP / "cpu" / self.be_tier.strip("/") / "cpu.shares").write_text(str(be_shares))
+        if be_group:  # koordnode's idle BE group, as the hooks create it
+            (CGROUP / "cpu" / self.be_tier.strip("/") / "cpu.idle").write_text("1")
+        else:  # kubelet gives the besteffort tier cpu.shares 2
+            (CGROUP / "cpu" / self.be_tier.strip("/") / "cpu.shares").write_text(str(be_shares))
 
     def spawn(self, code: str, cgroup: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", code])
@@ -170,12 +184,20 @@ async def cpu_share(bed: Bed, start: float, seconds: float) -> dict[str, float]:
 
 
 async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, observe_s: float,
-                   threshold: float) -> dict:
-    bed = Bed(be_shares)
+                   threshold: float, be_group: bool) -> dict:
+    bed = Bed(be_shares, be_group)
     executor = RecordingExecutor(CGROUP, bed.be_tier)
-    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold), bed.state(), executor)
+    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group), bed.state(), executor)
     stop = asyncio.Event()
     results = []
+    usage_wakes: list[float] = []
+    on_usage = manager._on_usage
+
+    def noting_usage(target: str) -> None:  # when the kernel's usage event reached the manager
+        usage_wakes.append(time.monotonic())
+        on_usage(target)
+
+    manager._on_usage = noting_usage  # type: ignore[method-assign]
     try:
         bed.start()
         task = asyncio.create_task(manager.run(stop))
@@ -185,7 +207,8 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
             await asyncio.sleep(settle_s + random.uniform(0.0, 1.0))
             before = bed.be_quota()
             writes_before = len(executor.quota_writes)
-            wakeups_before = manager.status()["ticks"]["woken_by_pressure"]
+            wakeups_before = _early_wakes(manager)
+            wakes_before = len(usage_wakes)
             step = time.monotonic()
             bed.signal_ls(signal.SIGUSR1)
             shares = await asyncio.gather(cpu_share(bed, step, 1.0), cpu_share(bed, step + 2.0, 1.0))
@@ -201,7 +224,10 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
                 "first_lower_quota": lowered[0][1] if lowered else None,
                 "suppressed_quota": final,
                 "suppressed_ms": round((settled[0] - step) * 1000, 1) if settled else None,
-                "pressure_wakeups": manager.status()["ticks"]["woken_by_pressure"] - wakeups_before,
+                "early_wakeups": _early_wakes(manager) - wakeups_before,
+                "usage_event_ms": round((usage_wakes[wakes_before] - step) * 1000, 1)
+                if len(usage_wakes) > wakes_before else None,
+                "below_half_cpu_ms": _below(executor, writes_before, step, 50_000),
                 "first_second": shares[0],
                 "third_second": shares[1],
             })
@@ -211,19 +237,39 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
     finally:
         bed.close()
     firsts = [r["first_lower_write_ms"] for r in results if r["first_lower_write_ms"] is not None]
+    belows = [r["below_half_cpu_ms"] for r in results if r["below_half_cpu_ms"] is not None]
+    events = [r["usage_event_ms"] for r in results if r["usage_event_ms"] is not None]
     settled = [r["suppressed_ms"] for r in results if r["suppressed_ms"] is not None]
     return {
         "trigger_mode": status["trigger_mode"],
+        "usage_watch": status["usage_watch"]["mode"],
+        "median_below_half_cpu_ms": round(statistics.median(belows), 1) if belows else None,
+        "median_usage_event_ms": round(statistics.median(events), 1) if events else None,
         "median_first_lower_write_ms": round(statistics.median(firsts), 1) if firsts else None,
         "median_suppressed_ms": round(statistics.median(settled), 1) if settled else None,
         "steps": results,
     }
 
 
+def _early_wakes(manager: QoSManager) -> int:
+    ticks = manager.status()["ticks"]
+    return ticks["woken_by_pressure"] + ticks.get("woken_by_usage", 0)
+
+
+def _below(executor: RecordingExecutor, start: int, step: float, quota_us: int) -> float | None:
+    """ms from the step to the first quota write under `quota_us` (0.5 CPU at 100 ms periods)."""
+    for t, quota in executor.quota_writes[start:]:
+        if 0 <= quota < quota_us:
+            return round((t - step) * 1000, 1)
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--modes", default="psi-trigger,psi-poll,ticks-only")
+    parser.add_argument("--modes", default="usage,usage+poll,psi-poll,ticks-only")
+    parser.add_argument("--no-be-group", dest="be_group", action="store_false",
+                        help="BE in kubelet's besteffort tier instead of koordnode's idle BE group")
     parser.add_argument("--be-shares", type=int, default=2, help="cpu.shares of the BE tier (kubelet: 2)")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of LS idle before each step")
     parser.add_argument("--observe", type=float, default=3.5, help="seconds of LS load per step")
@@ -234,11 +280,11 @@ def main() -> int:
         print("needs root, cgroup v1 cpu/cpuacct and the cgroup2 unified mount", file=sys.stderr)
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    results = {"cpus": CPUS, "be_tier_shares": args.be_shares, "threshold_percent": args.threshold,
+    results = {"cpus": CPUS, "be_group": args.be_group, "be_tier_shares": args.be_shares, "threshold_percent": args.threshold,
                "ls_processes": CPUS + 1, "be_processes": CPUS, "load_avg_before": os.getloadavg()[0]}
     for mode in args.modes.split(","):
         results[mode] = asyncio.run(run_mode(mode, args.steps, args.be_shares, args.settle, args.observe,
-                                             args.threshold))
+                                             args.threshold, args.be_group))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -254,6 +254,17 @@ class CgroupConfig:
         max=3600,
         doc="seconds between passes re-applying every running pod's values (0 = never)",
     )
+    be_idle_group: bool = setting(
+        True,
+        doc="run BestEffort pods of class BE in koordnode's idle cgroup beside kubelet's QoS tiers "
+        '("<kubepods>/koordnode_be", systemd "kubepods-koordnode_be.slice", cpu.idle = 1) so they '
+        "yield to LS at once; false: they stay in kubelet's besteffort tier",
+    )
+    be_idle_group_systemd: bool = setting(
+        False,
+        doc="also with the systemd driver (the slice made idle with systemctl set-property CPUWeight=idle); "
+        "not yet verified on a systemd host, hence off",
+    )
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import signal
 import sys
@@ -17,14 +18,14 @@ from koordnode.config import ConfigError, reload_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
-from koordnode.executor.paths import UnsafePathError, container_cgroup_path
+from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
-from koordnode.metrics import METRICS, MetricsStartError
+from koordnode.metrics import METRICS, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
@@ -72,11 +73,13 @@ class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
     def __init__(self, config: Any) -> None:
+        config = config_for_mode(config)
         self.config = config
         self.started_at = time.time()
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
+        self._scrape_collector = None  # the metrics thread's own (Collector is not shared across threads)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
@@ -157,6 +160,7 @@ class Daemon:
             raise
         METRICS.follow_hook_failures(lambda: self.chain.failures)
         METRICS.follow_proxy_stats(self.stats)
+        METRICS.follow_interference(self._interference)
         self._start_metrics()
         if self.nri is not None:
             self.spawn(self._run_nri())
@@ -217,6 +221,35 @@ class Daemon:
         period = inputs.get("period_us") or 0
         cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
         METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
+
+    def _interference(self) -> list[PodInterference]:
+        """CPU pressure and throttling of the non-BE pods, read at scrape time (in the metrics
+        server's thread, with a collector of its own)."""
+        if self._scrape_collector is None:
+            from koordnode.qos.collect import Collector
+
+            self._scrape_collector = Collector(self.config.procfs.root, self.config.cgroup.root)
+        collector = self._scrape_collector
+        driver = self.config.cgroup.driver
+        rows = []
+        for pod in list(self.state.pods.values()):
+            if pod.state != POD_READY or not pod.qos_class or pod.qos_class == "BE":
+                continue
+            try:
+                cgroup = pod_cgroup_path(pod.cgroup_parent, driver)
+                containers = [container_cgroup_path(pod.cgroup_parent, c.container_id, driver)
+                              for c in self.state.containers_of(pod.sandbox_id)]
+            except UnsafePathError:
+                continue
+            pressure = collector.pressure(cgroup, "cpu")
+            throttled = None
+            for cg in [cgroup, *containers]:  # a quota throttles the cgroup it is set on
+                stat = collector.cpu_stat(cg)
+                if stat is not None:
+                    throttled = (throttled or 0.0) + stat.throttled_ns / 1e9
+            rows.append(PodInterference(pod.namespace, pod.name, pod.qos_class,
+                                        pressure.some.total_us / 1e6 if pressure is not None else None, throttled))
+        return rows
 
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
@@ -363,7 +396,7 @@ class Daemon:
         """SIGHUP: apply a valid new config at once; keep the old one if the new one is bad."""
         sdnotify.reloading()
         try:
-            new = reload_config(self.config)
+            new = config_for_mode(reload_config(self.config))
         except ConfigError as exc:
             for error in exc.errors:
                 log.error("config reload rejected; keeping the running config", error=error)
@@ -523,3 +556,12 @@ def _refuse_if_proxy_serves(listen: str) -> None:
         f"a CRI proxy serves {listen} (another koordnode in proxy mode?): refusing to start in "
         f"nri mode, the two would both apply QoS; stop it and point kubelet at containerd first"
     )
+
+
+def config_for_mode(config: Any) -> Any:
+    """NRI mode cannot move a pod to another cgroup parent (NRI adjusts containers, and the pod
+    sandbox exists before any plugin is asked): BE pods stay in kubelet's besteffort tier there."""
+    if config.runtime.mode != "nri" or not config.cgroup.be_idle_group:
+        return config
+    log.info("[cgroup] be_idle_group needs the proxy: in NRI mode BE pods stay in kubelet's besteffort tier")
+    return dataclasses.replace(config, cgroup=dataclasses.replace(config.cgroup, be_idle_group=False))

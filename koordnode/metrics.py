@@ -23,6 +23,12 @@ Exported metrics (labels in braces):
 - ``koordnode_be_cpu_quota_cores`` (the CPU budget of the BE tier; -1 = unlimited) and
   ``koordnode_be_cpu_suppress_ratio`` (the factor LS pressure applies to that budget; 1 = none).
 - ``koordnode_psi_avg10_ratio{scope,resource,kind}``: PSI ``some``/``full`` avg10 as 0..1.
+- ``koordnode_pod_cpu_pressure_seconds_total{namespace,pod,class}``: time some task of a non-BE
+  pod waited for a CPU (the pod cgroup's cpu.pressure ``some total``), and
+  ``koordnode_class_cpu_pressure_seconds_total{class}`` its sum per class: interference as the
+  pods feel it (``rate()`` = fraction of time stalled). ``koordnode_pod_cpu_throttled_seconds_total``
+  and ``koordnode_class_cpu_throttled_seconds_total``: time throttled by CFS quotas. Read from
+  the cgroups at each scrape; a pod whose file is missing has no series.
 - ``koordnode_executor_writes_total{resource,outcome}``: kernel writes by outcome
   (``written``, ``unchanged``, ``skipped``, ``missing``, ``failed``, ``refused``).
 - ``koordnode_evictions_total{reason}`` (``memory``, ``cpu``, ``other``).
@@ -307,6 +313,11 @@ class Metrics:
         A later call replaces it."""
         self._follow("proxy_stats", _FollowProxyStats(stats))
 
+    def follow_interference(self, source: Callable[[], Iterable[PodInterference]]) -> None:
+        """Export per-pod and per-class CPU pressure and throttling from ``source()``, read at
+        each scrape. A later call replaces it."""
+        self._follow("interference", _FollowInterference(source))
+
     def _follow(self, name: str, collector: Any) -> None:
         with self._lock:
             previous = self._followers.pop(name, None)
@@ -544,6 +555,60 @@ class _FollowHookFailures:
         for (hook, phase, kind), count in sorted(snapshot.items()):
             family.add_metric([hook, phase, kind], count)
         yield family
+
+
+@dataclasses.dataclass(frozen=True)
+class PodInterference:
+    """What a non-BE pod feels from the others, as the kernel counts it (seconds, cumulative)."""
+
+    namespace: str
+    pod: str
+    qos_class: str
+    cpu_pressure_s: float | None  # cpu.pressure some total
+    cpu_throttled_s: float | None  # cpu.stat throttled time
+
+
+class _FollowInterference:
+    def __init__(self, source: Callable[[], Iterable[PodInterference]]) -> None:
+        self._source = source
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, ...]:
+        pod = ["namespace", "pod", "class"]
+        return (
+            CounterMetricFamily("koordnode_pod_cpu_pressure_seconds",
+                                "Time some task of the pod waited for a CPU (cpu.pressure some total)",
+                                labels=pod),
+            CounterMetricFamily("koordnode_pod_cpu_throttled_seconds",
+                                "Time the pod was throttled by CFS quotas", labels=pod),
+            CounterMetricFamily("koordnode_class_cpu_pressure_seconds",
+                                "Sum of koordnode_pod_cpu_pressure_seconds_total per class", labels=["class"]),
+            CounterMetricFamily("koordnode_class_cpu_throttled_seconds",
+                                "Sum of koordnode_pod_cpu_throttled_seconds_total per class", labels=["class"]),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        pressure, throttled, class_pressure, class_throttled = self._families()
+        try:
+            rows = list(self._source())
+        except Exception:  # a scrape must not fail because the source is mid-change
+            rows = []
+        sums: dict[str, list[float]] = {}
+        for row in rows:
+            sums.setdefault(row.qos_class, [0.0, 0.0])
+            if row.cpu_pressure_s is not None:
+                pressure.add_metric([row.namespace, row.pod, row.qos_class], row.cpu_pressure_s)
+                sums[row.qos_class][0] += row.cpu_pressure_s
+            if row.cpu_throttled_s is not None:
+                throttled.add_metric([row.namespace, row.pod, row.qos_class], row.cpu_throttled_s)
+                sums[row.qos_class][1] += row.cpu_throttled_s
+        for cls, (p, t) in sorted(sums.items()):
+            class_pressure.add_metric([cls], p)
+            class_throttled.add_metric([cls], t)
+        yield from (pressure, throttled, class_pressure, class_throttled)
 
 
 class _FollowProxyStats:

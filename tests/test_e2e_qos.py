@@ -84,6 +84,9 @@ def test_each_class_gets_its_values_in_the_real_cgroups(containerd_bed, cri_prox
     status = koordnode.status()
     by_sid = {p["sandbox_id"]: p for p in status["pods"]}
     for cls, (parent, sid, cid) in created.items():
+        # BestEffort BE pods run in koordnode's idle group beside kubelet's tiers (test_e2e_be_group).
+        assert (by_sid[sid]["cgroup_parent"] != parent) == (cls == "BE"), cls
+        parent = by_sid[sid]["cgroup_parent"]
         ccg = f"{parent}/{cid}"
         assert cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), cls
         assert cg_read("cpu", parent, "cpu.idle") == expect_idle[cls], cls
@@ -187,8 +190,8 @@ def test_reconcile_restores_overwritten_values(containerd_bed, tmp_path):
     pods = Pods(containerd_bed, cri)
     try:
         sb, sid, cid = pods.run("be", qos="besteffort", resources={"cpu_shares": 2})
-        kn.wait_rebuilt()
-        parent = sb.linux.cgroup_parent
+        status = kn.wait_rebuilt()
+        parent = next(p for p in status["pods"] if p["sandbox_id"] == sid)["cgroup_parent"]
         (CG / "cpu" / parent.lstrip("/") / "cpu.idle").write_text("0")  # an operator's overwrite
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and cg_read("cpu", parent, "cpu.idle") != "1":
@@ -267,7 +270,7 @@ def test_hostile_inputs_change_nothing_outside_the_root_and_calls_behave_as_dire
         pod = next(p for p in koordnode.status()["pods"] if p["sandbox_id"] == sid)
         assert pod["qos_class"] == "BE" and "PLATINUM" in pod["qos_reason"]
         assert any("memoryQOS" in n for n in pod["notes"] + pod["containers"][0].get("notes", []))
-        assert cg_read("cpu", f"{sb.linux.cgroup_parent}/{cid}", "cpu.shares") == "2"
+        assert cg_read("cpu", f"{pod['cgroup_parent']}/{cid}", "cpu.shares") == "2"
     finally:
         remove_pod(cri_proxy, sid)
 

@@ -21,7 +21,8 @@ CG = Path("/sys/fs/cgroup")
 
 
 def be_quota(kubepods: str) -> int:
-    return int((CG / "cpu" / kubepods.lstrip("/") / "besteffort" / "cpu.cfs_quota_us").read_text())
+    # BestEffort pods run in koordnode's idle BE group, whose quota the manager sets.
+    return int((CG / "cpu" / kubepods.lstrip("/") / "koordnode_be" / "cpu.cfs_quota_us").read_text())
 
 
 def wait_quota(kubepods: str, predicate, timeout_s: float) -> list[int]:

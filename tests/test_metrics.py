@@ -424,3 +424,28 @@ def test_the_default_instance_serves_process_metrics() -> None:
     assert "koordnode_build_info" in body
     assert "process_resident_memory_bytes" in body
     assert METRICS.registry is not None
+
+
+def test_interference_per_pod_and_class_read_at_each_scrape(metrics: Metrics) -> None:
+    from koordnode.metrics import PodInterference
+
+    rows = [PodInterference("default", "web-0", "LS", 1.5, 0.25),
+            PodInterference("default", "web-1", "LS", 0.5, None),
+            PodInterference("db", "pg-0", "LSR", None, 2.0)]
+    metrics.follow_interference(lambda: rows)
+    assert value(metrics, "koordnode_pod_cpu_pressure_seconds_total", namespace="default", pod="web-0",
+                 **{"class": "LS"}) == 1.5
+    assert value(metrics, "koordnode_pod_cpu_throttled_seconds_total", namespace="db", pod="pg-0",
+                 **{"class": "LSR"}) == 2.0
+    assert value(metrics, "koordnode_pod_cpu_pressure_seconds_total", namespace="db", pod="pg-0",
+                 **{"class": "LSR"}) is None  # no file, no series
+    assert value(metrics, "koordnode_class_cpu_pressure_seconds_total", **{"class": "LS"}) == 2.0
+    assert value(metrics, "koordnode_class_cpu_throttled_seconds_total", **{"class": "LS"}) == 0.25
+    rows[0] = PodInterference("default", "web-0", "LS", 3.0, 0.25)  # read again at the next scrape
+    assert value(metrics, "koordnode_class_cpu_pressure_seconds_total", **{"class": "LS"}) == 3.5
+
+    def broken():
+        raise RuntimeError("state changed mid-scrape")
+
+    metrics.follow_interference(broken)  # a failing source gives no series, not a failed scrape
+    assert value(metrics, "koordnode_class_cpu_pressure_seconds_total", **{"class": "LS"}) is None

@@ -80,12 +80,17 @@ class Node:
         toml: str = "",
         root: Path | None = None,
         state: NodeState | None = None,
+        be_idle_group: bool = False,
     ) -> None:
+        # The BE group (hooks/be_group.py) moves BE pods away from the cgroup this fake runtime
+        # creates their containers in: it is tested against the real runtime (test_e2e_be_group).
+        self.be_idle_group = be_idle_group
         self.topology = topology or CpuTopology.describe(cores_per_numa=4, threads_per_core=2)
         all_cpus = format_cpu_list(self.topology.online)
         self.root = root or make_cgroup_tree(directory, version, anolis, cpus=all_cpus)
         self.toml = toml
-        self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n' + toml)
+        self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n'
+                                   f'be_idle_group = {str(be_idle_group).lower()}\n' + toml)
         self.state = state if state is not None else NodeState()
         self.engine = QoSEngine(self.config, self.state, executor=CgroupExecutor(self.root),
                                 topology=self.topology)
@@ -112,7 +117,8 @@ class Node:
             [dataclasses.replace(c, resources=copy.deepcopy(c.resources), source="recovered")
              for c in self.state.containers.values()],
         )
-        node = Node(self.root.parent, topology=self.topology, toml=self.toml, root=self.root, state=state)
+        node = Node(self.root.parent, topology=self.topology, toml=self.toml, root=self.root, state=state,
+                    be_idle_group=self.be_idle_group)
         node.pods, node.container_pod = dict(self.pods), dict(self.container_pod)
         node._next = self._next + 1000
         self.restarts.append(node)
@@ -1094,3 +1100,42 @@ def test_reconcile_in_a_thread_while_the_loop_churns_the_state(make_node, monkey
         worker.join()
         sys.setswitchinterval(old)
     assert failures == []
+
+
+# --- the idle BE group (hooks/be_group.py); the real thing is in test_e2e_be_group.py ------------
+
+
+def test_be_group_rewrites_the_parent_of_besteffort_be_pods_and_their_containers(make_node):
+    node = make_node(version="v1", be_idle_group=True)
+    add_cgroup(node.root, "/kubepods/koordnode_be")  # the fake kernel's files for the group
+    add_cgroup(node.root, "/kubepods/besteffort/podbe1")  # kubelet's pod cgroup
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be1", uid="be1", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podbe1"))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    assert read_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle") == "1"
+    assert read_cgroup_file(node.root, "/kubepods/besteffort", "cpu.idle") == "0"  # kubelet's tier
+    sid = ctx.response.pod_sandbox_id
+    assert node.state.pods[sid].qos_class == "BE"
+    # kubelet sends CreateContainer with its own parent: it follows the sandbox.
+    req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                    config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app")))
+    created = node.call("CreateContainer", req)
+    assert created.request.sandbox_config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    # A Burstable pod labelled BE and a Burstable LS pod stay where kubelet put them.
+    for name, labels in (("bb", {QOS_LABEL: "BE"}), ("ls", {})):
+        parent = f"/kubepods/burstable/pod{name}"
+        add_cgroup(node.root, parent)
+        other = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=name, uid=name, namespace="default"),
+                                    labels=labels, linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+        assert node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=other)).request.config.linux.cgroup_parent == parent
+
+
+def test_be_group_is_off_for_the_systemd_driver_unless_asked(make_node):
+    node = make_node(version="v2", be_idle_group=True)
+    parent = "kubepods-besteffort-podbe2.slice"
+    add_cgroup(node.root, slice_path(parent))
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be2", uid="be2", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == parent

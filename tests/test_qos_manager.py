@@ -401,7 +401,8 @@ def test_inventory_classes_and_tiers(tmp_path):
     assert {p.sandbox_id: p.cgroup for p in inventory.pods}["b"] == \
         "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice"
     assert len(inventory.skipped) == 1 and inventory.skipped[0].startswith("ns/x")
-    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE}
+    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
+                                                 "be_group": "/kubepods/koordnode_be"}
     assert tier_cgroups("/kubepods.slice", "auto")["besteffort"] == "/kubepods.slice/kubepods-besteffort.slice"
     assert tier_cgroups("/koordnode-test-ab/kubepods", "cgroupfs")["burstable"] == "/koordnode-test-ab/kubepods/burstable"
 
@@ -503,3 +504,15 @@ def test_kubepods_cgroup_follows_the_driver(tmp_path):
     auto.tick()  # kubelet created its slice after we started: followed
     assert auto.kubepods == "/kubepods.slice"
     assert auto.be_tier == "/kubepods.slice/kubepods-besteffort.slice"
+
+
+def test_started_with_suppression_off_a_leftover_quota_is_lifted(node):
+    # An earlier run (suppression on) left the BE tier at its floor; this one starts with it off.
+    if node.version == "v1":
+        write_cgroup_file(node.root, BESTEFFORT, "cpu.cfs_quota_us", "2000")
+    else:
+        write_cgroup_file(node.root, BESTEFFORT, "cpu.max", "2000 100000")
+    assert node.be_quota() == 2000
+    manager = make_manager(node, settings(cpu_suppress=CpuSuppressConfig(enable=False)))
+    manager.tick()
+    assert node.be_quota() == -1

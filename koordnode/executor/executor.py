@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import os
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -293,6 +294,71 @@ class CgroupExecutor(_Converger):
         if hierarchy is None:
             return False
         return self._fs.cgroup_dir(hierarchy, cgroup).is_dir()
+
+    def make_cgroup(self, cgroup: str, controller: str = "cpu") -> None:
+        """Create a cgroup directory (and missing parents) in `controller`'s hierarchy.
+
+        Raises UnsafePathError for a path leaving the root, OSError when the kernel refuses.
+        """
+        with self._lock:
+            hierarchy = self._fs.hierarchy(controller)
+            if hierarchy is None:
+                raise OSError(errno.ENOENT, f"cgroup controller {controller} is not mounted under {self.root}")
+            directory = self._fs.cgroup_dir(hierarchy, cgroup)
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+                self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
+
+    def child_cgroups(self, cgroup: str, controller: str = "cpu") -> dict[str, float]:
+        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy."""
+        import time
+
+        hierarchy = self._fs.hierarchy(controller)
+        if hierarchy is None:
+            return {}
+        directory = self._fs.cgroup_dir(hierarchy, cgroup)
+        children: dict[str, float] = {}
+        now = time.time()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return {}
+        base = normalize_cgroup_path(cgroup).rstrip("/")
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    children[f"{base}/{entry.name}"] = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+        return children
+
+    def remove_cgroup(self, cgroup: str) -> list[str]:
+        """rmdir an (empty) cgroup in every hierarchy that has it; never removes anything else.
+
+        Returns the problems (a cgroup still holding processes or children stays)."""
+        cgroup = normalize_cgroup_path(cgroup)
+        if cgroup == "/":
+            raise UnsafePathError("refusing to remove the root cgroup")
+        problems: list[str] = []
+        with self._lock:
+            if self._fs.is_v2:
+                hierarchies = [self.root]
+            else:
+                hierarchies = sorted({Path(os.path.realpath(e)) for e in self.root.iterdir() if e.is_dir()})
+            for hierarchy in hierarchies:
+                try:
+                    directory = self._fs.cgroup_dir(hierarchy, cgroup)
+                except UnsafePathError as err:
+                    problems.append(str(err))
+                    continue
+                if directory == hierarchy or not directory.is_dir():
+                    continue
+                try:
+                    directory.rmdir()
+                    self._log.info("cgroup_removed", cgroup=cgroup, path=str(directory))
+                except OSError as err:
+                    problems.append(f"{directory}: {_describe(err)}")
+        return problems
 
     # ------------------------------------------------------------------ internals
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
+from koordnode.hooks.be_group import BE_GROUP
+
 QOS_CLASS_LABEL = "koordinator.sh/qosClass"
 
 
@@ -58,8 +60,9 @@ DEFAULT_KUBE_QOS_MAPPING: Mapping[KubeQoS, QoSClass] = MappingProxyType(
 
 # systemd driver: "kubepods-besteffort.slice", "kubepods-burstable-pod<uid>.slice",
 # "kubepods-pod<uid>.slice" (Guaranteed pods sit directly under kubepods).
-_SYSTEMD_TIER = re.compile(r"^kubepods-(besteffort|burstable)(?:-pod[^/]*)?\.slice$")
-_SYSTEMD_POD = re.compile(r"^kubepods(?:-besteffort|-burstable)?-pod([^/.]+)\.slice$")
+# koordnode's own BE group (hooks/be_group.py) holds BestEffort pods moved out of the tier.
+_SYSTEMD_TIER = re.compile(r"^kubepods-(besteffort|burstable|" + BE_GROUP + r")(?:-pod[^/]*)?\.slice$")
+_SYSTEMD_POD = re.compile(r"^kubepods(?:-besteffort|-burstable|-" + BE_GROUP + r")?-pod([^/.]+)\.slice$")
 _CGROUPFS_POD = re.compile(r"^pod([0-9a-fA-F_-]+)$")
 
 
@@ -72,12 +75,15 @@ def kube_qos_from_cgroup_parent(cgroup_parent: str) -> tuple[KubeQoS, str]:
     for segment in segments:
         if segment == "besteffort":
             return KubeQoS.BEST_EFFORT, f"cgroup parent {cgroup_parent!r} is under the besteffort tier"
+        if segment == BE_GROUP:
+            return KubeQoS.BEST_EFFORT, (f"cgroup parent {cgroup_parent!r} is in koordnode's BE group "
+                                         "(moved there from the besteffort tier)")
         if segment == "burstable":
             return KubeQoS.BURSTABLE, f"cgroup parent {cgroup_parent!r} is under the burstable tier"
         match = _SYSTEMD_TIER.match(segment)
         if match:
             tier = match.group(1)
-            kube_qos = KubeQoS.BEST_EFFORT if tier == "besteffort" else KubeQoS.BURSTABLE
+            kube_qos = KubeQoS.BURSTABLE if tier == "burstable" else KubeQoS.BEST_EFFORT
             return kube_qos, f"cgroup parent {cgroup_parent!r} is in the kubepods-{tier} slice"
     if not segments:
         return KubeQoS.GUARANTEED, "empty cgroup parent: assumed Guaranteed"

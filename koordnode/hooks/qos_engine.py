@@ -26,6 +26,7 @@ import structlog
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
+from koordnode.executor.systemd import set_slice_idle
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.plan import CgroupWrite
 from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
@@ -36,6 +37,7 @@ from koordnode.hooks.cpuset_allocator import (
     cpuset_owner_id,
 )
 from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
+from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.policy import (
@@ -105,6 +107,10 @@ def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozens
     if not isinstance(owner, str) or not owner or cls not in CPU_OWNING_CLASSES or not cpus:
         return None
     return owner, cls, cpus
+
+# A pod cgroup in the BE group with no pod recorded is removed by the reconcile pass once older
+# than this: RunPodSandbox creates it before koordnode records the pod.
+BE_GROUP_SWEEP_AGE_S = 60.0
 
 _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
                     "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes")
@@ -232,6 +238,7 @@ class QoSEngine:
         self._published = PublishedStatus({}, {}, {})
         with self.lock:
             self._publish_status()
+        self._be_groups: set[str] = set()  # cgroupfs BE groups seen, swept by the reconcile pass
 
     def _apply_config(self, config: Any) -> None:
         old = getattr(self, "allocator", None)
@@ -304,6 +311,79 @@ class QoSEngine:
             log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
+
+    # ---- koordnode's BE group (hooks/be_group.py) ---------------------------------------------
+
+    def place_be_pod(self, cfg: pb.PodSandboxConfig, decision: ClassDecision) -> str | None:
+        """RunPodSandbox: move a BestEffort pod of class BE into the idle BE group by rewriting
+        its cgroup parent. Returns the new parent, or None when the pod stays where kubelet
+        put it (option off, not BestEffort, or the group could not be made idle: fail-open)."""
+        if not self.config.cgroup.be_idle_group or decision.qos_class is not QoSClass.BE:
+            return None
+        new_parent = be_group_parent(cfg.linux.cgroup_parent)
+        if new_parent is None:
+            return None
+        if systemd_group_slice(new_parent) is not None and not self.config.cgroup.be_idle_group_systemd:
+            return None
+        problem = self._ensure_be_group(new_parent)
+        if problem is not None:
+            log.warning("BE pod stays in kubelet's besteffort tier: the BE group is not idle",
+                        pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}", problem=problem)
+            self.notes = list(dict.fromkeys([*self.notes, f"BE group unavailable: {problem}"]))
+            return None
+        cfg.linux.cgroup_parent = new_parent
+        return new_parent
+
+    def follow_sandbox_parent(self, req: pb.CreateContainerRequest) -> None:
+        """CreateContainer: containerd takes the container's cgroup parent from the request's
+        sandbox config, which kubelet fills with its own parent: point it where the sandbox is."""
+        kubelet_parent = req.sandbox_config.linux.cgroup_parent
+        pod = self.state.pods.get(req.pod_sandbox_id)
+        if pod is not None:
+            if in_be_group(pod.cgroup_parent) and pod.cgroup_parent != kubelet_parent:
+                req.sandbox_config.linux.cgroup_parent = pod.cgroup_parent
+            return
+        # Not recorded (e.g. the state is being rebuilt): the pod cgroup on disk tells.
+        moved = be_group_parent(kubelet_parent)
+        if moved is None:
+            return
+        try:
+            if self.executor.cgroup_exists(self._pod_cgroup(moved)):
+                req.sandbox_config.linux.cgroup_parent = moved
+        except UnsafePathError:
+            return
+
+    def _ensure_be_group(self, pod_parent: str) -> str | None:
+        """Make the BE group of a pod parent exist and be idle; the problem, or None."""
+        try:
+            group = be_group_of(self._pod_cgroup(pod_parent))
+        except UnsafePathError as exc:
+            return str(exc)
+        slice_name = systemd_group_slice(pod_parent)
+        if slice_name is not None and not self.executor.cgroup_exists(group):
+            # systemd owns the slice: it creates it with the pod's slice and must know it is idle.
+            return set_slice_idle(slice_name)
+        try:
+            self.executor.make_cgroup(group, "cpu")
+        except (OSError, UnsafePathError) as exc:
+            return f"cannot create {group}: {exc}"
+        self._be_groups.add(group)
+        result = self.executor.apply([CgroupWrite(group, "cpu.idle", 1, "koordnode BE group")])[0]
+        METRICS.record_writes([result])
+        return None if result.ok else f"cpu.idle on {group}: {result.status.value}: {result.detail}"
+
+    def remove_be_pod_cgroup(self, cgroup_parent: str) -> None:
+        """After StopPodSandbox / RemovePodSandbox: kubelet removes its own pod cgroup, the one
+        in the BE group is koordnode's to remove (runc never removes a parent)."""
+        if not in_be_group(cgroup_parent) or systemd_group_slice(cgroup_parent) is not None:
+            return  # systemd removes the slices it made once nothing is left in them
+        try:
+            pod_cgroup = self._pod_cgroup(cgroup_parent)
+            problems = self.executor.remove_cgroup(pod_cgroup)
+        except UnsafePathError as exc:
+            problems = [str(exc)]
+        if problems:
+            log.info("BE pod cgroup not removed yet", cgroup_parent=cgroup_parent, problems=problems)
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()
@@ -512,6 +592,9 @@ class QoSEngine:
         pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                     features=self.features, pod_cgroup=pod_cgroup, node=self.config.node)
         writes: list[CgroupWrite] = list(pod_plan.writes)
+        if in_be_group(pod.cgroup_parent):
+            # Re-asserted by every reconcile: the group's idleness is what protects LS.
+            writes.insert(0, CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group"))
         container_plans: dict[str, tuple[ContainerPlan, int]] = {}
         memories = []
         containers = view.containers_of(sandbox_id)
@@ -706,8 +789,31 @@ class QoSEngine:
             self._refresh_pools(view)
             for sid in [sid for sid in self.pod_records if sid not in view.pods]:
                 del self.pod_records[sid]
+            self._sweep_be_group(view)
             self._publish_status()
         return classes
+
+    def _sweep_be_group(self, view: NodeView) -> None:
+        """Remove pod cgroups left in the BE group by pods that are gone (koordnode stopped
+        between a pod's removal and its clean-up). Only empty ones go (rmdir), and only after a
+        minute: a pod being created has its cgroup before koordnode records it."""
+        live: set[str] = set()
+        for pod in view.pods.values():
+            if in_be_group(pod.cgroup_parent) and systemd_group_slice(pod.cgroup_parent) is None:
+                try:
+                    cgroup = self._pod_cgroup(pod.cgroup_parent)
+                except UnsafePathError:
+                    continue
+                live.add(cgroup)
+                self._be_groups.add(be_group_of(cgroup))
+        for group in list(self._be_groups):
+            for child, age_s in self.executor.child_cgroups(group).items():
+                name = child.rsplit("/", 1)[-1]
+                if child in live or not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
+                    continue
+                problems = self.executor.remove_cgroup(child)
+                if not problems:
+                    log.info("removed a leftover BE pod cgroup", cgroup=child)
 
     # ---- views ----------------------------------------------------------------------------
 

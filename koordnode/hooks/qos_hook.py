@@ -24,10 +24,12 @@ class QoSHook(RuntimeHook):
         req = call.request
         if call.method == "RunPodSandbox":
             decision = self.engine.pod_sandbox_pre(req.config)
+            self.engine.place_be_pod(req.config, decision)
             # Read by the state recorder when it records the pod.
             call.scratch["qos_class"] = decision.qos_class.value
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
+            self.engine.follow_sandbox_parent(req)
             self.engine.container_create_pre(req, call.scratch)
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
@@ -49,3 +51,6 @@ class QoSHook(RuntimeHook):
         elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
             if ok:
                 self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")
+                # The state recorder ran first: a removed pod is only in the call's scratch.
+                pod = self.engine.state.pods.get(req.pod_sandbox_id) or call.scratch.get("removed_pod")
+                self.engine.remove_be_pod_cgroup(pod.cgroup_parent if pod is not None else "")

@@ -53,7 +53,8 @@ class StateRecorder(RuntimeHook):
             state.set_pod_state(req.pod_sandbox_id, POD_NOTREADY)
             state.set_pod_containers_state(req.pod_sandbox_id, CONTAINER_EXITED)
         elif method == "RemovePodSandbox":
-            state.remove_pod(req.pod_sandbox_id)
+            # Hooks after this one still need what the pod was (e.g. its cgroup parent).
+            call.scratch["removed_pod"] = state.remove_pod(req.pod_sandbox_id)
         elif method == "CreateContainer":
             cfg = req.config
             resources = pb.LinuxContainerResources()

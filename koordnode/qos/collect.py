@@ -154,6 +154,7 @@ class Collector:
             # Hybrid hosts: a cgroup2 mount without controllers, carrying PSI per cgroup.
             unified = os.path.join(root, "unified")
             self._psi = unified if os.path.isfile(os.path.join(unified, "cgroup.procs")) else None
+        self._perf: str | None = None  # found on first use
         self._proc_stat = os.path.join(self.procfs_root, "stat")
         self._meminfo = os.path.join(self.procfs_root, "meminfo")
         self._proc_pressure = {r: os.path.join(self.procfs_root, "pressure", r) for r in PSI_RESOURCES}
@@ -269,6 +270,16 @@ class Collector:
     def pressure(self, cgroup: str, resource: str = "cpu") -> Pressure | None:
         path = self.pressure_path(cgroup, resource)
         return self._parse(parse_pressure, self._read(path), path)
+
+    def perf_cgroup_dir(self, cgroup: str) -> str | None:
+        """The cgroup's directory perf events are bound to: v2 (or the hybrid `unified` mount
+        while no v1 perf_event hierarchy is mounted), else the v1 perf_event hierarchy."""
+        if self._perf is None:
+            self._perf = self._controller(self.cgroup_root, "perf_event") or self._psi or ""
+        if not self._perf:
+            return None
+        path = self._join(self._perf, cgroup, "")
+        return path.rstrip("/") if path else None
 
     def pressure_path(self, cgroup: str, resource: str = "cpu") -> str | None:
         """The cgroup2 pressure file of a cgroup (v2, or the hybrid `unified` mount on v1)."""

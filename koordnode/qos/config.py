@@ -156,6 +156,11 @@ class QoSManagerConfig:
         50, min=0, max=10000,
         doc="when the kernel refuses triggers: how often pressure is polled instead; 0 = ticks only",
     )
+    usage_wake_cpu_ms: float = setting(
+        10.0, min=0, max=1000,
+        doc="wake up when LS pods use this much CPU time on one CPU at half a CPU or more (kernel perf "
+        "events on their cgroups, no polling); 0 = off",
+    )
     wake_sample_ms: int = setting(
         20, min=0, max=1000,
         doc="a tick woken by pressure first samples LS usage for this long, to see the load as it is now",

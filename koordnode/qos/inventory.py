@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
 from koordnode.hooks.annotations import parse_pod_annotations
+from koordnode.hooks.be_group import BE_GROUP
 from koordnode.hooks.qos_class import (
     CPU_OWNING_CLASSES,
     DEFAULT_KUBE_QOS_MAPPING,
@@ -68,7 +69,8 @@ class Inventory:
 
 
 def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
-    """The besteffort and burstable tier cgroups under kubelet's top pod cgroup."""
+    """The besteffort and burstable tier cgroups under kubelet's top pod cgroup, and koordnode's
+    BE group beside them (hooks/be_group.py)."""
     kubepods = "/" + kubepods.strip("/")
     systemd = driver == "systemd" or (driver == "auto" and kubepods.endswith(".slice"))
     if systemd:
@@ -76,9 +78,10 @@ def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
         return {
             "besteffort": f"{kubepods}/{stem}-besteffort.slice",
             "burstable": f"{kubepods}/{stem}-burstable.slice",
+            "be_group": f"{kubepods}/{stem}-{BE_GROUP}.slice",
         }
     base = kubepods.rstrip("/")
-    return {"besteffort": f"{base}/besteffort", "burstable": f"{base}/burstable"}
+    return {"besteffort": f"{base}/besteffort", "burstable": f"{base}/burstable", "be_group": f"{base}/{BE_GROUP}"}
 
 
 def _priority(labels: Mapping[str, str]) -> int:

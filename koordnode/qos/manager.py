@@ -37,6 +37,7 @@ from koordnode.qos.config import QoSManagerConfig, StrategyConfig
 from koordnode.qos.history import History
 from koordnode.qos.inventory import CPU_OWNING_CLASSES, NON_BE_CLASSES, Inventory, InventoryBuilder, tier_cgroups
 from koordnode.qos.psi import PressureWatch
+from koordnode.qos.usage_watch import UsageWatch
 from koordnode.qos.strategies import be_evict, cpu_burst, cpu_suppress, memory_qos
 from koordnode.qos.strategies.common import Eviction, Explanation, StrategyResult
 
@@ -98,6 +99,18 @@ class TickReport:
     writes: list[WriteResult] = field(default_factory=list)
     evictions: tuple[Eviction, ...] = ()
     watch_targets: dict[str, str] = field(default_factory=dict)
+    usage_targets: dict[str, str] = field(default_factory=dict)  # name -> cgroup dir for perf events
+
+
+# Usage wake-ups: LS CPU time must grow at least this fast (CPUs) to wake the manager, and
+# woken ticks are at least this far apart.
+_USAGE_WAKE_MIN_RATE = 0.5
+_MIN_USAGE_WAKE_INTERVAL_S = 0.1
+
+
+def _woken_early(woken_by: str | None) -> bool:
+    """A tick woken between ticks (pressure or LS usage) serves the suppression alone."""
+    return woken_by is not None and woken_by.startswith(("pressure:", "usage:"))
 
 
 class QoSManager:
@@ -164,6 +177,10 @@ class QoSManager:
         self._last_burst_reconcile: float | None = None
         self._last_sweep: float | None = None
         self._restores: list[tuple[str, Any]] = []  # (strategy, old config) to undo next tick
+        if not self._strategy.cpu_suppress.enable:
+            # Started with the strategy off: a quota an earlier run left on the BE tier or
+            # group (koordnode's own, it outlives restarts) must not hold BE down for good.
+            self._restores.append(("cpu_suppress", self._strategy.cpu_suppress))
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
         # Called in the tick's thread after every tick (the daemon feeds its metrics from it).
@@ -191,6 +208,9 @@ class QoSManager:
         self._wake: asyncio.Event | None = None
         self._woken_by: str | None = None
         self._watch: PressureWatch | None = None
+        self._usage: UsageWatch | None = None
+        self._pressure_watch_note: str | None = None
+        self._usage_ticks = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._evict_tasks: set[asyncio.Task[Any]] = set()
 
@@ -202,6 +222,13 @@ class QoSManager:
 
     @property
     def be_tier(self) -> str:
+        """The cgroup holding the BE pods: koordnode's idle BE group once it exists (the hooks
+        create it with the first BE pod), else kubelet's besteffort tier."""
+        cgroup = getattr(self._config, "cgroup", None)
+        if getattr(cgroup, "be_idle_group", False):
+            group = self._tiers["be_group"]
+            if self.collector.cfs_quota(group) is not None:
+                return group
         return self._tiers["besteffort"]
 
     @property
@@ -238,6 +265,8 @@ class QoSManager:
                     old_settings.psi_triggers) != (new_settings.psi_stall_us, new_settings.psi_window_us,
                                                    new_settings.psi_poll_ms, new_settings.psi_triggers):
                 self._restart_watch()
+            if new_settings.usage_wake_cpu_ms != old_settings.usage_wake_cpu_ms:
+                self._restart_usage_watch()
         log.info("qos_reconfigured", restores=[name for name, _ in restores])
         self._request_tick("reconfigure")
 
@@ -254,10 +283,11 @@ class QoSManager:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="koordnode-qos")
         stopper = self._loop.create_task(self._forward_stop(stop_event))
         self._start_watch()
+        self._start_usage_watch()
         log.info("qos_manager_started", tick_ms=self._settings.tick_ms, be_tier=self.be_tier,
                  cgroup_version=self.collector.version.value, trigger_mode=self.trigger_mode)
         next_tick = self._clock()
-        last_pressure_tick = float("-inf")
+        last_pressure_tick = last_usage_tick = float("-inf")
         try:
             while not stop_event.is_set():
                 now = self._clock()
@@ -272,6 +302,13 @@ class QoSManager:
                         woken_by = None
                     else:
                         last_pressure_tick = now
+                elif woken_by is not None and woken_by.startswith("usage:") and now < next_tick:
+                    if self._suppress_at_minimum or now - last_usage_tick < _MIN_USAGE_WAKE_INTERVAL_S:
+                        with self._status_lock:
+                            self._skipped_wakes += 1
+                        woken_by = None
+                    else:
+                        last_usage_tick = now
                 if now >= next_tick or woken_by is not None:
                     inventory = self._inventory.build(self.state)
                     try:
@@ -281,6 +318,9 @@ class QoSManager:
                     else:
                         if self._watch is not None:
                             self._watch.set_targets(report.watch_targets)
+                        if self._usage is not None:
+                            self._usage.set_targets(report.usage_targets)
+                            self._usage.rearm()
                         for eviction in report.evictions:
                             self._spawn_eviction(eviction)
                     if now >= next_tick:
@@ -294,6 +334,9 @@ class QoSManager:
         finally:
             stopper.cancel()
             self._stop_watch()
+            if self._usage is not None:
+                self._usage.stop()
+                self._usage = None
             if self._evict_tasks:
                 await asyncio.gather(*list(self._evict_tasks), return_exceptions=True)
             self._pool.shutdown(wait=True)
@@ -325,6 +368,7 @@ class QoSManager:
                 "period_ms": settings.tick_ms,
                 "count": self._ticks,
                 "woken_by_pressure": self._woken_ticks,
+                "woken_by_usage": self._usage_ticks,
                 "pressure_wakes_skipped": self._skipped_wakes,
                 "errors": self._tick_errors,
                 "last_error": self._last_error,
@@ -332,10 +376,13 @@ class QoSManager:
                 "avg_duration_ms": round(1000 * self._tick_seconds_total / self._ticks, 3) if self._ticks else None,
             }
         watch = self._watch.status() if self._watch is not None else {"mode": "not running"}
+        if self._pressure_watch_note:
+            watch["note"] = self._pressure_watch_note
         node_series = [n for n in self.history.names() if n.startswith("node/") or n.startswith("tier/")]
         return {
             "trigger_mode": watch["mode"],
             "pressure_watch": watch,
+            "usage_watch": self._usage.status() if self._usage is not None else {"mode": "not running"},
             "be_tier": self.be_tier,
             "cgroup_version": self.collector.version.value,
             "ticks": ticks,
@@ -379,6 +426,33 @@ class QoSManager:
         self._woken_by = self._woken_by or f"pressure:{target}"
         if self._wake is not None:
             self._wake.set()
+
+    def _on_usage(self, target: str) -> None:
+        self._woken_by = self._woken_by or f"usage:{target}"
+        if self._wake is not None:
+            self._wake.set()
+
+    def _start_usage_watch(self) -> None:
+        period_ns = int(self._settings.usage_wake_cpu_ms * 1e6)
+        self._usage = UsageWatch(period_ns=period_ns, min_rate=_USAGE_WAKE_MIN_RATE, on_wake=self._on_usage,
+                                 clock=self._clock)
+        if self._loop is not None:
+            self._usage.start(self._loop)
+
+    def _restart_usage_watch(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+
+        def restart() -> None:
+            targets = self._usage.status()["targets"] if self._usage is not None else {}
+            if self._usage is not None:
+                self._usage.stop()
+            self._start_usage_watch()
+            if self._usage is not None:
+                self._usage.set_targets(targets)
+
+        loop.call_soon_threadsafe(restart)
 
     def _start_watch(self) -> None:
         settings = self._settings
@@ -459,6 +533,7 @@ class QoSManager:
             with self._status_lock:
                 self._ticks += 1
                 self._woken_ticks += woken_by is not None and woken_by.startswith("pressure:")
+                self._usage_ticks += woken_by is not None and woken_by.startswith("usage:")
                 self._tick_seconds_total += report.duration_s
                 self._last_tick = {
                     "at": report.at,
@@ -476,7 +551,7 @@ class QoSManager:
         targets = self._watch_targets(inventory)
         recent_usage: dict[str, float] = {}
         recent_pressure: dict[str, float] = {}
-        if woken_by is not None and woken_by.startswith("pressure:") and self._settings.wake_sample_ms > 0:
+        if _woken_early(woken_by) and self._settings.wake_sample_ms > 0:
             recent_usage, recent_pressure = self._recent_rates(inventory, targets)
         now = self._clock()
         node = self.collector.node()
@@ -493,8 +568,15 @@ class QoSManager:
 
         # ---- LS CPU pressure (and the targets the pressure watch should arm)
         if strategy.cpu_suppress.enable:  # pressure wake-ups only serve the suppression
-            report.watch_targets = {name: path for name, path in
-                                    ((t, self.collector.pressure_path(t, "cpu")) for t in targets) if path}
+            report.usage_targets = {name: path for name, path in
+                                    ((t, self.collector.perf_cgroup_dir(t)) for t in targets) if path}
+            if not self._pressure_watch_needed(inventory):
+                self._pressure_watch_note = ("idle: LS usage events are armed and every BE pod is in the "
+                                             "idle BE group, so BE cannot stall LS")
+            else:
+                self._pressure_watch_note = None
+                report.watch_targets = {name: path for name, path in
+                                        ((t, self.collector.pressure_path(t, "cpu")) for t in targets) if path}
         ls_pressure = self._ls_pressure(targets, now)
         if recent_pressure:
             recent = max(recent_pressure.values())
@@ -540,7 +622,7 @@ class QoSManager:
             self._explain("cpu_suppress", result.explanation, report.at)
 
         # A tick woken by pressure is for the suppression alone; the rest waits for the tick.
-        regular = not (woken_by is not None and woken_by.startswith("pressure:"))
+        regular = not _woken_early(woken_by)
 
         # ---- cpu_burst
         if strategy.cpu_burst.enable and regular:
@@ -732,6 +814,15 @@ class QoSManager:
         self._system_used_cpus = max(0.0, node_used - pods_used)
         if span >= _SYSTEM_WINDOW_S:
             self._system_base = sample
+
+    def _pressure_watch_needed(self, inventory: Inventory) -> bool:
+        """Pressure wake-ups catch LS stalled by BE. A BE pod in the idle BE group cannot stall
+        LS (the scheduler runs LS first), and LS getting busy is seen by the usage events: only
+        BE pods elsewhere (kubelet's tiers) still need the pressure watch, or its polling."""
+        if self._usage is None or not self._usage.active:
+            return True
+        group = self._tiers["be_group"]
+        return any(pod.qos_class is QoSClass.BE and pod.tier != group for pod in inventory.pods)
 
     def _watch_targets(self, inventory: Inventory) -> list[str]:
         """Cgroups whose CPU pressure is LS pressure: the burstable tier when LS pods live in

@@ -273,7 +273,8 @@ class PressureWatch:
             for name, path in self._targets.items():
                 if name not in self._polled:
                     self._polled[name] = _PolledTarget(path, depth)
-            if self._poll_handle is None and self.poll_interval_s > 0 and self._loop is not None:
+            # No targets, no timer: polling costs nothing while nothing needs watching.
+            if self._poll_handle is None and self.poll_interval_s > 0 and self._loop is not None and self._polled:
                 self._poll_handle = self._loop.call_later(self.poll_interval_s, self._poll)
 
     def _fall_back(self, reason: str, path: str) -> None:
@@ -323,7 +324,8 @@ class PressureWatch:
             return
         self.poll_once()
         self._reader.sweep()
-        self._poll_handle = self._loop.call_later(self.poll_interval_s, self._poll)
+        if self._polled:
+            self._poll_handle = self._loop.call_later(self.poll_interval_s, self._poll)
 
     def poll_once(self) -> list[str]:
         """One polling round (public for tests): returns the targets that fired."""

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""CPU used by the whole `koordnode run` process with N pods on the test bed (root, real containerd).
+
+Half the pods are LS (Burstable, 1 CPU requested, a short burst of work every second), half BE
+(BestEffort, a short burst every second), as kubelet would create them (its QoS tiers and pod
+cgroups are reproduced). After a settle time the daemon's utime + stime over --seconds is
+reported as percent of one core, with how its wake-ups are made (pressure polling or not, LS
+usage events). Setups:
+
+    default    koordnode's defaults (BE pods in the idle BE group, LS usage events)
+    tier       BE pods left in kubelet's besteffort tier (be_idle_group = false): pressure polling
+    nousage    the BE group without usage events (usage_wake_cpu_ms = 0): pressure polling
+
+    python3 bench/daemon_cpu.py [--pods 20] [--seconds 60] [--setups default,tier]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+SETUPS = {
+    "default": "",
+    "tier": "[cgroup]\nbe_idle_group = false\n",
+    "nousage": "[qos_manager]\nusage_wake_cpu_ms = 0\n",
+}
+BURST = "while :; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; sleep 1; done"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def make_pods(bed, cri, n: int) -> list[str]:
+    from support.cri import container_config, run_pod, sandbox_config, start_container
+    from support.kubelet_tiers import kubelet_ensure_pod_cgroup
+
+    sids = []
+    for i in range(n):
+        ls = i % 2 == 0
+        uid = uuid.uuid4().hex
+        tier = "burstable" if ls else "besteffort"
+        kubelet_ensure_pod_cgroup(bed.kubepods_cgroup, tier, uid, cpu_shares=1024 if ls else 2)
+        labels = {"koordinator.sh/qosClass": "LS"} if ls else {}
+        sb = sandbox_config(bed, f"{'ls' if ls else 'be'}-{i}", qos=tier, labels=labels, uid=uid)
+        sids.append(run_pod(cri, sb))
+        start_container(cri, sids[-1], sb, container_config(
+            bed, "app", ["sh", "-c", BURST], resources={"cpu_shares": 1024 if ls else 2}))
+    return sids
+
+
+def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: float) -> dict:
+    from support.cri import Cri, remove_pod
+    from support.koordnode_runner import KoordnodeProcess
+
+    kn = KoordnodeProcess(work / f"kn-{setup}", str(bed.socket), kubepods=bed.kubepods_cgroup,
+                          extra_toml=SETUPS[setup]).start()
+    cri = Cri(kn.listen)
+    sids: list[str] = []
+    try:
+        kn.wait_rebuilt()
+        sids = make_pods(bed, cri, pods)
+        time.sleep(settle)
+        c0, t0 = cpu_seconds(kn.proc.pid), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = cpu_seconds(kn.proc.pid), time.monotonic()
+        manager = kn.status()["qos_manager"]
+        return {
+            "setup": setup,
+            "cpu_percent": round(100 * (c1 - c0) / (t1 - t0), 3),
+            "pressure_watch": manager["pressure_watch"].get("note") or manager["trigger_mode"],
+            "usage_watch": manager.get("usage_watch", {}).get("mode"),
+            "ticks": manager["ticks"]["count"],
+            "woken_by_usage": manager["ticks"].get("woken_by_usage"),
+            "woken_by_pressure": manager["ticks"]["woken_by_pressure"],
+        }
+    finally:
+        for sid in sids:
+            try:
+                remove_pod(cri, sid)
+            except Exception:  # noqa: BLE001 - best effort cleanup
+                pass
+        cri.close()
+        kn.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", type=int, default=20)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--settle", type=float, default=10.0)
+    ap.add_argument("--setups", default="default,tier")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root", file=sys.stderr)
+        return 2
+    from support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
+    from testbed.containerd_bed import ContainerdBed
+
+    load = os.getloadavg()[0]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="koordnode-daemon-cpu-") as tmp:
+        with ContainerdBed(Path(tmp) / "bed") as bed:
+            prepare_qos_tiers(bed.kubepods_cgroup)
+            kubelet_update_qos_cgroups(bed.kubepods_cgroup)
+            for setup in args.setups.split(","):
+                rows.append(run_setup(bed, Path(tmp), setup.strip(), args.pods, args.settle, args.seconds))
+                print(rows[-1], flush=True)
+    print(f"\n{os.cpu_count()} CPUs, {args.pods} pods, {args.seconds:.0f} s; load average {load:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after\n")
+    print("| setup | daemon CPU (% of a core) | pressure wake-ups | LS usage wake-ups | ticks woken by usage |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setup']} | {r['cpu_percent']:.2f}% | {r['pressure_watch']} | {r['usage_watch']} | "
+              f"{r['woken_by_usage']} of {r['ticks']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""LS tail latency under BE interference, on the test bed's real containerd (root, cgroup v1).
+
+For each LS pod class (LS, LSR, LSE) and each setup -- pods created directly on containerd
+with kubelet's values ("kubelet"), and through a `koordnode run` in front of it ("koordnode")
+-- the LS pod is measured alone and then beside a BE pod running --be-loops busy loops:
+
+    probe  inside the LS container (ExecSync): sleep 1 ms, then 100 us of calibrated work,
+           --rounds times; how late each round finished (p50 / p99 / p99.9)
+    rr     a TCP server in the LS container does 50 us of work per 64-byte request; a client
+           on the host sends one request per ms: round-trip times (p50 / p99 / p99.9)
+
+and the CPU the BE pod got while LS was measured, against what LS left idle.
+
+kubelet's cgroup writes are reproduced (no kubelet binary here): QoS tiers (besteffort
+cpu.shares 2), each pod's cgroup with its cpu.shares / quota before RunPodSandbox. The pods:
+LS = Burstable requesting 1 CPU, LSR and LSE = Guaranteed 1 CPU, BE = BestEffort. The bed
+uses its own cgroup prefix (never the real /kubepods).
+
+    python3 bench/ls_latency.py [--quick] [--classes LS,LSR,LSE]
+                                [--setups kubelet,koordnode-tier,koordnode,koordnode-nosuppress]
+                                [--rounds 8000] [--repeat 1] [--koordnode-toml FILE] [--json]
+
+Prints a markdown table. Other load on the machine shows up in every column: the load
+average before and after is printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+CG = Path("/sys/fs/cgroup")
+PORT = 7411
+PROBE_IN_CONTAINER = "/ls_probe"
+SLEEP_US, WORK_US, SERVER_WORK_US = 1000, 100, 50
+CPUS = os.cpu_count() or 1
+# setup -> koordnode config added for it (None: pods straight on containerd, as kubelet makes them)
+SETUPS = {
+    "kubelet": None,
+    "koordnode-tier": "[cgroup]\nbe_idle_group = false\n",
+    "koordnode": "",
+    "koordnode-nosuppress": "[strategy.cpu_suppress]\nenable = false\n",
+}
+
+
+def build_probe(directory: Path) -> Path:
+    out = directory / "ls_probe"
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(out), str(REPO / "bench" / "ls_probe.c")], check=True)
+    return out
+
+
+def parse_line(text: str) -> dict:
+    p50, p99, p999, mx, n = text.split()[:5]
+    return {"p50_us": float(p50), "p99_us": float(p99), "p999_us": float(p999), "max_us": float(mx), "n": int(n)}
+
+
+def cgroup_of(pid: int, controller: str) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    raise RuntimeError(f"pid {pid} has no {controller} cgroup")
+
+
+def usage_ns(cgroup: str) -> int:
+    return int((CG / "cpuacct" / cgroup.lstrip("/") / "cpuacct.usage").read_text())
+
+
+class Bench:
+    def __init__(self, bed, probe: Path, args: argparse.Namespace, work: Path) -> None:
+        from support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
+
+        self.bed, self.probe, self.args, self.work = bed, probe, args, work
+        prepare_qos_tiers(bed.kubepods_cgroup)
+        kubelet_update_qos_cgroups(bed.kubepods_cgroup)
+
+    # ---- pods, as kubelet makes them --------------------------------------------------------
+
+    def pod(self, cri, name: str, cls: str, cmd: list[str]) -> tuple[str, str]:
+        from koordnode.cri import api_pb2 as pb
+        from support.cri import container_config, run_pod, sandbox_config, start_container
+        from support.kubelet_tiers import kubelet_ensure_pod_cgroup
+
+        uid = uuid.uuid4().hex
+        kube = {"LS": ("burstable", 1024, -1, {"cpu_shares": 1024}),
+                "LSR": ("", 1024, 100000, {"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000}),
+                "LSE": ("", 1024, 100000, {"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000}),
+                "BE": ("besteffort", 2, -1, {"cpu_shares": 2})}[cls]
+        tier, pod_shares, pod_quota, resources = kube
+        kubelet_ensure_pod_cgroup(self.bed.kubepods_cgroup, tier, uid, cpu_shares=pod_shares, cpu_quota=pod_quota)
+        labels = {} if cls == "BE" else {"koordinator.sh/qosClass": cls}
+        sb = sandbox_config(self.bed, name, qos=tier or "guaranteed", labels=labels, uid=uid)
+        sid = run_pod(cri, sb)
+        cfg = container_config(self.bed, "app", cmd, resources=resources)
+        cfg.mounts.append(pb.Mount(container_path=PROBE_IN_CONTAINER, host_path=str(self.probe), readonly=True))
+        cid = start_container(cri, sid, sb, cfg)
+        return sid, cid
+
+    def remove(self, cri, sid: str) -> None:
+        from support.cri import remove_pod
+
+        remove_pod(cri, sid)
+
+    @staticmethod
+    def pid_of(cri, cid: str) -> int:
+        from koordnode.cri import api_pb2 as pb
+
+        info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
+        return json.loads(info["info"])["pid"]
+
+    # ---- measurements -----------------------------------------------------------------------
+
+    def probe_run(self, cri, cid: str) -> dict:
+        from koordnode.cri import api_pb2 as pb
+
+        rounds = self.args.rounds
+        timeout = int(rounds * (SLEEP_US + WORK_US) / 1e6 * 5) + 30
+        resp = cri.rt.ExecSync(pb.ExecSyncRequest(
+            container_id=cid, cmd=[PROBE_IN_CONTAINER, "probe", str(rounds), str(SLEEP_US), str(WORK_US)],
+            timeout=timeout), timeout=timeout + 10)
+        if resp.exit_code != 0:
+            raise RuntimeError(f"probe failed: {resp.stderr.decode()}")
+        return parse_line(resp.stdout.decode())
+
+    def rr_run(self, ip: str) -> dict:
+        done = subprocess.run([str(self.probe), "client", ip, str(PORT), str(self.args.rounds), str(SLEEP_US)],
+                              capture_output=True, text=True, timeout=self.args.rounds / 200 + 60, check=True)
+        return parse_line(done.stdout)
+
+    def measure(self, cri, ls_cid: str, ls_ip: str, be_cid: str | None) -> dict:
+        ls_cg = cgroup_of(self.pid_of(cri, ls_cid), "cpuacct")
+        be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpuacct") if be_cid else None
+        result: dict = {}
+        for variant in ("probe", "rr"):
+            t0 = time.monotonic()
+            ls0, be0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0
+            result[variant] = self.probe_run(cri, ls_cid) if variant == "probe" else self.rr_run(ls_ip)
+            elapsed = time.monotonic() - t0
+            ls_cpus = (usage_ns(ls_cg) - ls0) / 1e9 / elapsed
+            result[variant]["ls_cpus"] = round(ls_cpus, 3)
+            if be_cg:
+                be_cpus = (usage_ns(be_cg) - be0) / 1e9 / elapsed
+                result[variant]["be_cpus"] = round(be_cpus, 3)
+                result[variant]["be_share_of_idle"] = round(be_cpus / max(1e-9, CPUS - ls_cpus), 3)
+        return result
+
+    def run_setup(self, setup: str) -> dict:
+        from koordnode.cri import api_pb2 as pb
+        from support.cri import Cri
+        from support.koordnode_runner import KoordnodeProcess
+
+        # A quota an earlier setup's suppression left on the BE tier or group must not carry over.
+        for tier in ("besteffort", "koordnode_be"):
+            quota = CG / "cpu" / self.bed.kubepods_cgroup.lstrip("/") / tier / "cpu.cfs_quota_us"
+            if quota.exists():
+                quota.write_text("-1")
+        kn = None
+        if SETUPS[setup] is not None:
+            extra = SETUPS[setup] + (Path(self.args.koordnode_toml).read_text() if self.args.koordnode_toml else "")
+            kn = KoordnodeProcess(self.work / f"kn-{uuid.uuid4().hex[:6]}", str(self.bed.socket),
+                                  kubepods=self.bed.kubepods_cgroup, extra_toml=extra).start()
+            kn.wait_rebuilt()
+            cri = Cri(kn.listen)
+        else:
+            cri = Cri(self.bed.address)
+        out: dict = {}
+        try:
+            for cls in self.args.classes:
+                ls_sid, ls_cid = self.pod(cri, f"ls-{cls.lower()}", cls,
+                                          [PROBE_IN_CONTAINER, "server", str(PORT), str(SERVER_WORK_US)])
+                try:
+                    ip = cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=ls_sid)).status.network.ip
+                    time.sleep(0.5)
+                    alone = self.measure(cri, ls_cid, ip, None)
+                    loops = " & ".join([f"{PROBE_IN_CONTAINER} spin"] * self.args.be_loops)
+                    be_sid, be_cid = self.pod(cri, "be", "BE", ["sh", "-c", f"{loops} & wait"])
+                    try:
+                        time.sleep(1.0)
+                        be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpu")
+                        with_be = self.measure(cri, ls_cid, ip, be_cid)
+                    finally:
+                        self.remove(cri, be_sid)
+                finally:
+                    self.remove(cri, ls_sid)
+                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg}
+                print(f"  {setup:20s} {cls:3s} " + "  ".join(
+                    f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
+                    f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
+                    for v in ("probe", "rr")), flush=True)
+        finally:
+            cri.close()
+            if kn is not None:
+                kn.stop()
+        return out
+
+
+
+
+def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
+    """One row per class, variant and setup; medians over the repeats."""
+    import statistics
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def us(v):
+        return "—" if v is None else f"{v:,.0f} µs"
+
+    def ratio(a, b):
+        return "—" if a is None or not b else f"{a / b:.1f}×"
+
+    head = ["LS pod class", "variant", "setup", "alone p99", "alone p99.9", "with BE p99", "with BE p99.9",
+            "p99 with/alone", "p99.9 with/alone", "BE CPUs (of what LS left idle)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cls in classes:
+        for variant in ("probe", "rr"):
+            for s in setups:
+                runs = [r[s][cls] for r in results if s in r and cls in r[s]]
+                if not runs:
+                    continue
+                a99 = med([r["alone"][variant]["p99_us"] for r in runs])
+                a999 = med([r["alone"][variant]["p999_us"] for r in runs])
+                w99 = med([r["with_be"][variant]["p99_us"] for r in runs])
+                w999 = med([r["with_be"][variant]["p999_us"] for r in runs])
+                be = med([r["with_be"][variant]["be_cpus"] for r in runs])
+                share = med([r["with_be"][variant]["be_share_of_idle"] for r in runs])
+                lines.append("| " + " | ".join([
+                    cls, variant, s, us(a99), us(a999), us(w99), us(w999), ratio(w99, a99), ratio(w999, a999),
+                    f"{be:.2f} ({share:.0%})"]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2000 rounds, one repeat (a few minutes)")
+    parser.add_argument("--classes", default="LS,LSR,LSE")
+    parser.add_argument("--setups", default=",".join(SETUPS),
+                        help="kubelet: pods straight on containerd with kubelet's values; koordnode: through "
+                        "koordnode (defaults); koordnode-tier: BE pods left in kubelet's besteffort tier "
+                        "(be_idle_group = false, the behaviour before the BE group); koordnode-nosuppress: "
+                        "the BE group without the cpu_suppress quota")
+    parser.add_argument("--rounds", type=int, default=8000)
+    parser.add_argument("--repeat", type=int, default=1, help="repeat every setup, interleaved; medians reported")
+    parser.add_argument("--be-loops", type=int, default=3)
+    parser.add_argument("--koordnode-toml", default="", help="extra koordnode config (TOML) for the koordnode setup")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds = min(args.rounds, 2000)
+    args.classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown:
+        parser.error(f"unknown setups {unknown}; known: {', '.join(SETUPS)}")
+    if os.geteuid() != 0 or not (CG / "cpuacct").is_dir() or shutil.which("gcc") is None:
+        print("needs root, cgroup v1 (cpu, cpuacct) and gcc", file=sys.stderr)
+        return 2
+    from testbed.containerd_bed import ContainerdBed
+
+    load_before = os.getloadavg()
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="koordnode-ls-latency-") as tmp:
+        work = Path(tmp)
+        probe = build_probe(work)
+        with ContainerdBed(work / "bed") as bed:
+            bench = Bench(bed, probe, args, work)
+            for i in range(args.repeat):
+                run = {}
+                for setup in (setups if i % 2 == 0 else list(reversed(setups))):
+                    run[setup] = bench.run_setup(setup)
+                results.append(run)
+    load_after = os.getloadavg()
+    doc = {"cpus": CPUS, "rounds": args.rounds, "repeat": args.repeat, "be_loops": args.be_loops,
+           "load_before": load_before, "load_after": load_after, "kernel": os.uname().release, "runs": results}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    print()
+    print(f"{CPUS} CPUs, kernel {os.uname().release}, {args.rounds} rounds x {args.repeat}, BE = {args.be_loops} "
+          f"busy loops; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print()
+    print(table(results, args.classes, setups))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

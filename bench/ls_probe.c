@@ -1,0 +1,134 @@
+/* Latency probes for bench/ls_latency.py, built static so they run in the busybox test image.
+ *
+ *   ls_probe probe ROUNDS SLEEP_US WORK_US   sleep, then a fixed amount of work calibrated to
+ *                                            WORK_US; prints how late each round finished
+ *   ls_probe server PORT WORK_US             TCP: for each 64-byte request, WORK_US of work, reply
+ *   ls_probe client HOST PORT ROUNDS GAP_US  round trips against the server, GAP_US apart
+ *   ls_probe spin                            one busy loop (the BE load)
+ *
+ * probe and client print one line: "p50_us p99_us p999_us max_us rounds" (microseconds).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static volatile uint64_t sink;
+
+static void work(uint64_t iterations) {
+    uint64_t x = sink;
+    for (uint64_t i = 0; i < iterations; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    sink = x;
+}
+
+/* Iterations that take work_us on an uncontended CPU: the fastest of several tries. */
+static uint64_t calibrate(int work_us) {
+    uint64_t n = 100000;
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < 50; i++) {
+        int64_t t0 = now_ns();
+        work(n);
+        int64_t dt = now_ns() - t0;
+        if (dt < best) best = dt;
+    }
+    return (uint64_t)((double)n * work_us * 1000.0 / (double)best);
+}
+
+static int cmp64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void report(int64_t *lat, int n) {
+    qsort(lat, n, sizeof *lat, cmp64);
+    printf("%.1f %.1f %.1f %.1f %d\n", lat[n / 2] / 1e3, lat[(int)(n * 0.99)] / 1e3,
+           lat[(int)(n * 0.999)] / 1e3, lat[n - 1] / 1e3, n);
+    fflush(stdout);
+}
+
+static int probe(int rounds, int sleep_us, int work_us) {
+    uint64_t iters = calibrate(work_us);
+    int64_t *lat = calloc(rounds, sizeof *lat);
+    struct timespec req = {0, (long)sleep_us * 1000};
+    for (int i = 0; i < rounds; i++) {
+        int64_t t0 = now_ns();
+        nanosleep(&req, NULL);
+        work(iters);
+        int64_t late = now_ns() - t0 - (int64_t)(sleep_us + work_us) * 1000;
+        lat[i] = late < 0 ? 0 : late;
+    }
+    report(lat, rounds);
+    return 0;
+}
+
+static int server(int port, int work_us) {
+    uint64_t iters = calibrate(work_us);
+    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (bind(s, (struct sockaddr *)&addr, sizeof addr) || listen(s, 8)) { perror("bind/listen"); return 1; }
+    for (;;) {
+        int c = accept(s, NULL, NULL);
+        if (c < 0) continue;
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        char buf[64];
+        for (;;) {
+            ssize_t got = 0, r;
+            while (got < 64 && (r = read(c, buf + got, 64 - got)) > 0) got += r;
+            if (got < 64) break;
+            work(iters);
+            if (write(c, buf, 64) != 64) break;
+        }
+        close(c);
+    }
+}
+
+static int client(const char *host, int port, int rounds, int gap_us) {
+    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, host, &addr.sin_addr);
+    for (int tries = 0; connect(s, (struct sockaddr *)&addr, sizeof addr); tries++) {
+        if (tries > 100) { perror("connect"); return 1; }
+        close(s);
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        usleep(50000);
+    }
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int64_t *lat = calloc(rounds, sizeof *lat);
+    char buf[64] = {0};
+    struct timespec gap = {0, (long)gap_us * 1000};
+    for (int i = 0; i < rounds; i++) {
+        int64_t t0 = now_ns();
+        if (write(s, buf, 64) != 64) { perror("write"); return 1; }
+        ssize_t got = 0, r;
+        while (got < 64 && (r = read(s, buf + got, 64 - got)) > 0) got += r;
+        if (got < 64) { fprintf(stderr, "short reply\n"); return 1; }
+        lat[i] = now_ns() - t0;
+        nanosleep(&gap, NULL);
+    }
+    report(lat, rounds);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 5 && !strcmp(argv[1], "probe")) return probe(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    if (argc >= 4 && !strcmp(argv[1], "server")) return server(atoi(argv[2]), atoi(argv[3]));
+    if (argc >= 6 && !strcmp(argv[1], "client")) return client(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc >= 2 && !strcmp(argv[1], "spin")) { for (;;) work(1000000); }
+    fprintf(stderr, "usage: ls_probe probe ROUNDS SLEEP_US WORK_US | server PORT WORK_US | "
+                    "client HOST PORT ROUNDS GAP_US | spin\n");
+    return 2;
+}

@@ -1,0 +1,73 @@
+"""Where BE pods run: koordnode's idle cgroup beside kubelet's QoS tiers (pure).
+
+SCHED_IDLE group semantics (cpu.idle = 1) act between sibling scheduling entities. BE pods
+compete with LS pods one level above the pods, as kubelet's `besteffort` tier against its
+`burstable` tier and the Guaranteed pods, so cpu.idle on a BE pod changes nothing for LS,
+and cpu.idle on kubelet's `besteffort` tier breaks kubelet (it writes that tier's cpu.shares /
+cpu.weight, which the kernel refuses on an idle group, and refuses to start on an idle tier).
+
+So koordnode keeps a cgroup of its own, a sibling of the tiers inside kubelet's top cgroup:
+
+    cgroupfs: <kubepods>/besteffort/pod<uid>           ->  <kubepods>/koordnode_be/pod<uid>
+    systemd:  kubepods-besteffort-pod<uid>.slice       ->  kubepods-koordnode_be-pod<uid>.slice
+
+marks it idle, and moves BestEffort pods of class BE there by rewriting the cgroup parent of
+RunPodSandbox and CreateContainer. kubelet's own cgroups are untouched: its pod cgroup under
+`besteffort` stays (empty) and writable, its tier stays non-idle. The group is still inside
+kubepods, so node allocatable (kubepods' limits) keeps bounding BE. Only BestEffort pods move:
+their kubelet pod cgroup carries no limits that would be lost by leaving it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The group's name: no "-" (systemd nests slices by dashes), no "pod" prefix (kubelet's
+# orphan cleanup looks at "pod*" directories).
+BE_GROUP = "koordnode_be"
+
+_CGROUPFS_POD = re.compile(r"^pod[0-9A-Za-z_-]+$")
+_SYSTEMD_BE_POD = re.compile(r"^(?P<stem>[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*)-besteffort-(?P<pod>pod[0-9A-Za-z_]+)\.slice$")
+_SYSTEMD_GROUP_POD = re.compile(
+    r"^(?P<stem>[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*)-" + BE_GROUP + r"-(?P<pod>pod[0-9A-Za-z_]+)\.slice$")
+
+
+def be_group_parent(kubelet_parent: str) -> str | None:
+    """The cgroup parent in koordnode's BE group for kubelet's BestEffort pod parent.
+
+    None when the parent is not a pod cgroup directly under a `besteffort` tier (Burstable
+    and Guaranteed pods, foreign layouts): such pods stay where kubelet put them.
+    """
+    if not isinstance(kubelet_parent, str) or not kubelet_parent:
+        return None
+    if "/" in kubelet_parent.strip("/") or kubelet_parent.startswith("/"):
+        parts = kubelet_parent.rstrip("/").split("/")
+        if len(parts) >= 3 and parts[-2] == "besteffort" and _CGROUPFS_POD.match(parts[-1]):
+            # systemd parents given as expanded paths end in a .slice: leave those alone.
+            return "/".join(parts[:-2] + [BE_GROUP, parts[-1]])
+        return None
+    match = _SYSTEMD_BE_POD.match(kubelet_parent)
+    if match:
+        return f"{match['stem']}-{BE_GROUP}-{match['pod']}.slice"
+    return None
+
+
+def in_be_group(cgroup_parent: str) -> bool:
+    """True for a cgroup parent inside koordnode's BE group (either driver)."""
+    if not isinstance(cgroup_parent, str):
+        return False
+    segments = [s for s in cgroup_parent.split("/") if s]
+    if len(segments) >= 2 and segments[-2] == BE_GROUP and _CGROUPFS_POD.match(segments[-1]):
+        return True
+    return bool(segments) and bool(_SYSTEMD_GROUP_POD.match(segments[-1]))
+
+
+def be_group_of(pod_cgroup: str) -> str:
+    """The group cgroup holding a pod cgroup path (its parent directory)."""
+    return pod_cgroup.rstrip("/").rsplit("/", 1)[0] or "/"
+
+
+def systemd_group_slice(cgroup_parent: str) -> str | None:
+    """The group's slice unit name for a systemd pod parent in it ("kubepods-koordnode_be.slice")."""
+    match = _SYSTEMD_GROUP_POD.match(cgroup_parent.strip("/").rsplit("/", 1)[-1])
+    return f"{match['stem']}-{BE_GROUP}.slice" if match else None

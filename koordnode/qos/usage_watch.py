@@ -1,0 +1,278 @@
+"""Wake the QoS manager the moment LS pods start using CPU, from kernel events, without polling.
+
+With BE in an idle group, an LS pod that gets busy is not stalled (BE yields at once), so
+its CPU pressure does not rise and PSI cannot tell the manager that BE's quota should shrink.
+The event the kernel does offer is CPU time itself: a perf software event (cpu-clock) bound
+to a cgroup counts the time that cgroup's tasks (and its descendants') run on one CPU, and
+with a sample period it signals (POLLIN on its fd) each time that much time has been used.
+
+Per watched cgroup there is one event per online CPU. An event that fires after `period_ns`
+of LS CPU time on its CPU at a rate of at least `min_rate` (CPU time / wall time since it was
+armed) wakes the manager; slower use (an idle pod's housekeeping) only re-arms it. After a
+wake the cgroup's events stay disabled until the next tick re-arms them, so a busy LS costs
+at most one wake-up per tick, and an idle node none.
+
+The watched cgroups are the LS pressure targets (the burstable tier, then each Guaranteed
+pod), up to MAX_EVENTS events in all: on a node with many CPUs and Guaranteed pods the last ones are
+listed as not watched, and the tick still sees them.
+
+Needs perf events for cgroups: the perf_event controller (v1) or the cgroup2 hierarchy (v2, or
+the hybrid `unified` mount), and perf_event_open allowed (CAP_PERFMON / CAP_SYS_ADMIN, or
+perf_event_paranoid <= 0). Where that fails the watch says why in `mode` and stays off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+import platform
+import struct
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("koordnode.qos.usage")
+
+_NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331, "riscv64": 241}
+_PERF_TYPE_SOFTWARE = 1
+_PERF_COUNT_SW_CPU_CLOCK = 0
+_PERF_FLAG_PID_CGROUP = 1 << 2
+_PERF_FLAG_FD_CLOEXEC = 1 << 3
+_ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any known size
+_ATTR_DISABLED = 1 << 0
+# ioctls: _IO('$', n)
+_IOC_ENABLE, _IOC_DISABLE, _IOC_RESET = 0x2400, 0x2401, 0x2403
+_DATA_HEAD, _DATA_TAIL = 1024, 1032  # offsets in struct perf_event_mmap_page
+_PAGES = 2  # the control page and one data page (samples carry only their 8-byte header)
+
+# Each event is an fd and two mapped pages: at most this many (4 MiB of mappings).
+MAX_EVENTS = 512
+
+MODE_EVENTS = "perf-events"
+MODE_OFF = "off"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _attr(period_ns: int) -> ctypes.Array:
+    # type, size, config, sample_period, sample_type, read_format, flags, wakeup_events, bp_type
+    raw = struct.pack("IIQQQQQII", _PERF_TYPE_SOFTWARE, _ATTR_SIZE, _PERF_COUNT_SW_CPU_CLOCK, period_ns,
+                      0, 0, _ATTR_DISABLED, 1, 0)
+    return ctypes.create_string_buffer(raw + b"\0" * (_ATTR_SIZE - len(raw)), _ATTR_SIZE)
+
+
+def online_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0) | _parse_online())
+    except OSError:
+        return list(range(os.cpu_count() or 1))
+
+
+def _parse_online() -> set[int]:
+    cpus: set[int] = set()
+    with open("/sys/devices/system/cpu/online") as f:
+        for part in f.read().strip().split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                cpus.update(range(int(a), int(b) + 1))
+            elif part:
+                cpus.add(int(part))
+    return cpus
+
+
+class _Event:
+    """One cgroup cpu-clock event on one CPU."""
+
+    __slots__ = ("fd", "ring", "cpu", "armed_at", "enabled")
+
+    def __init__(self, cgroup_fd: int, cpu: int, period_ns: int) -> None:
+        nr = _NR_PERF_EVENT_OPEN.get(platform.machine())
+        if nr is None:
+            raise OSError(errno.ENOSYS, f"perf_event_open number unknown for {platform.machine()}")
+        fd = _libc.syscall(nr, _attr(period_ns), cgroup_fd, cpu, -1, _PERF_FLAG_PID_CGROUP | _PERF_FLAG_FD_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        try:
+            self.ring = mmap.mmap(fd, mmap.PAGESIZE * _PAGES)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd, self.cpu = fd, cpu
+        self.armed_at = 0.0
+        self.enabled = False
+
+    def consume(self) -> None:
+        """Mark every sample read, so the ring never fills and POLLIN clears."""
+        head = struct.unpack_from("Q", self.ring, _DATA_HEAD)[0]
+        struct.pack_into("Q", self.ring, _DATA_TAIL, head)
+
+    def arm(self, now: float) -> None:
+        self.consume()
+        fcntl.ioctl(self.fd, _IOC_RESET, 0)
+        if not self.enabled:
+            fcntl.ioctl(self.fd, _IOC_ENABLE, 0)
+            self.enabled = True
+        self.armed_at = now
+
+    def disarm(self) -> None:
+        if self.enabled:
+            fcntl.ioctl(self.fd, _IOC_DISABLE, 0)
+            self.enabled = False
+
+    def close(self) -> None:
+        self.ring.close()
+        os.close(self.fd)
+
+
+class UsageWatch:
+    """Calls `on_wake(name)` on the event loop when a watched cgroup starts using CPU.
+
+    `set_targets({name: absolute cgroup directory in the perf hierarchy})` at any time;
+    `rearm()` after each tick.
+    """
+
+    def __init__(self, *, period_ns: int, min_rate: float, on_wake: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic, cpus: list[int] | None = None) -> None:
+        self.period_ns = period_ns
+        self.min_rate = min_rate
+        self._on_wake = on_wake
+        self._clock = clock
+        self._cpus = cpus if cpus is not None else online_cpus()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._targets: dict[str, str] = {}
+        self._events: dict[str, list[_Event]] = {}
+        self._problem: str | None = None if period_ns > 0 else "disabled in the configuration"
+        self._missing: dict[str, str] = {}
+        self.wakeups = 0
+        self.rearms = 0  # slow-use re-arms (fired below min_rate)
+        self.last_wake: tuple[float, str] | None = None
+
+    @property
+    def mode(self) -> str:
+        return MODE_EVENTS if self._problem is None else f"{MODE_OFF} ({self._problem})"
+
+    @property
+    def active(self) -> bool:
+        return self._problem is None and bool(self._events)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "cpu_ms_to_wake": self.period_ns / 1e6,
+            "min_rate_cpus": self.min_rate,
+            "targets": dict(sorted(self._targets.items())),
+            "armed": sorted(n for n, evs in self._events.items() if any(e.enabled for e in evs)),
+            "missing": dict(sorted(self._missing.items())),
+            "wakeups": self.wakeups,
+            "slow_rearms": self.rearms,
+        }
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._open()
+
+    def stop(self) -> None:
+        for name in list(self._events):
+            self._close(name)
+        self._loop = None
+
+    def set_targets(self, targets: Mapping[str, str]) -> None:
+        if dict(targets) == self._targets and not self._missing:
+            return
+        self._targets = dict(targets)
+        if self._loop is not None:
+            self._open()
+
+    def rearm(self) -> None:
+        now = self._clock()
+        for events in self._events.values():
+            for event in events:
+                try:
+                    event.arm(now)
+                except OSError:
+                    continue
+
+    # ------------------------------------------------------------------ internals
+
+    def _open(self) -> None:
+        for name in [n for n in self._events if n not in self._targets]:
+            self._close(name)
+        if self._problem is not None:
+            return
+        self._missing = {}
+        now = self._clock()
+        for name, path in self._targets.items():
+            if name in self._events:
+                continue
+            if (sum(len(e) for e in self._events.values()) + len(self._cpus)) > MAX_EVENTS:
+                self._missing[name] = f"not watched: {MAX_EVENTS} events ({len(self._cpus)} CPUs per cgroup) in use"
+                continue
+            try:
+                cgroup_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as err:
+                self._missing[name] = f"{path}: {err.strerror}"
+                continue
+            events: list[_Event] = []
+            try:
+                for cpu in self._cpus:
+                    events.append(_Event(cgroup_fd, cpu, self.period_ns))
+            except OSError as err:
+                for event in events:
+                    event.close()
+                if err.errno in (errno.ENOENT, errno.ENODEV) and not os.path.isdir(path):
+                    self._missing[name] = f"{path}: gone"
+                    continue
+                self._problem = f"perf_event_open on {path}: {os.strerror(err.errno or 0)}"
+                log.warning("usage_watch_unavailable", reason=self._problem)
+                self.stop_all()
+                return
+            finally:
+                os.close(cgroup_fd)
+            self._events[name] = events
+            assert self._loop is not None
+            for event in events:
+                event.arm(now)
+                self._loop.add_reader(event.fd, self._on_ready, name, event)
+
+    def stop_all(self) -> None:
+        for name in list(self._events):
+            self._close(name)
+
+    def _close(self, name: str) -> None:
+        for event in self._events.pop(name, []):
+            if self._loop is not None:
+                self._loop.remove_reader(event.fd)
+            event.close()
+
+    def _on_ready(self, name: str, event: _Event) -> None:
+        now = self._clock()
+        try:
+            event.consume()
+        except (OSError, ValueError):
+            return
+        elapsed = now - event.armed_at
+        if elapsed > 0 and self.period_ns / 1e9 / elapsed < self.min_rate:
+            # Slow use (housekeeping of an idle pod): count on from here.
+            self.rearms += 1
+            event.armed_at = now
+            return
+        # Busy: one wake; this cgroup's events rest until the tick re-arms them.
+        for other in self._events.get(name, []):
+            try:
+                other.disarm()
+                other.consume()
+            except OSError:
+                continue
+        self.wakeups += 1
+        self.last_wake = (now, name)
+        try:
+            self._on_wake(name)
+        except Exception:  # noqa: BLE001 - a broken callback must not kill the watch
+            log.exception("usage_wake_callback_failed", target=name)

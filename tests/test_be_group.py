@@ -1,0 +1,42 @@
+"""Where BE pods go (hooks/be_group.py) and how their class is read back from there."""
+
+from __future__ import annotations
+
+import pytest
+
+from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.hooks.qos_class import KubeQoS, kube_qos_from_cgroup_parent, pod_uid_from_cgroup_parent
+from koordnode.executor.paths import pod_cgroup_path
+
+UID = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc"
+SUID = UID.replace("-", "_")
+
+
+@pytest.mark.parametrize("kubelet, moved", [
+    (f"/kubepods/besteffort/pod{UID}", f"/kubepods/koordnode_be/pod{UID}"),
+    (f"/koordnode-test-ab12/kubepods/besteffort/pod{UID}", f"/koordnode-test-ab12/kubepods/koordnode_be/pod{UID}"),
+    (f"kubepods-besteffort-pod{SUID}.slice", f"kubepods-koordnode_be-pod{SUID}.slice"),
+])
+def test_besteffort_pods_move_to_the_group_beside_the_tiers(kubelet, moved):
+    assert be_group_parent(kubelet) == moved
+    assert in_be_group(moved) and not in_be_group(kubelet)
+    assert kube_qos_from_cgroup_parent(moved)[0] is KubeQoS.BEST_EFFORT
+    assert pod_uid_from_cgroup_parent(moved) == UID
+    group = be_group_of(pod_cgroup_path(moved))
+    # A sibling of kubelet's tiers, inside kubelet's top cgroup (node allocatable still bounds it).
+    assert group.rsplit("/", 1)[0] == pod_cgroup_path(kubelet).rsplit("/", 2)[0]
+
+
+@pytest.mark.parametrize("parent", [
+    f"/kubepods/burstable/pod{UID}", f"/kubepods/pod{UID}", f"kubepods-burstable-pod{SUID}.slice",
+    f"kubepods-pod{SUID}.slice", "/kubepods/besteffort", "/besteffort/pod1/extra", "", "/",
+    f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{SUID}.slice",
+    "/kubepods/besteffort/../pod1", "kubepods-besteffort-pod..slice",
+])
+def test_other_parents_stay(parent):
+    assert be_group_parent(parent) is None
+
+
+def test_systemd_group_slice_name():
+    assert systemd_group_slice(f"kubepods-koordnode_be-pod{SUID}.slice") == "kubepods-koordnode_be.slice"
+    assert systemd_group_slice(f"/kubepods/koordnode_be/pod{UID}") is None
