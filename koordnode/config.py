@@ -176,6 +176,47 @@ class ProxyConfig:
         return []
 
 
+RuntimeMode = Literal["proxy", "nri"]
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    mode: RuntimeMode = setting(
+        "proxy",
+        doc='how koordnode hooks into pod and container creation: "proxy" (kubelet talks to '
+        'koordnode\'s CRI socket) or "nri" (containerd calls koordnode as an NRI plugin)',
+    )
+
+
+def _plugin_index(value: str) -> str:
+    if not re.fullmatch(r"[0-9]{2}", value):
+        raise ValueError(f"expected two digits (\"00\" to \"99\"), got {_show(value)}")
+    return value
+
+
+def _plugin_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
+        raise ValueError(f"expected letters, digits, '.', '_' or '-' (at most 63), got {_show(value)}")
+    return value
+
+
+@dataclass(frozen=True)
+class NriConfig:
+    socket: str = setting(
+        "/var/run/nri/nri.sock",
+        doc="the runtime's NRI socket koordnode connects to in NRI mode",
+        normalize=unix_socket_path,
+    )
+    plugin_name: str = setting(
+        "koordnode", doc="name koordnode registers under as an NRI plugin", normalize=_plugin_name
+    )
+    plugin_index: str = setting(
+        "00",
+        doc='two-digit NRI plugin index: plugins are called in ascending order ("00" first)',
+        normalize=_plugin_index,
+    )
+
+
 @dataclass(frozen=True)
 class LogConfig:
     level: LogLevel = setting("info", doc="lowest level logged")
@@ -238,7 +279,9 @@ class SysfsConfig:
 
 @dataclass(frozen=True)
 class Config:
+    runtime: RuntimeConfig = section(RuntimeConfig, doc="proxy or NRI mode")
     proxy: ProxyConfig = section(ProxyConfig, doc="the CRI proxy between kubelet and runtime")
+    nri: NriConfig = section(NriConfig, doc="NRI mode: the runtime's NRI socket and the plugin's registration")
     log: LogConfig = section(LogConfig, doc="logging to stderr")
     admin: AdminConfig = section(AdminConfig, doc="local admin endpoint")
     cgroup: CgroupConfig = section(CgroupConfig, doc="cgroup hierarchy and reconcile period")
@@ -269,6 +312,8 @@ class Config:
     def validate(self) -> list[str]:
         if self.admin.socket in (self.proxy.listen, self.proxy.backend):
             return ["admin.socket: must differ from proxy.listen and proxy.backend"]
+        if self.runtime.mode == "nri" and self.nri.socket in (self.proxy.listen, self.proxy.backend, self.admin.socket):
+            return ["nri.socket: must differ from proxy.listen, proxy.backend and admin.socket"]
         return []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import signal
 import sys
@@ -26,12 +27,13 @@ from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
+from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.proxy.handler import HookCallHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
 from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
-from koordnode.recovery import rebuild_until_done
+from koordnode.recovery import rebuild, rebuild_until_done
 from koordnode.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")
@@ -57,7 +59,10 @@ class HardwareQoSHook(RuntimeHook):
         if not call.succeeded or call.response is None:
             return
         if call.method == "RunPodSandbox":
-            await self.daemon.record_pod_network(call.response.pod_sandbox_id)
+            if "pod_ips" in call.scratch:  # NRI mode: the runtime said; CRI does not know the pod yet
+                self.daemon.refresh_network_classes()
+            else:
+                await self.daemon.record_pod_network(call.response.pod_sandbox_id)
         elif call.method == "StartContainer":
             await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
         else:  # a pod stopped or went away: its IPs leave the network classes now
@@ -68,6 +73,7 @@ class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
     def __init__(self, config: Any) -> None:
+        config = config_for_mode(config)
         self.config = config
         self.started_at = time.time()
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
@@ -113,6 +119,15 @@ class Daemon:
         self.handler = HookCallHandler(self.chain, self.state, self.stats)
         self.handler.on_completed = lambda path, code, seconds: METRICS.observe_cri_call(path, code, seconds)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
+        self.mode = config.runtime.mode
+        self.nri = None
+        if self.mode == "nri":
+            from koordnode.nri.plugin import NriPlugin  # only NRI mode loads it
+
+            self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
+                                 chain=self.chain, state=self.state, engine=self.qos,
+                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root)
+        self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server = None
         self._backend_client: CriClient | None = None
@@ -128,21 +143,60 @@ class Daemon:
         task.add_done_callback(self._background.discard)
         return task
 
+    @property
+    def endpoint(self) -> str:
+        return self.config.nri.socket if self.mode == "nri" else self.config.proxy.listen
+
     async def start(self) -> None:
-        await self.server.start()
-        await self.admin.start()
+        self.node_lock.acquire(self.mode, self.endpoint)
+        try:
+            if self.mode == "nri":
+                _refuse_if_proxy_serves(self.config.proxy.listen)
+            else:
+                await self.server.start()
+            await self.admin.start()
+        except BaseException:
+            self.node_lock.release()
+            raise
         METRICS.follow_hook_failures(lambda: self.chain.failures)
         METRICS.follow_proxy_stats(self.stats)
         METRICS.follow_interference(self._interference)
         self._start_metrics()
-        # Serve first: if the runtime is down, calls fail as they would without us, and the
-        # state is rebuilt once it answers.
-        self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
+        if self.nri is not None:
+            self.spawn(self._run_nri())
+        else:
+            # Serve first: if the runtime is down, calls fail as they would without us, and the
+            # state is rebuilt once it answers.
+            self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
         self.spawn(self._reconcile_loop())
         self.spawn(self._notify_ready())
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:
             self.spawn(self._run_qos_manager())
+
+    async def _run_nri(self) -> None:
+        """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
+        resources kubelet itself asked for (NRI adjustments change the OCI spec, not that)."""
+        kubelet_view = NodeState()
+        cri = CriClient(self.config.proxy.backend)
+        try:
+            await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
+            self.nri.kubelet_view = kubelet_view
+        except (CriError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("kubelet's container resources not read from CRI; the runtime's are used",
+                        backend=self.config.proxy.backend, error=str(exc) or type(exc).__name__)
+        finally:
+            await cri.close()
+        try:
+            await self.nri.run(self._stop)
+        except Exception:
+            log.exception("NRI plugin stopped on an error")
+
+    async def _adopted_from_nri(self) -> None:
+        # Allocations were restored during Synchronize; one full pass writes the cgroup-level
+        # values NRI cannot carry (pod cpu.idle, memory protection, blkio) for every pod.
+        self._rebuilt.set()
+        await self.reconcile_once()
 
     async def _run_qos_manager(self) -> None:
         await self._rebuilt.wait()  # strategies need to know which pods are LS and which BE
@@ -215,11 +269,13 @@ class Daemon:
             self.metrics_server = None
 
     async def _notify_ready(self) -> None:
+        serving = (f"NRI plugin on {self.config.nri.socket}" if self.mode == "nri"
+                   else f"serving CRI on {self.config.proxy.listen}")
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}")
+            sdnotify.ready(serving)
         except asyncio.TimeoutError:
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}; runtime not answering yet")
+            sdnotify.ready(f"{serving}; runtime not answering yet")
 
     async def _adopt(self) -> None:
         if self.qos is not None:
@@ -240,7 +296,8 @@ class Daemon:
 
     async def stop(self) -> None:
         sdnotify.stopping()
-        await self.server.stop(SHUTDOWN_GRACE_S)
+        if self.mode != "nri":
+            await self.server.stop(SHUTDOWN_GRACE_S)
         await self.admin.stop()
         for task in list(self._background):
             task.cancel()
@@ -250,6 +307,7 @@ class Daemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
+        self.node_lock.release()
 
     # ---- periodic work --------------------------------------------------------------------
 
@@ -338,7 +396,7 @@ class Daemon:
         """SIGHUP: apply a valid new config at once; keep the old one if the new one is bad."""
         sdnotify.reloading()
         try:
-            new = reload_config(self.config)
+            new = config_for_mode(reload_config(self.config))
         except ConfigError as exc:
             for error in exc.errors:
                 log.error("config reload rejected; keeping the running config", error=error)
@@ -354,6 +412,9 @@ class Daemon:
         if new.proxy.backend != old.proxy.backend and self._backend_client is not None:
             await self._backend_client.close()
             self._backend_client = None
+        if new.runtime != old.runtime or new.nri != old.nri:
+            log.warning("[runtime] and [nri] take effect at the next restart",
+                        mode=old.runtime.mode, nri_socket=old.nri.socket)
         if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
             log.warning("socket paths changed; they take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
@@ -401,6 +462,7 @@ class Daemon:
             snapshot = self.qos.decorate(snapshot)
         return {
             "version": __version__,
+            "mode": self.mode,
             "uptime_s": round(time.time() - self.started_at, 1),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
@@ -414,6 +476,7 @@ class Daemon:
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
+            "nri": _safe(self.nri.status) if self.nri is not None else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
             "resctrl": _safe(self.resctrl.status),
@@ -437,7 +500,7 @@ async def _main(config: Any) -> int:
     loop.add_signal_handler(signal.SIGHUP, lambda: daemon.spawn(daemon.reload()))
     try:
         await daemon.start()
-    except (SocketInUseError, OSError) as exc:
+    except (SocketInUseError, NodeLockError, OSError) as exc:
         log.error("cannot start", error=str(exc))
         return 1
     # Everything allocated so far lives as long as the daemon: keep the collector from walking
@@ -448,8 +511,12 @@ async def _main(config: Any) -> int:
     # QoS ticks and reconcile passes run in threads; a relayed call waiting for the GIL waits
     # at most one switch interval (5 ms by default) for them: keep that wait short.
     sys.setswitchinterval(0.0005)
-    log.info("koordnode started", version=__version__, listen=config.proxy.listen,
-             backend=config.proxy.backend)
+    if daemon.mode == "nri":
+        log.info("koordnode started", version=__version__, mode="nri", nri_socket=config.nri.socket,
+                 backend=config.proxy.backend)
+    else:
+        log.info("koordnode started", version=__version__, mode="proxy", listen=config.proxy.listen,
+                 backend=config.proxy.backend)
     await daemon.serve_forever()
     log.info("shutting down")
     await daemon.stop()
@@ -470,3 +537,31 @@ def _return_free_memory_to_the_os() -> None:
 
 def run(config: Any) -> int:
     return asyncio.run(_main(config))
+
+
+def _refuse_if_proxy_serves(listen: str) -> None:
+    """NRI mode: a CRI proxy answering on [proxy] listen (kubelet may still use it) would apply
+    QoS a second time; refuse instead. A stale socket file with nobody behind it is fine."""
+    import socket as _socket
+
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(listen)
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise NodeLockError(
+        f"a CRI proxy serves {listen} (another koordnode in proxy mode?): refusing to start in "
+        f"nri mode, the two would both apply QoS; stop it and point kubelet at containerd first"
+    )
+
+
+def config_for_mode(config: Any) -> Any:
+    """NRI mode cannot move a pod to another cgroup parent (NRI adjusts containers, and the pod
+    sandbox exists before any plugin is asked): BE pods stay in kubelet's besteffort tier there."""
+    if config.runtime.mode != "nri" or not config.cgroup.be_idle_group:
+        return config
+    log.info("[cgroup] be_idle_group needs the proxy: in NRI mode BE pods stay in kubelet's besteffort tier")
+    return dataclasses.replace(config, cgroup=dataclasses.replace(config.cgroup, be_idle_group=False))

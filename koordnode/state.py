@@ -213,6 +213,12 @@ class NodeState:
         self.rebuilt_at = time.time()
         self.rebuild_error = None
 
+    def install(self, pods: list[PodRecord], containers: list[ContainerRecord]) -> None:
+        """Install the runtime's complete list (NRI Synchronize): nothing else is kept."""
+        self._publish(pods={p.sandbox_id: p for p in pods}, containers={c.container_id: c for c in containers})
+        self.rebuilt_at = time.time()
+        self.rebuild_error = None
+
     # ---- views ----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:

@@ -39,6 +39,15 @@ def render_status(status: dict[str, Any]) -> str:
     ]
     for error in reload.get("errors", []) or []:
         lines.append(f"  reload error: {error}")
+    nri = status.get("nri")
+    if nri:
+        lines = [line for line in lines if not line.startswith("listen  ")]  # no CRI socket served
+        link = "connected" if nri.get("connected") else f"not connected ({nri.get('last_error') or 'waiting'})"
+        lines.append(f"mode    nri: plugin {nri.get('plugin_name')}/{nri.get('plugin_index')} on {nri.get('socket')}, "
+                     f"{link}; runtime {nri.get('runtime') or '?'}; registrations {nri.get('registrations', 0)}, "
+                     f"synchronizations {nri.get('synchronizations', 0)}")
+        for event, count in sorted((nri.get("answered_without_changes_after_deadline") or {}).items()):
+            lines.append(f"  late answer (no changes) {event}: {count}")
     manager = status.get("qos_manager") or {}
     if manager:
         lines.append(f"qos manager  {manager.get('trigger_mode', '?')}")

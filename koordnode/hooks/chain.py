@@ -102,6 +102,12 @@ class HookChain:
         self.timeout_s = timeout_s
         self.failure_policy = failure_policy
 
+    async def run_post_now(self, call: CallContext) -> None:
+        """Run the Post hooks of a call and wait for them (NRI: the answer carries their effects)."""
+        if call.skip_hooks or not self.wants(call.method):
+            return
+        await self._run_post(call)
+
     def wants(self, method: str) -> bool:
         return any(method in h.methods for h in self.hooks)
 

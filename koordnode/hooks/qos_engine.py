@@ -227,6 +227,9 @@ class QoSEngine:
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
         self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
+        # NRI mode: pool changes of running containers go to the runtime as container updates
+        # (container id -> cpuset) instead of being written to their cgroups here.
+        self.pool_update_sink = None  # Callable[[dict[str, str]], None] | None
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -654,6 +657,7 @@ class QoSEngine:
     def _refresh_pools(self, view: NodeView) -> None:
         """After an allocation changed: move running shared-pool containers to the new pools."""
         writes = []
+        moves: dict[str, str] = {}
         for c in view.containers.values():
             if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
                 continue
@@ -666,11 +670,16 @@ class QoSEngine:
             if self._be_override(decision.qos_class) is not None:
                 continue  # the QoS manager owns BE cpusets while its cpuset policy runs
             pool = self.allocator.pool_for(decision.qos_class)
+            if self.pool_update_sink is not None:
+                moves[c.container_id] = pool.cpuset_cpus
+                continue
             try:
                 cgroup = self._container_cgroup(pod.cgroup_parent, c.container_id)
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
+        if moves:
+            self.pool_update_sink(moves)
         if writes:
             results = self.executor.apply(writes)
             METRICS.record_writes(results)
@@ -726,6 +735,38 @@ class QoSEngine:
                                 container_id=c.container_id, reason=result.reason)
             self._publish_status()
         return self.reconcile(force=False, view=view)
+
+    def remember_kubelet_resources(self, container_id: str, res: pb.LinuxContainerResources) -> None:
+        """kubelet's own values of a container learnt elsewhere (NRI mode: from CRI or the
+        runtime before koordnode changed anything); our annotation, when present, wins."""
+        with self.lock:
+            c = self.state.containers.get(container_id)
+            if c is not None and resources_from_annotation(c.annotations.get(KUBELET_RESOURCES_ANNOTATION)):
+                return
+            self.kubelet_resources[container_id] = resources_from_pb(res)
+
+    def forget_containers_except(self, live: set[str]) -> None:
+        """Drop what is kept for containers the runtime no longer has (NRI resynchronisation)."""
+        view = self.state.view()
+        with self.lock:
+            for cid in [c for c in set(self.container_pod) | set(self.kubelet_resources) if c not in live]:
+                self._drop_container(cid)
+            self._refresh_pools(view)
+
+    def planned_resources(self, container_id: str) -> pb.LinuxContainerResources | None:
+        """The CRI-carried values a container should run with now; None when left alone."""
+        view = self.state.view()
+        with self.lock:
+            c = view.containers.get(container_id)
+            pod = view.pod_of_container(container_id)
+            if c is None or pod is None or skip_requested(pod.labels):
+                return None
+            kubelet = self._kubelet_resources(view, container_id)
+            plan = self._plan(pod, c.name, container_id, kubelet, with_cgroup=False)
+        target = pb.LinuxContainerResources(
+            **{f: getattr(kubelet, f) for f in _RESOURCE_FIELDS}, unified=dict(kubelet.unified))
+        apply_overrides(target, plan)
+        return target
 
     def reconcile(self, force: bool = True, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files).

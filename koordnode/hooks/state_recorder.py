@@ -46,6 +46,7 @@ class StateRecorder(RuntimeHook):
                     runtime_handler=req.runtime_handler,
                     qos_class=call.scratch.get("qos_class"),
                     qos_reason=call.scratch.get("qos_reason", ""),
+                    ips=tuple(call.scratch.get("pod_ips", ())),
                 )
             )
         elif method == "StopPodSandbox":

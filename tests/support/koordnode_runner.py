@@ -40,11 +40,12 @@ def wait_for_socket(path: str | Path, timeout_s: float = 20.0, proc: subprocess.
 
 
 def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
-                 metrics_listen: str = "", kubepods: str = "") -> tuple[Path, str, str]:
+                 metrics_listen: str = "", kubepods: str = "", nri_socket: str = "") -> tuple[Path, str, str]:
     listen = str(sockdir / "koordnode.sock")
     admin = str(sockdir / "admin.sock")
     text = (
-        f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
+        (f'[runtime]\nmode = "nri"\n[nri]\nsocket = "{nri_socket}"\n' if nri_socket else "")
+        + f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
         f'[metrics]\nlisten = "{metrics_listen}"\n'
         + (f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n' if kubepods else "")
@@ -59,16 +60,19 @@ class KoordnodeProcess:
     """`python -m koordnode run --config ...` as a child process."""
 
     def __init__(self, workdir: Path, backend: str, extra_toml: str = "", metrics_listen: str = "",
-                 kubepods: str = "") -> None:
+                 kubepods: str = "", nri_socket: str = "", sockdir: Path | None = None) -> None:
+        """``nri_socket``: run in NRI mode on that socket (no CRI socket is served then).
+        ``sockdir``: where its sockets (and node lock) go; default a fresh directory."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.sockdir = short_socket_dir()
+        self.sockdir = sockdir or short_socket_dir()
+        self.nri = bool(nri_socket)
         self.config_path, self.listen, self.admin = write_config(
-            self.workdir, backend, self.sockdir, extra_toml, metrics_listen, kubepods)
+            self.workdir, backend, self.sockdir, extra_toml, metrics_listen, kubepods, nri_socket)
         self.log_path = self.workdir / "koordnode.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> KoordnodeProcess:
+    def start(self, timeout_s: float = 20.0) -> KoordnodeProcess:
         log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
@@ -76,9 +80,22 @@ class KoordnodeProcess:
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
         )
         log.close()
-        wait_for_socket(self.listen, proc=self.proc)
-        wait_for_socket(self.admin, proc=self.proc)
+        if not self.nri:
+            wait_for_socket(self.listen, timeout_s, proc=self.proc)
+        wait_for_socket(self.admin, timeout_s, proc=self.proc)
         return self
+
+    def wait_synchronized(self, count: int = 1, timeout_s: float = 20.0) -> dict:
+        """NRI mode: until the runtime has synchronized the plugin ``count`` times."""
+        deadline = time.monotonic() + timeout_s
+        st: dict = {}
+        while time.monotonic() < deadline:
+            st = self.status()
+            nri = st.get("nri") or {}
+            if nri.get("connected") and nri.get("synchronizations", 0) >= count:
+                return st
+            time.sleep(0.05)
+        raise TimeoutError(f"NRI plugin not synchronized {count} time(s): {st.get('nri')}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
         if self.proc is None:
@@ -112,9 +129,11 @@ class KoordnodeProcess:
 class InProcessKoordnode:
     """The daemon on an event loop in a thread, so tests can add hooks of their own."""
 
-    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", extra_hooks=()) -> None:
+    def __init__(self, workdir: Path, backend: str, extra_toml: str = "", extra_hooks=(),
+                 nri_socket: str = "") -> None:
         self.sockdir = short_socket_dir()
-        path, self.listen, self.admin = write_config(Path(workdir), backend, self.sockdir, extra_toml)
+        path, self.listen, self.admin = write_config(Path(workdir), backend, self.sockdir, extra_toml,
+                                                     nri_socket=nri_socket)
         self.config = parse_config(path.read_text(), str(path))
         self.extra_hooks = list(extra_hooks)
         self.daemon = None

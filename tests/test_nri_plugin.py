@@ -1,0 +1,317 @@
+"""The NRI plugin against a fake runtime that speaks the protocol (tests/support/nri_runtime.py):
+registration, event subscription, adjustments, deadlines, framing, hostile frames, reconnects.
+The real-containerd counterpart is tests/test_e2e_nri.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+import pytest
+
+from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.state_recorder import StateRecorder
+from koordnode.nri import api_pb2 as nri
+from koordnode.nri.mux import MAX_WRITE_FRAME, Mux
+from koordnode.nri.plugin import BASE_EVENTS, NriPlugin, event_mask
+from koordnode.nri.ttrpc import TtrpcClient, TtrpcServer
+from koordnode.state import NodeState
+from support.koordnode_runner import short_socket_dir
+from support.nri_runtime import CallFailed, FakeRuntime
+
+
+class SharesHook(RuntimeHook):
+    """Doubles the CPU shares and annotates, like a QoS hook would."""
+
+    name = "shares"
+    methods = frozenset({"CreateContainer"})
+
+    def pre(self, call: CallContext) -> None:
+        res = call.request.config.linux.resources
+        res.cpu_shares *= 2
+        call.request.config.annotations["example.io/seen"] = "yes"
+
+
+class SleepingHook(RuntimeHook):
+    name = "sleeps"
+    methods = frozenset({"CreateContainer"})
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def pre(self, call: CallContext) -> None:
+        time.sleep(self.seconds)
+        call.request.config.linux.resources.cpu_shares = 7
+
+
+def pod(pid: str = "pod1", labels=None) -> nri.PodSandbox:
+    p = nri.PodSandbox(id=pid, name="web", uid="u-" + pid, namespace="default")
+    p.labels.update(labels or {})
+    p.linux.cgroup_parent = "/kubepods/burstable/pod-u"
+    return p
+
+
+def container(cid: str = "c1", pid: str = "pod1", shares: int = 512) -> nri.Container:
+    c = nri.Container(id=cid, pod_sandbox_id=pid, name="app", state=nri.CONTAINER_CREATED)
+    c.linux.resources.cpu.shares.value = shares
+    c.linux.resources.memory.limit.value = 1 << 28
+    return c
+
+
+class Harness:
+    def __init__(self, hooks, *, chain_timeout_s: float = 1.0, **runtime_kw) -> None:
+        self.path = str(short_socket_dir() / "nri.sock")
+        self.state = NodeState()
+        self.chain = HookChain([StateRecorder(self.state), *hooks], timeout_s=chain_timeout_s)
+        self.runtime = FakeRuntime(self.path, **runtime_kw)
+        self.plugin = NriPlugin(self.path, "koordnode", "07", chain=self.chain, state=self.state, engine=None)
+        self.stop = asyncio.Event()
+        self.task = None
+
+    async def __aenter__(self) -> Harness:
+        await self.runtime.start()
+        self.task = asyncio.get_running_loop().create_task(self.plugin.run(self.stop, max_backoff_s=0.2))
+        await asyncio.wait_for(self.runtime.ready.wait(), 5)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 5)
+        await self.runtime.stop()
+        self.chain.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_registers_subscribes_and_synchronizes_the_state() -> None:
+    async def main():
+        async with Harness([], pods=[pod()], containers=[container()]) as h:
+            reg = h.runtime.registrations[0]
+            assert (reg.plugin_name, reg.plugin_idx) == ("koordnode", "07")
+            events = h.runtime.configured[0].events
+            assert events == event_mask(BASE_EVENTS)
+            assert not events & (1 << (nri.UPDATE_POD_SANDBOX - 1))  # refused by runtimes that lack it
+            assert events & (1 << (nri.CREATE_CONTAINER - 1)) and events & (1 << (nri.POST_START_CONTAINER - 1))
+            assert set(h.state.pods) == {"pod1"} and set(h.state.containers) == {"c1"}
+            assert h.state.containers["c1"].resources.cpu_shares == 512
+            assert h.plugin.stats.synchronizations == 1
+
+    run(main())
+
+
+def test_update_pod_sandbox_is_asked_for_only_where_the_runtime_knows_it() -> None:
+    async def main():
+        async with Harness([], nri_version="v0.10.0") as h:
+            assert h.runtime.configured[0].events & (1 << (nri.UPDATE_POD_SANDBOX - 1))
+
+    run(main())
+
+
+def test_create_container_answers_with_only_what_the_hooks_changed() -> None:
+    async def main():
+        async with Harness([SharesHook()]) as h:
+            await h.runtime.call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod()), nri.Empty)
+            resp = await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=pod(), container=container()),
+                                        nri.CreateContainerResponse)
+            res = resp.adjust.linux.resources
+            assert res.cpu.shares.value == 1024
+            assert not res.memory.HasField("limit") and not res.cpu.HasField("quota")  # untouched: not claimed
+            assert not resp.adjust.linux.HasField("oom_score_adj")
+            assert dict(resp.adjust.annotations) == {"example.io/seen": "yes"}
+            assert h.state.containers["c1"].resources.cpu_shares == 1024
+
+    run(main())
+
+
+def test_unmodelled_fields_of_the_runtime_are_tolerated() -> None:
+    async def main():
+        async with Harness([SharesHook()]) as h:
+            # Container.args (7) and env (8), which our model leaves out, inside field 2.
+            extra = b"\x3a\x02sh\x42\x05A=1:2"
+            inner = container().SerializeToString() + extra
+            req = nri.CreateContainerRequest(pod=pod()).SerializeToString() + b"\x12" + bytes([len(inner)]) + inner
+            parsed = nri.CreateContainerRequest.FromString(req)
+            resp = await h.runtime.call("CreateContainer", parsed, nri.CreateContainerResponse)
+            assert resp.adjust.linux.resources.cpu.shares.value == 1024
+
+    run(main())
+
+
+def test_a_hook_slower_than_the_runtime_allows_yields_an_answer_without_changes() -> None:
+    async def main():
+        # The chain would wait 30 s; the runtime allows 500 ms.
+        async with Harness([SleepingHook(2.0)], chain_timeout_s=30.0, request_timeout_ms=500) as h:
+            started = time.monotonic()
+            resp = await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=pod(), container=container()),
+                                        nri.CreateContainerResponse)
+            took = time.monotonic() - started
+            assert took < 0.5, took
+            assert resp.adjust.ByteSize() == 0
+            assert h.plugin.stats.late_answers["CreateContainer"] == 1
+
+    run(main())
+
+
+def test_a_failing_hook_yields_an_answer_without_changes() -> None:
+    class Raises(RuntimeHook):
+        name = "raises"
+        methods = frozenset({"CreateContainer"})
+
+        def pre(self, call):
+            call.request.config.linux.resources.cpu_shares = 9
+            raise RuntimeError("boom")
+
+    async def main():
+        async with Harness([Raises()]) as h:
+            resp = await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=pod(), container=container()),
+                                        nri.CreateContainerResponse)
+            assert resp.adjust.ByteSize() == 0
+            assert h.chain.failures[("raises", "pre", "error")] == 1
+
+    run(main())
+
+
+def test_methods_it_does_not_serve_are_unimplemented() -> None:
+    async def main():
+        async with Harness([]) as h:
+            with pytest.raises(CallFailed) as err:
+                await h.runtime.call("ValidateContainerAdjustment", nri.Empty(), nri.Empty)
+            assert err.value.code == 12
+
+    run(main())
+
+
+def test_a_hostile_frame_drops_the_connection_and_the_plugin_comes_back() -> None:
+    async def main():
+        async with Harness([]) as h:
+            # A frame claiming 64 MiB: refused without reading it, connection closed.
+            h.runtime.send_raw(struct.pack(">II", 1, 64 << 20) + b"x" * 16)
+            deadline = time.monotonic() + 5
+            while len(h.runtime.registrations) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(h.runtime.registrations) == 2
+            await asyncio.wait_for(h.runtime.ready.wait(), 5)
+            assert h.plugin.stats.registrations == 2
+
+    run(main())
+
+
+def test_runtime_restart_means_register_and_synchronize_again() -> None:
+    async def main():
+        async with Harness([], pods=[pod()], containers=[container()]) as h:
+            await h.runtime.stop()
+            h.runtime2 = FakeRuntime(h.path, pods=[pod("pod2")], containers=[container("c9", "pod2")])
+            await h.runtime2.start()
+            await asyncio.wait_for(h.runtime2.ready.wait(), 5)
+            # The second Synchronize is the whole truth: the first runtime's pod is gone.
+            assert set(h.state.pods) == {"pod2"} and set(h.state.containers) == {"c9"}
+            assert h.plugin.stats.registrations == 2
+            await h.runtime2.stop()
+
+    run(main())
+
+
+def test_synchronize_in_parts_is_collected_before_it_is_applied() -> None:
+    async def main():
+        async with Harness([]) as h:
+            first = await h.runtime.call("Synchronize", nri.SynchronizeRequest(pods=[pod("a")], more=True),
+                                         nri.SynchronizeResponse)
+            assert first.more
+            await h.runtime.call("Synchronize", nri.SynchronizeRequest(pods=[pod("b")], containers=[container("c", "b")]),
+                                 nri.SynchronizeResponse)
+            assert set(h.state.pods) == {"a", "b"}
+
+    run(main())
+
+
+def test_large_messages_travel_in_frames_go_can_read() -> None:
+    async def main():
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_unix_connection(sock=a)
+        rb, wb = await asyncio.open_unix_connection(sock=b)
+        left, right = Mux(ra, wa), Mux(rb, wb)
+        tasks = [asyncio.ensure_future(left.run()), asyncio.ensure_future(right.run())]
+        sizes = []
+
+        async def echo(payload: bytes) -> bytes:
+            return payload[::-1]
+
+        server = TtrpcServer(right.open(1), {("svc", "Echo"): echo})
+        client = TtrpcClient(left.open(1))
+        tasks += [asyncio.ensure_future(server.serve()), asyncio.ensure_future(client.receive())]
+        original_write = wa.write
+        wa.write = lambda data: (sizes.append(struct.unpack(">II", data[:8])[1]), original_write(data))[1]
+        big = bytes(range(256)) * 2000  # 512000 bytes
+        assert await client.call("svc", "Echo", big, 5) == big[::-1]
+        assert max(sizes) <= MAX_WRITE_FRAME and len(sizes) > 100
+        for t in tasks:
+            t.cancel()
+        left.close()
+        right.close()
+
+    run(main())
+
+
+def test_pool_changes_outside_an_answer_go_out_as_unsolicited_updates() -> None:
+    async def main():
+        async with Harness([], pods=[pod()], containers=[container()]) as h:
+            h.state.containers["c1"].resources.cpuset_cpus = "0-3"
+            h.plugin._pool_changed({"c1": "2-3", "unknown": "1"})
+            deadline = time.monotonic() + 5
+            while not h.runtime.updates and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            (req,) = h.runtime.updates
+            assert [(u.container_id, u.linux.resources.cpu.cpus) for u in req.update] == [("c1", "2-3")]
+            # Unchanged afterwards: nothing more is sent.
+            h.plugin._pool_changed({"c1": "2-3"})
+            await asyncio.sleep(0.2)
+            assert len(h.runtime.updates) == 1
+
+    run(main())
+
+
+def test_a_late_synchronize_still_delivers_its_updates() -> None:
+    """When the rebuild overruns the answer deadline, the runtime gets an empty answer in time
+    and the container updates follow as an UpdateContainers call."""
+
+    class SlowPlanEngine:
+        kubelet_resources: dict = {}
+        pool_update_sink = None
+
+        def classify(self, labels, parent):
+            from koordnode.hooks.qos_class import resolve_qos_class
+            return resolve_qos_class(labels, parent, {})
+
+        def forget_containers_except(self, live):
+            time.sleep(0.6)  # beyond 60% of the 500 ms request timeout
+
+        def remember_kubelet_resources(self, cid, res):
+            pass
+
+        def adopt(self, view):
+            return {}
+
+        def planned_resources(self, cid):
+            from koordnode.cri import api_pb2 as cri
+            return cri.LinuxContainerResources(cpu_shares=4096)
+
+    async def main():
+        h = Harness([], request_timeout_ms=500)
+        h.plugin.engine = SlowPlanEngine()
+        c = container()
+        c.state = nri.CONTAINER_RUNNING
+        h.runtime.pods, h.runtime.containers = [pod()], [c]
+        async with h:
+            assert h.runtime.synchronized[0].update == []  # answered in time, without changes
+            deadline = time.monotonic() + 5
+            while not h.runtime.updates and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            (req,) = h.runtime.updates
+            assert [(u.container_id, u.linux.resources.cpu.shares.value) for u in req.update] == [("c1", 4096)]
+            assert h.plugin.stats.late_answers["Synchronize"] == 1
+
+    run(main())
