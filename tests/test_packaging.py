@@ -671,3 +671,80 @@ def test_rpm_installs_upgrades_and_erases_in_a_scratch_root(
     assert sorted(p.name for p in conf.parent.iterdir()) == ["koordnode.toml.rpmsave"]
     assert not (root / "opt/koordnode").exists()
     assert not (root / "usr/bin/koordnode").is_symlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# One library directory, every CPython >= 3.11
+
+PYENV = Path("/root/.pyenv/versions")
+
+
+def _other_pythons(minor_versions: Sequence[int]) -> dict[int, Path]:
+    """CPython interpreters of other minor versions on this machine (pyenv builds)."""
+    found = {}
+    for minor in minor_versions:
+        for candidate in sorted(PYENV.glob(f"3.{minor}.*/bin/python3.{minor}")):
+            found[minor] = candidate
+    return found
+
+
+@pytest.fixture(scope="module")
+def unpacked_deb(packages: Packages, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("unpacked")
+    run(["dpkg-deb", "-x", packages.current.deb, root])
+    return root
+
+
+def test_library_runs_on_every_supported_cpython(unpacked_deb: Path, tmp_path: Path) -> None:
+    """The same /opt/koordnode/lib runs koordnode (daemon modules, abi3 psutil and protobuf
+    included) on CPython 3.11, 3.12 and 3.13; the launcher refuses 3.10."""
+    pythons = _other_pythons([10, 11, 12, 13])
+    if not {10, 12, 13} <= set(pythons):
+        _unavailable(f"needs pyenv builds of CPython 3.10, 3.12 and 3.13 under {PYENV}")
+    launcher = unpacked_deb / "opt/koordnode/bin/koordnode"
+    probe = ("import psutil, google.protobuf.internal.api_implementation as impl, koordnode.daemon;"
+             "print(impl.Type(), psutil.cpu_count() > 0)")
+    for minor, python in sorted(pythons.items()):
+        env = {**CLEAN_ENV, "KOORDNODE_PYTHON": str(python)}
+        result = run([launcher, "version"], env=env, cwd="/", check=False)
+        if minor < 11:
+            assert result.returncode == 1
+            assert "is not a Python >= 3.11" in result.stderr
+            continue
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1].startswith(f"python 3.{minor}.")
+        # The C (upb) protobuf backend and psutil's extension load on this interpreter.
+        loaded = run([python, "-I", "-S", "-c",
+                      f"import site; site.addsitedir({str(launcher.parents[1] / 'lib')!r});"
+                      + probe], env=CLEAN_ENV, cwd="/")
+        assert loaded.stdout.split() == ["upb", "True"], minor
+        check = run([launcher, "check-config", "--config",
+                     str(unpacked_deb / "etc/koordnode/koordnode.toml")], env=env, cwd="/")
+        assert check.stdout.startswith("config OK: ")
+
+
+def test_launcher_picks_a_supported_system_interpreter(unpacked_deb: Path, tmp_path: Path) -> None:
+    """A RHEL 9-like /usr/bin (python3 is 3.9, python3.12 installed beside it) in a private
+    mount namespace: the launcher takes python3.12; with only 3.9 it says what to install."""
+    _require_root()
+    _require_tools("unshare", "mount")
+    pythons = _other_pythons([9, 12])
+    if set(pythons) != {9, 12}:
+        _unavailable(f"needs pyenv builds of CPython 3.9 and 3.12 under {PYENV}")
+    fake_bin = tmp_path / "usrbin"
+    fake_bin.mkdir()
+    for tool in ("dash", "dirname", "readlink", "basename"):
+        shutil.copy2(shutil.which(tool) or f"/usr/bin/{tool}", fake_bin / tool)
+    (fake_bin / "sh").symlink_to("dash")
+    (fake_bin / "python3").symlink_to(pythons[9])
+    (fake_bin / "python3.9").symlink_to(pythons[9])
+    launcher = unpacked_deb / "opt/koordnode/bin/koordnode"
+    mount = f"mount --bind {fake_bin} /usr/bin && exec /usr/bin/sh {launcher} version"
+    only_old = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount],
+                   env=CLEAN_ENV, cwd="/", check=False)
+    assert only_old.returncode == 1
+    assert "no Python >= 3.11 found" in only_old.stderr
+    (fake_bin / "python3.12").symlink_to(pythons[12])
+    picked = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount],
+                 env=CLEAN_ENV, cwd="/")
+    assert picked.stdout.splitlines()[1].startswith("python 3.12.")
