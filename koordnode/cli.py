@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"[proxy] backend (default: {_DEFAULT_PROXY.backend})",
     )
     run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide, log, count and report everything but write nothing to the kernel and "
+        "forward every CRI request unchanged; sets [daemon] dry_run = true",
+    )
+    run.add_argument(
         "--log-level",
         choices=typing.get_args(LogLevel),
         help=f"overrides [log] level (default: {_DEFAULT_LOG.level})",
@@ -188,6 +194,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "proxy": {"listen": args.listen, "backend": args.backend},
         "log": {"level": args.log_level, "format": args.log_format},
     }
+    if args.dry_run:
+        overrides["daemon"] = {"dry_run": True}
     config = _load(args.config, overrides)
     if config is None:
         return EXIT_USAGE

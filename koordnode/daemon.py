@@ -117,6 +117,23 @@ class Daemon:
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
         self._background: set[asyncio.Task] = set()
+        self.dry_run = False
+        self._set_dry_run(config.daemon.dry_run)
+
+    def _set_dry_run(self, dry_run: bool) -> None:
+        """Dry run on or off for every part that writes to the kernel or changes CRI calls."""
+        if dry_run != self.dry_run:
+            log.warning("dry run: nothing is written to the kernel, CRI requests are forwarded "
+                        "unchanged" if dry_run else "dry run off: decisions are applied")
+        self.dry_run = dry_run
+        self.handler.dry_run = dry_run
+        if self.qos is not None:
+            self.qos.executor.dry_run = dry_run
+        if self.qos_manager is not None:
+            self.qos_manager.set_dry_run(dry_run)
+        self.resctrl.dry_run = dry_run
+        self.netqos.dry_run = dry_run
+        METRICS.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -167,6 +184,9 @@ class Daemon:
 
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
+        if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
+            log.warning("dry run: would evict BE container", container_id=container_id, reason=reason)
+            return
         log.warning("evicting BE container", container_id=container_id, reason=reason)
         METRICS.record_eviction(reason)
         await self._backend().call(
@@ -326,6 +346,7 @@ class Daemon:
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
         self.resctrl.forget_probe()  # resctrl may have been mounted since
         self.netqos.update_config(new.net)
+        self._set_dry_run(new.daemon.dry_run)
         if new.metrics != old.metrics or self.metrics_server is None:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
@@ -345,6 +366,7 @@ class Daemon:
         return {
             "version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "dry_run": self._dry_run_status(),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
             "backend_health": "ok" if self.state.rebuild_error is None and self.state.rebuilt_at
@@ -363,6 +385,19 @@ class Daemon:
             "resctrl": _safe(self.resctrl.status),
             "net": _safe(self.netqos.status),
             **snapshot,
+        }
+
+
+    def _dry_run_status(self) -> dict[str, Any]:
+        if not self.dry_run:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "meaning": "decisions are reported as 'would_write'; nothing is written to the kernel, "
+                       "no container is evicted, CRI requests reach the runtime unchanged",
+            "requests_forwarded_unchanged": self.stats.dry_run_changed_requests,
+            "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
+            "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
 
 
@@ -393,7 +428,7 @@ async def _main(config: Any) -> int:
     # at most one switch interval (5 ms by default) for them: keep that wait short.
     sys.setswitchinterval(0.0005)
     log.info("koordnode started", version=__version__, listen=config.proxy.listen,
-             backend=config.proxy.backend)
+             backend=config.proxy.backend, dry_run=config.daemon.dry_run)
     await daemon.serve_forever()
     log.info("shutting down")
     await daemon.stop()

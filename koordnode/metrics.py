@@ -225,6 +225,9 @@ class Metrics:
             "koordnode_executor_writes_total",
             "Kernel writes (cgroup files, sysctls) by resource and outcome",
             ["resource", "outcome"], registry=r)
+        self.dry_run = Gauge("koordnode_dry_run",
+                             "1 while koordnode runs in dry-run mode (decides and reports, writes "
+                             "nothing to the kernel, forwards CRI requests unchanged)", registry=r)
         self.evictions = Counter("koordnode_evictions_total",
                                  "BE containers koordnode evicted, by reason", ["reason"],
                                  registry=r)
@@ -535,16 +538,20 @@ class _FollowProxyStats:
     def collect(self) -> Iterator[Metric]:
         return self._families(getattr(self._stats, "connections_open", 0),
                               getattr(self._stats, "connections_total", 0),
-                              getattr(self._stats, "intercepted_calls", 0))
+                              getattr(self._stats, "intercepted_calls", 0),
+                              getattr(self._stats, "dry_run_changed_requests", 0))
 
     @staticmethod
-    def _families(open_: int, total: int, intercepted: int) -> Iterator[Metric]:
+    def _families(open_: int, total: int, intercepted: int, dry_run_changed: int = 0) -> Iterator[Metric]:
         yield GaugeMetricFamily("koordnode_proxy_connections_open",
                                 "kubelet connections open to the CRI proxy", value=open_)
         yield CounterMetricFamily("koordnode_proxy_connections",
                                   "kubelet connections accepted by the CRI proxy", value=total)
         yield CounterMetricFamily("koordnode_proxy_intercepted_calls",
                                   "CRI calls that went through the hooks", value=intercepted)
+        yield CounterMetricFamily("koordnode_dry_run_unchanged_requests",
+                                  "Dry run: CRI requests the hooks would have changed, forwarded "
+                                  "unchanged", value=dry_run_changed)
 
 
 # The daemon's metrics. Tests build their own Metrics() for isolation.

@@ -46,6 +46,7 @@ class WriteStatus(str, enum.Enum):
     MISSING = "missing"  # the cgroup directory does not exist (not created yet, or gone)
     FAILED = "failed"  # the kernel refused the write, or read back something else
     REFUSED = "refused"  # unsafe path, invalid value or unknown resource: nothing touched
+    WOULD_WRITE = "would_write"  # dry run: the file differs and would have been written
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class WriteResult:
 
     @property
     def ok(self) -> bool:
-        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED)
+        """Nothing went wrong (in a dry run: the write would have been made)."""
+        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED, WriteStatus.WOULD_WRITE)
 
     @property
     def reason(self) -> str:
@@ -109,9 +111,15 @@ class _Converger:
 
     _event = "kernel_write"
 
-    def __init__(self, logger: Any = None) -> None:
+    def __init__(self, logger: Any = None, *, dry_run: bool = False) -> None:
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
+        # Dry run: files are read and compared, differences reported as WOULD_WRITE, never
+        # written. Settable at any time (config reload).
+        self.dry_run = dry_run
+        # Dry run: the text last reported per file, so that the reconcile pass does not log
+        # the same "would write" at info level every period.
+        self._would_logged: dict[str, str] = {}
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
@@ -131,6 +139,8 @@ class _Converger:
         already = fmt.extract(current, target.value) == target.expected
         if already and not force:
             return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text)
+        if self.dry_run:
+            return self._would_write(write, path, old, text, already)
         try:
             write_file(path, text)
         except OSError as err:
@@ -150,6 +160,20 @@ class _Converger:
             self._log.info(self._event, path=str(path), old=old, new=text, **fields)
             detail = ""
         return WriteResult(write, WriteStatus.WRITTEN, str(path), old, text, detail, back.strip())
+
+    def _would_write(
+        self, write: CgroupWrite | SysctlWrite, path: Path, old: str, text: str, already: bool
+    ) -> WriteResult:
+        if already:  # a forced rewrite of the same value: nothing would change
+            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text)
+        key = str(path)
+        level = self._log.debug if self._would_logged.get(key) == text else self._log.info
+        if len(self._would_logged) > 50_000:  # bounded: files of long-gone pods
+            self._would_logged.clear()
+        self._would_logged[key] = text
+        level(f"{self._event}_dry_run", path=key, old=old, new=text,
+              would=f"would write {text!r} to {key}", **self._log_fields(write))
+        return WriteResult(write, WriteStatus.WOULD_WRITE, key, old, text, "dry run: not written")
 
     def _failed(
         self,
@@ -199,8 +223,9 @@ class CgroupExecutor(_Converger):
         *,
         logger: Any = None,
         version: CgroupVersion | str | None = None,
+        dry_run: bool = False,
     ) -> None:
-        super().__init__(logger)
+        super().__init__(logger, dry_run=dry_run)
         self._fs = CgroupFS(root, version)
         # (resource, is_root_cgroup) -> reason. Keyed on the root separately because some
         # files exist only below the root (v2 cpu.max, v1 blkio.bfq.weight).
@@ -404,6 +429,8 @@ class CgroupExecutor(_Converger):
             # Pure widening: this parents-first pass is the right moment for the final value.
             return self._converge(target, force)
         text = format_cpu_list(union)
+        if self.dry_run:
+            return None  # the final converge step reports the value it would write
         try:
             write_file(target.path, text)
         except OSError as err:
@@ -423,8 +450,8 @@ class ProcfsExecutor(_Converger):
 
     _event = "sysctl_write"
 
-    def __init__(self, root: Path | str = "/proc", *, logger: Any = None) -> None:
-        super().__init__(logger)
+    def __init__(self, root: Path | str = "/proc", *, logger: Any = None, dry_run: bool = False) -> None:
+        super().__init__(logger, dry_run=dry_run)
         self._root = ConfinedRoot(root)
         self._unsupported: dict[str, str] = {}
 
