@@ -106,7 +106,10 @@ class HookCallHandler:
     def _report_dry_run_change(self, method: str, original: Any, call: CallContext) -> None:
         if call.request is original:
             return
-        changes = message_changes(original, call.request)
+        try:
+            changes = message_changes(original, call.request)
+        except Exception as exc:  # a report only: never in the way of the call
+            changes = [f"(difference not described: {exc!r})"]
         if not changes:
             return
         self.stats.dry_run_changed_requests += 1
@@ -185,7 +188,7 @@ def _diff(old: Any, new: Any, prefix: str, out: list[str], limit: int) -> None:
             for key in sorted(set(a) | set(b), key=str):
                 if a.get(key) != b.get(key):
                     out.append(f"{name}[{key}]: {_short(a.get(key))} -> {_short(b.get(key))}")
-        elif fd.label == fd.LABEL_REPEATED:
+        elif fd.is_repeated:
             if list(a) != list(b):
                 out.append(f"{name}: {len(a)} entries -> {len(b)} entries")
         elif fd.message_type is not None:
