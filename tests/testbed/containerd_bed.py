@@ -78,8 +78,8 @@ def missing_prerequisites() -> list[str]:
             problems.append(f"CNI plugin {CNI_BIN_DIR / plugin} not found")
     if not Path("/bin/busybox").is_file():
         problems.append("/bin/busybox not found (busybox-static)")
-    if not (CGROUP_FS_ROOT / "cpu" / "cpu.shares").exists():
-        problems.append("cgroup v1 cpu hierarchy not mounted at /sys/fs/cgroup/cpu")
+    if not (CGROUP_FS_ROOT / "cpu" / "cpu.shares").exists() and not (CGROUP_FS_ROOT / "cgroup.controllers").exists():
+        problems.append("neither a cgroup v1 cpu hierarchy nor cgroup v2 mounted at /sys/fs/cgroup")
     return problems
 
 
