@@ -24,6 +24,8 @@ Exported metrics (labels in braces):
 - ``koordnode_psi_avg10_ratio{scope,resource,kind}``: PSI ``some``/``full`` avg10 as 0..1.
 - ``koordnode_executor_writes_total{resource,outcome}``: kernel writes by outcome
   (``written``, ``unchanged``, ``skipped``, ``missing``, ``failed``, ``refused``).
+- ``koordnode_cgroup_overwrites_total{resource}``: values koordnode owns that another writer
+  (systemd, kubelet, a script) changed; each is restored by the write that counts it.
 - ``koordnode_evictions_total{reason}`` (``memory``, ``cpu``, ``other``).
 - ``koordnode_config_reloads_total{result}``, ``koordnode_config_last_reload_successful``,
   ``koordnode_config_last_reload_timestamp_seconds``.
@@ -228,6 +230,10 @@ class Metrics:
         self.dry_run = Gauge("koordnode_dry_run",
                              "1 while koordnode runs in dry-run mode (decides and reports, writes "
                              "nothing to the kernel, forwards CRI requests unchanged)", registry=r)
+        self.cgroup_overwrites = Counter(
+            "koordnode_cgroup_overwrites_total",
+            "Values koordnode owns that another writer changed (then restored), by resource",
+            ["resource"], registry=r)
         self.evictions = Counter("koordnode_evictions_total",
                                  "BE containers koordnode evicted, by reason", ["reason"],
                                  registry=r)
@@ -321,6 +327,8 @@ class Metrics:
             resource = getattr(write, "resource", None) or getattr(write, "name", None) or "unknown"
             status = getattr(result, "status", "unknown")
             self.record_write(str(resource), str(getattr(status, "value", status)))
+            if getattr(result, "overwritten", False) is True:
+                self.cgroup_overwrites.labels(str(resource)).inc()
 
     def record_eviction(self, reason: str, count: int = 1) -> None:
         """Count evictions by a short reason (``memory``, ``cpu``). A free-text reason, such as

@@ -10,6 +10,7 @@ APT_PACKAGES=(
     iproute2 iptables nftables                                  # network namespaces, tc, masquerade, classification
     rpm python3-pip dpkg-dev                                    # packaging/build.sh and its tests (dpkg-checkbuilddeps)
     systemd                                                     # systemd-analyze verify of the unit
+    qemu-system-x86 debootstrap e2fsprogs                       # the VM lane (tests/vm): Debian 13 guest
 )
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)                                  # the foreign (grpc-js) CRI client

@@ -264,17 +264,21 @@ def _memory_request(
     """The container's memory request (not in CRI), and where it came from."""
     if decision.kube_qos is KubeQoS.GUARANTEED and limit > 0:
         return limit, "request = limit (Guaranteed)"
-    raw = resources.unified.get("memory.min")
-    if raw is not None:
+    # kubelet's Memory QoS (TieredReservation) puts the request into `unified`: memory.min
+    # for Guaranteed, memory.low for Burstable pods.
+    for key in ("memory.min", "memory.low"):
+        raw = resources.unified.get(key)
+        if raw is None:
+            continue
         try:
             value = int(str(raw).strip())
         except ValueError:
             value = -1
         if value > 0:
-            return value, "request from kubelet's unified memory.min"
+            return value, f"request from kubelet's unified {key}"
     if batch is not None and batch.memory_request_bytes is not None:
         return batch.memory_request_bytes, "request from the batch-memory request annotation"
-    sources = [f"{decision.kube_qos.value}", "no memory.min in unified", "no annotation"]
+    sources = [f"{decision.kube_qos.value}", "no memory.min/low in unified", "no annotation"]
     return None, "no memory request known (" + ", ".join(sources) + ")"
 
 

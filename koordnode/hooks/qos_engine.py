@@ -533,6 +533,8 @@ class QoSEngine:
                                     for o, a in self.allocator.allocations().items()},
                 },
                 "unsupported": dict(self.executor.unsupported),
+                # Values another writer changed and koordnode restored, by resource.
+                "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
                 "notes": list(self.notes),
             }
 

@@ -1,0 +1,111 @@
+"""The VM lane from the host: boot the Debian 13 guest once per session, report each guest test.
+
+The guest (systemd as PID 1, cgroup v2 only, containerd 1.7 from Debian 13) runs pytest on
+tests/vm_guest/; every test function found there becomes one test here, passing, failing
+or skipping as it did in the guest, with the guest's message. See tests/vm/README.md.
+
+Not root, or qemu/debootstrap missing: skipped (an error under CI=true).
+``KOORDNODE_VM_LANE=0`` skips the lane on purpose (a developer's quick run; never in CI).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from testbed.fixtures import running_in_ci
+from vm.lane import LaneError, LaneResult, missing_tools, run_lane
+
+GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
+LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "1500"))
+
+pytestmark = pytest.mark.e2e
+
+
+def guest_test_ids() -> list[str]:
+    """``file.py::test_name`` of every top-level test function in tests/vm_guest/ (static, no import)."""
+    ids = []
+    for path in sorted(GUEST_TESTS.glob("test_*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        ids += [f"{path.name}::{node.name}" for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")]
+    return ids
+
+
+def _unavailable(reason: str) -> None:
+    if running_in_ci():
+        pytest.fail(f"VM lane unavailable: {reason} (CI=true, so this is an error)", pytrace=False)
+    pytest.skip(f"VM lane unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def vm_lane(tmp_path_factory: pytest.TempPathFactory) -> LaneResult:
+    if os.environ.get("KOORDNODE_VM_LANE", "1") == "0" and not running_in_ci():
+        pytest.skip("KOORDNODE_VM_LANE=0")
+    if os.geteuid() != 0:
+        _unavailable("needs root (debootstrap, 9p shares)")
+    if missing := missing_tools():
+        _unavailable("missing " + ", ".join(missing) + " (scripts/install-deps.sh)")
+    try:
+        return run_lane(tmp_path_factory.mktemp("vm-lane"), timeout_s=LANE_TIMEOUT_S)
+    except LaneError as err:
+        pytest.fail(f"VM lane could not run: {err}", pytrace=False)
+
+
+def _cases(result: LaneResult) -> list[ET.Element]:
+    if result.junit is None:
+        return []
+    return list(ET.parse(result.junit).getroot().iter("testcase"))
+
+
+def _case_matches(case: ET.Element, test_id: str) -> bool:
+    file_name, func = test_id.split("::")
+    module = file_name.removesuffix(".py")
+    return case.get("classname", "").split(".")[-1] == module and case.get("name", "").split("[")[0] == func
+
+
+def test_guest_ran_and_reported(vm_lane: LaneResult) -> None:
+    print(vm_lane.summary)
+    print(f"guest: {vm_lane.facts}")
+    assert vm_lane.exit_code is not None, (
+        f"the guest never reported (console: {vm_lane.console_log}):\n{_tail(vm_lane.console_log)}"
+    )
+    assert vm_lane.junit is not None, f"no junit from the guest; guest log:\n{vm_lane.guest_log[-4000:]}"
+    known = guest_test_ids()
+    strays = [f"{c.get('classname')}::{c.get('name')}" for c in _cases(vm_lane)
+              if not any(_case_matches(c, test_id) for test_id in known)]
+    assert not strays, f"guest results this host test does not know: {strays}"
+    assert vm_lane.exit_code in (0, 1), f"guest pytest exit {vm_lane.exit_code}:\n{vm_lane.guest_log[-4000:]}"
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no console log)"
+
+
+@pytest.mark.parametrize("guest_test", guest_test_ids())
+def test_guest(vm_lane: LaneResult, guest_test: str) -> None:
+    cases = [c for c in _cases(vm_lane) if _case_matches(c, guest_test)]
+    if not cases:
+        pytest.fail(f"{guest_test} has no result from the guest (exit {vm_lane.exit_code}); guest log tail:\n"
+                    f"{vm_lane.guest_log[-3000:]}", pytrace=False)
+    failures, skips = [], []
+    for case in cases:
+        for kind in ("failure", "error"):
+            for element in case.findall(kind):
+                failures.append(f"{case.get('name')}: {element.get('message', '')}\n{(element.text or '')[-3000:]}")
+        for element in case.findall("skipped"):
+            skips.append(f"{case.get('name')}: {element.get('message', '')}")
+        for element in case.findall("system-out"):
+            if element.text:
+                print(element.text[-3000:])
+    if failures:
+        pytest.fail(f"in the VM ({vm_lane.accel.upper()}):\n" + "\n\n".join(failures), pytrace=False)
+    if skips and len(skips) == len(cases):
+        pytest.skip("in the VM: " + "; ".join(skips))

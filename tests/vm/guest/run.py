@@ -1,0 +1,75 @@
+"""Guest side of the VM lane (run by koordnode-vm-lane.service as root): pytest on tests/vm_guest/.
+
+Reads /results/request.json (pytest args, time bound), writes /results/guest.log,
+/results/junit.xml, /results/facts.json (what the guest is) and /results/exit_code
+last, so the host can tell "ran and failed" from "never finished". The unit powers
+the VM off when this exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path("/results")
+PROJECT = Path("/project")
+
+
+def _facts() -> dict:
+    def out(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"({err})"
+
+    return {
+        "kernel": platform.release(),
+        "systemd": out("systemctl", "--version").splitlines()[0] if out("systemctl", "--version") else "",
+        "cgroup_fs": out("stat", "-fc", "%T", "/sys/fs/cgroup"),
+        "containerd": out("containerd", "--version"),
+        "runc": out("runc", "--version").splitlines()[0] if out("runc", "--version") else "",
+        "python": platform.python_version(),
+        "pid1": Path("/proc/1/comm").read_text().strip(),
+        "disks": sorted(p.name for p in Path("/sys/block").iterdir()),
+    }
+
+
+def main() -> int:
+    request = json.loads((RESULTS / "request.json").read_text())
+    log = open(RESULTS / "guest.log", "w", buffering=1)  # noqa: SIM115 - the whole run
+    facts = _facts()
+    (RESULTS / "facts.json").write_text(json.dumps(facts, indent=2))
+    print(f"koordnode VM lane guest: {json.dumps(facts)}", file=log)
+    env = dict(os.environ)
+    env.update({
+        "PYTHONPATH": f"/opt/pydeps:{PROJECT}",
+        "PYTHONDONTWRITEBYTECODE": "1",  # the project share is read-only
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "KOORDNODE_VM_GUEST": "1",
+        "CI": "true",  # a missing prerequisite in the guest is a failure, not a skip
+    })
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v",
+           f"--junitxml={RESULTS / 'junit.xml'}", "--basetemp=/var/tmp/pytest",
+           str(PROJECT / "tests" / "vm_guest"), *request.get("pytest_args", [])]
+    print("+ " + " ".join(cmd), file=log)
+    began = time.monotonic()
+    try:
+        code = subprocess.run(cmd, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=request.get("timeout_s", 900)).returncode
+    except subprocess.TimeoutExpired:
+        print(f"guest pytest not done after {request.get('timeout_s')} s: stopped", file=log)
+        code = 124
+    print(f"guest pytest exit {code} after {time.monotonic() - began:.0f} s", file=log)
+    log.close()
+    (RESULTS / "exit_code").write_text(f"{code}\n")
+    os.sync()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
