@@ -339,6 +339,21 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
     return cmd
 
 
+def _stage_packages(directory: Path) -> None:
+    """The .debs tests/vm_guest/test_package_systemd.py installs; a failed build is left as
+    packages/ERROR.txt for that test to report (the other guest tests run regardless)."""
+    from vm.packages import stage_packages
+
+    began = time.monotonic()
+    try:
+        built = stage_packages(directory)
+        _log(f"packages for the guest: {', '.join(p.name for p in built)} ({time.monotonic() - began:.0f} s)")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ERROR.txt").write_text(f"{err}\n")
+        _log(f"packages for the guest not built: {err}")
+
+
 def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 1200,
              accel: str | None = None, memory_mb: int = 2048) -> LaneResult:
     """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results."""
@@ -352,6 +367,7 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     results = workdir / "results"
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir()
+    _stage_packages(results / "packages")
     (results / "request.json").write_text(json.dumps({
         "pytest_args": pytest_args or [],
         "timeout_s": max(60, int(timeout_s) - 120),  # leave the guest time to power off

@@ -63,6 +63,9 @@ def packages() -> tuple[Path, Path, str, str]:
     debs = sorted(PACKAGES.glob("koordnode_*_amd64.deb"))
     upgrade = [d for d in debs if "+upgradetest" in d.name]
     current = [d for d in debs if "+upgradetest" not in d.name]
+    error = PACKAGES / "ERROR.txt"
+    if error.is_file():
+        pytest.fail(f"the host could not build the packages: {error.read_text()}", pytrace=False)
     if len(upgrade) != 1 or len(current) != 1:
         pytest.fail(f"expected koordnode_<v>_amd64.deb and koordnode_<v>+upgradetest_amd64.deb in "
                     f"{PACKAGES} (the host's tests/vm/packages.py puts them there), found "
