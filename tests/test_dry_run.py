@@ -87,3 +87,43 @@ def test_request_differences_are_described_field_by_field() -> None:
         "config.linux.resources.cpuset_cpus: '' -> '2-3'",
     ]
     assert message_changes(old, old) == []
+
+
+class _NoWritesNet:
+    """A NetQoSExecutor stand-in for planning: interfaces and addresses; applying fails."""
+
+    def default_route_interfaces(self) -> list[str]:
+        return ["eth0"]
+
+    def local_addresses(self) -> set[str]:
+        return set()
+
+    def route_devices(self, ips) -> dict[str, str]:
+        return {}
+
+    def owned_devices(self) -> list[str]:
+        return ["eth0"]
+
+    def apply(self, plan, *, report=None):
+        raise AssertionError("a dry run must not touch tc or nftables")
+
+    def remove_all(self, *, report=None):
+        raise AssertionError("a dry run must not touch tc or nftables")
+
+
+def test_network_qos_dry_run_plans_without_tc_or_nft() -> None:
+    from koordnode.executor.netqos import NetQoSController
+    from koordnode.hwqos_config import NetQoSConfig
+    from koordnode.qos.net_policy import PodNetwork
+
+    ctl = NetQoSController(NetQoSConfig(enable=True, interfaces=("eth0",)), executor=_NoWritesNet())
+    ctl.dry_run = True
+    report = ctl.reconcile([PodNetwork("s1", "default/batch", "BE", ("10.0.0.5",)),
+                            PodNetwork("s2", "default/web", "LS", ("10.0.0.6",))])
+    assert not report.failures
+    assert report.changes[0].startswith("would set HTB qdisc 4b4e: on eth0")
+    assert report.changes[-1] == "would load nftables table inet koordnode classifying 2 pod address(es)"
+    assert ctl.status()["would"] == report.changes
+    # Disabled: would remove what koordnode owns, removes nothing.
+    ctl.update_config(NetQoSConfig(enable=False))
+    assert ctl.reconcile([]).changes == ["would remove koordnode's qdisc on eth0"]
