@@ -170,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     version = commands.add_parser(
         "version",
-        help="print the koordnode, Python, grpcio and protobuf versions",
-        description="Print the koordnode version and those of Python, grpcio and protobuf.",
+        help="print the koordnode, Python, h2 and protobuf versions",
+        description="Print the koordnode version and those of Python, h2, protobuf and structlog.",
     )
     version.set_defaults(handler=_cmd_version)
     return parser
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _cmd_version(_args: argparse.Namespace) -> int:
     print(f"koordnode {__version__}")
     print(f"python {platform.python_version()} ({platform.python_implementation()})")
-    for dist in ("grpcio", "protobuf", "structlog"):
+    for dist in ("h2", "protobuf", "structlog"):
         print(f"{dist} {_dist_version(dist)}")
     return EXIT_OK
 

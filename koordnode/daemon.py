@@ -205,9 +205,13 @@ class Daemon:
     async def _notify_ready(self) -> None:
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}")
+            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}{self._dry_run_note()}")
         except asyncio.TimeoutError:
-            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}; runtime not answering yet")
+            sdnotify.ready(f"serving CRI on {self.config.proxy.listen}; runtime not answering yet"
+                           f"{self._dry_run_note()}")
+
+    def _dry_run_note(self) -> str:
+        return " (dry run: nothing written)" if self.dry_run else ""
 
     async def _adopt(self) -> None:
         if self.qos is not None:

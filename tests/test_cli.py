@@ -59,7 +59,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"koordnode {__version__}"
     assert lines[1].startswith(f"python {sys.version_info.major}.{sys.version_info.minor}.")
-    assert any(line.startswith("grpcio ") for line in lines)
+    assert any(line.startswith("h2 ") for line in lines)
     assert any(line.startswith("protobuf ") for line in lines)
 
 
