@@ -15,7 +15,6 @@ from faketree import make_cgroup_tree, make_procfs_tree
 from koordnode import cli, doctor
 from koordnode.config import parse_config
 
-HOST_CGROUP = Path("/sys/fs/cgroup")
 
 
 def by_name(report: dict) -> dict[str, dict]:

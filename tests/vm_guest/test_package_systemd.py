@@ -74,12 +74,23 @@ def packages() -> tuple[Path, Path, str, str]:
     return current[0], upgrade[0], version, f"{version}+upgradetest"
 
 
+CONTAINERD_UNIT = "koordnode-test-containerd.service"
+
+
 @pytest.fixture
 def clean_machine():
-    sh("systemctl", "start", "containerd")  # the backend koordnode's shipped config names
-    yield
-    sh("systemctl", "stop", UNIT, check=False)
-    sh("dpkg", "--purge", "koordnode", check=False, timeout=300)
+    # containerd where the shipped config expects it (/run/containerd/containerd.sock), with
+    # Debian's defaults; as a transient unit because the image masks containerd.service (the
+    # other guest tests run private containerds).
+    sh("systemd-run", f"--unit={CONTAINERD_UNIT}", "--property=Type=notify",
+       "--property=Delegate=yes", "--property=KillMode=process", "/usr/bin/containerd", timeout=180)
+    try:
+        wait_for(lambda: Path("/run/containerd/containerd.sock").exists(), 60, "containerd's socket")
+        yield
+    finally:
+        sh("systemctl", "stop", UNIT, check=False)
+        sh("dpkg", "--purge", "koordnode", check=False, timeout=300)
+        sh("systemctl", "stop", CONTAINERD_UNIT, check=False)
 
 
 def test_deb_under_systemd_install_reload_watchdog_upgrade_remove_purge(clean_machine) -> None:
@@ -105,7 +116,9 @@ def test_deb_under_systemd_install_reload_watchdog_upgrade_remove_purge(clean_ma
     assert oct(ADMIN.stat().st_mode & 0o777) == "0o600"
     first_pid = int(state["MainPID"])
     print(f"systemctl start returned after {started_s:.1f} s (READY)")
-    assert status()["version"] == version
+    running = status()
+    assert running["version"] == version
+    assert running["backend_health"] == "ok"  # it rebuilt its state from containerd
 
     # --- reload applies an edited config ----------------------------------------------------
     shipped = CONF.read_text()
