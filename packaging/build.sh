@@ -11,6 +11,7 @@
 # Needs (Debian 12 or 13): /usr/bin/python3 (>= 3.11) with pip, dpkg-deb, and rpmbuild for the
 # rpm (apt-get install python3-pip rpm). Downloads the pinned dependencies of
 # packaging/requirements.txt with pip at build time; the packages install offline.
+# KOORDNODE_BUILD_PYTHON=/path/to/python3.X builds with another CPython >= 3.11 (same packages).
 #
 # One package for every distribution with a CPython >= 3.11: /opt/koordnode/lib holds koordnode
 # and its dependencies, all pure Python or abi3 extension modules (checked here), so any
@@ -21,7 +22,8 @@
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=/usr/bin/python3
+# The build's interpreter (any CPython >= 3.11 with pip; the packages do not depend on which).
+PYTHON=${KOORDNODE_BUILD_PYTHON:-/usr/bin/python3}
 APP=/opt/koordnode
 LIB=$APP/lib
 # The oldest CPython the package runs on: the abi3 extension modules must be built for it or
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
         --version) [ $# -ge 2 ] || die "--version needs a value"; version=$2; shift 2 ;;
         --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
         --formats) [ $# -ge 2 ] || die "--formats needs a value"; formats=$2; shift 2 ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
@@ -135,7 +137,10 @@ fi
 "$PYTHON" -I - "$lib" "$MIN_PY" <<'PY' || die "packaging/requirements.txt does not satisfy koordnode's dependencies"
 import sys
 from importlib.metadata import distributions
-from pip._vendor.packaging.requirements import Requirement
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # pip's own copy (always there: pip runs this build)
+    from pip._vendor.packaging.requirements import Requirement
 
 lib, min_py = sys.argv[1:]
 found = {d.metadata["Name"].lower().replace("_", "-"): d for d in distributions(path=[lib])}
