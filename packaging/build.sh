@@ -42,7 +42,8 @@ while [ $# -gt 0 ]; do
         --version) [ $# -ge 2 ] || die "--version needs a value"; version=$2; shift 2 ;;
         --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
         --formats) [ $# -ge 2 ] || die "--formats needs a value"; formats=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo pipefail$/p' "${BASH_SOURCE[0]}" | sed '$d' \
+                       | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
