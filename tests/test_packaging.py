@@ -275,7 +275,10 @@ def test_manpage_documents_every_command_and_key(packages: Packages, tmp_path: P
 
 def _dpkg_status() -> str:
     result = run(["dpkg-query", "-W", "-f=${Status}", "koordnode"], check=False)
-    return result.stdout if result.returncode == 0 else ""
+    # dpkg may keep a record of a purged package ("unknown ok not-installed"): that is absent.
+    if result.returncode != 0 or result.stdout.endswith(" not-installed"):
+        return ""
+    return result.stdout
 
 
 def _koordnode(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
