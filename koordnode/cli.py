@@ -9,14 +9,17 @@ import argparse
 import importlib
 import json
 import platform
+import re
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from koordnode import __version__
 from koordnode.config import (
     DEFAULT_CONFIG_PATH,
+    AdminConfig,
     Config,
     ConfigError,
     LogConfig,
@@ -26,6 +29,7 @@ from koordnode.config import (
     load_config,
     to_dict,
     to_toml,
+    unix_socket_path,
 )
 
 EXIT_OK = 0
@@ -139,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_option(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument(
+        "--socket", metavar="PATH",
+        help="admin socket to ask (default: [admin] socket of the config file; if that file "
+        "is broken, its [admin] socket if readable, else the built-in default)",
+    )
     status.set_defaults(handler=_cmd_status)
 
     doctor = commands.add_parser(
@@ -269,10 +278,59 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("koordnode status: not available in this build (koordnode.admin.client is "
               "missing)", file=sys.stderr)
         return EXIT_FAILURE
-    config = _load(args.config)
-    if config is None:
-        return EXIT_USAGE
+    if args.socket:
+        try:
+            path = unix_socket_path(args.socket)
+        except ValueError as exc:
+            print(f"koordnode status: --socket: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return int(client.status_command_for(path, as_json=args.json))
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        # A broken file is when the operator needs status most: the admin socket is all this
+        # command needs, so ask the running daemon anyway and say which socket was used.
+        path, where = _admin_socket_despite(args.config or DEFAULT_CONFIG_PATH)
+        print(f"koordnode status: the config file has errors (`koordnode check-config` lists them;"
+              f" the running daemon keeps its last good config): {exc}", file=sys.stderr)
+        print(f"koordnode status: asking the admin socket {path} ({where})", file=sys.stderr)
+        return int(client.status_command_for(path, as_json=args.json))
     return int(client.status_command(config, as_json=args.json))
+
+
+def _admin_socket_despite(path: str) -> tuple[str, str]:
+    """[admin] socket of a config file that does not validate, and where it came from."""
+    default = AdminConfig().socket
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")[:1 << 20]
+    except OSError:
+        return default, f"the built-in default: {path} cannot be read"
+    import tomllib
+
+    try:
+        value = tomllib.loads(text).get("admin", {}).get("socket")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        # Not even TOML: the [admin] table's `socket = "..."` line, if there is one.
+        value = _scan_admin_socket(text)
+    if value is None:
+        return default, f"the built-in default: {path} sets no readable [admin] socket"
+    try:
+        return unix_socket_path(str(value)), f"[admin] socket of {path}"
+    except ValueError:
+        return default, f"the built-in default: the [admin] socket of {path} is not a socket path"
+
+
+def _scan_admin_socket(text: str) -> str | None:
+    table = ""
+    for line in text.splitlines():
+        header = re.match(r"\s*\[([^\[\]]+)\]\s*(#.*)?$", line)
+        if header:
+            table = header.group(1).strip()
+            continue
+        found = re.match(r'\s*socket\s*=\s*"([^"\\]*)"\s*(#.*)?$', line)
+        if table == "admin" and found:
+            return found.group(1)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ SHUTDOWN_GRACE_S = 5.0
 # READY is sent once the state is rebuilt, but not later than this: with containerd down,
 # waiting for it would make systemd kill and restart koordnode in a loop.
 READY_AT_THE_LATEST_S = 30.0
+BACKEND_PROBE_TIMEOUT_S = 1.0
 RESCTRL_CLASSES = ("LSR", "LS", "BE")
 
 
@@ -215,8 +216,14 @@ class Daemon:
 
     async def _adopt(self) -> None:
         if self.qos is not None:
-            await asyncio.to_thread(self.qos.adopt)
+            # The worker gets the loop's snapshot and hands back what the loop records.
+            classes = await asyncio.to_thread(self.qos.adopt, self.state.view())
+            self._record_classes(classes)
         self._rebuilt.set()
+
+    def _record_classes(self, classes: dict[str, tuple[str, str]]) -> None:
+        for sandbox_id, (qos_class, why) in classes.items():
+            self.state.set_pod_class(sandbox_id, qos_class, why)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -250,7 +257,8 @@ class Daemon:
     async def reconcile_once(self) -> None:
         if self.qos is not None:
             try:
-                await asyncio.to_thread(self.qos.reconcile)
+                classes = await asyncio.to_thread(self.qos.reconcile, True, self.state.view())
+                self._record_classes(classes)
             except Exception:
                 log.exception("reconcile pass failed")
         try:
@@ -296,9 +304,8 @@ class Daemon:
         except CriError as exc:
             log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=str(exc))
             return
-        pod = self.state.pods.get(sandbox_id)
-        if pod is not None:
-            pod.ips, pod.host_network = pod_network_from_status(resp.status)
+        ips, host_network = pod_network_from_status(resp.status)
+        self.state.set_pod_network(sandbox_id, ips, host_network)
         self.refresh_network_classes()
 
     def refresh_network_classes(self) -> None:
@@ -363,7 +370,26 @@ class Daemon:
 
     # ---- status ---------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    async def backend_health(self) -> str:
+        """"ok" when containerd answers a Version call now; else why not. Asked at each status
+        request (one round trip), so it reports the runtime as it is, not as it was at start-up."""
+        try:
+            await self._backend().call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
+                                       pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
+        except CriError as exc:
+            return f"down: {exc.code_name}: {exc.details}"
+        except Exception as exc:  # a status request must answer whatever the probe hit
+            return f"down: {exc!r}"
+        if self.state.rebuilt_at is None:
+            return "ok (answering; state not rebuilt yet: " + (self.state.rebuild_error or "in progress") + ")"
+        return "ok"
+
+    async def status(self) -> dict[str, Any]:
+        health = await self.backend_health()
+        return self.status_now(health)
+
+    def status_now(self, backend_health: str) -> dict[str, Any]:
+        """Everything but the backend probe; reads only published snapshots (no worker locks)."""
         snapshot = self.state.snapshot()
         if self.qos is not None:
             snapshot = self.qos.decorate(snapshot)
@@ -373,8 +399,7 @@ class Daemon:
             "dry_run": self._dry_run_status(),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
-            "backend_health": "ok" if self.state.rebuild_error is None and self.state.rebuilt_at
-            else (self.state.rebuild_error or "not answered yet"),
+            "backend_health": backend_health,
             "config": {"source": self.config.source, "last_reload": self.last_reload},
             "proxy": {
                 "connections_open": self.stats.connections_open,

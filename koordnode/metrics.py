@@ -10,7 +10,8 @@ Exported metrics (labels in braces):
 - ``koordnode_build_info{version,python_version}`` (always 1), ``koordnode_start_time_seconds``,
   ``koordnode_uptime_seconds``; ``process_*`` and ``python_info`` from prometheus-client.
 - ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
-  (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...).
+  (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...); a
+  path that names no CRI method counts as ``other``, so clients cannot grow the label set.
 - ``koordnode_hook_failures_total{hook,phase,kind}``: hook errors (``kind="error"``) and
   timeouts (``kind="timeout"``), read from the hook chain's counters at scrape time.
 - ``koordnode_proxy_connections_open``, ``koordnode_proxy_connections_total``,
@@ -63,6 +64,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from koordnode import __version__
+from koordnode.cri import api_pb2 as _cri
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -163,6 +165,13 @@ _GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEE
                "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 # The call ended without a grpc-status (stream reset, connection lost).
 NO_STATUS = "NO_STATUS"
+# The `method` label of a call to a method CRI does not define: the client writes the :path,
+# so anything else would let it create series without end.
+OTHER_METHOD = "other"
+_CRI_SERVICES = ("RuntimeService", "ImageService")
+_CRI_METHOD_NAMES = frozenset(
+    m.name for svc in _CRI_SERVICES for m in _cri.DESCRIPTOR.services_by_name[svc].methods)
+_CRI_PATH = re.compile(r"/runtime\.(?:v1|v1alpha2)\.(?:RuntimeService|ImageService)/(\w+)")
 
 _POD_LABELS = ("namespace", "pod", "container", "class")
 DEFAULT_CFS_PERIOD_US = 100_000
@@ -288,8 +297,9 @@ class Metrics:
 
     def observe_cri_call(self, method: str, code: int | str | None, seconds: float) -> None:
         """One intercepted CRI call: ``method`` as the gRPC path or its last part, ``code``
-        the grpc-status number or name (None: the call ended without a status)."""
-        name = method.rsplit("/", 1)[-1] or "unknown"
+        the grpc-status number or name (None: the call ended without a status). A method CRI
+        does not define is counted as ``other``."""
+        name = _method_label(method)
         self.cri_requests.labels(name, _code_name(code)).inc()
         if seconds >= 0:
             self.cri_duration.labels(name).observe(seconds)
@@ -452,13 +462,24 @@ class Metrics:
             _remove(gauge, (*key, series.qos_class))
 
 
+def _method_label(method: str) -> str:
+    """A CRI method's name from its gRPC path (v1 or v1alpha2) or name; ``other`` otherwise."""
+    if "/" in method:
+        match = _CRI_PATH.fullmatch(method)
+        method = match.group(1) if match else ""
+    return method if method in _CRI_METHOD_NAMES else OTHER_METHOD
+
+
 def _code_name(code: int | str | None) -> str:
+    """The status code's name; a value gRPC does not define counts as UNKNOWN (as gRPC clients
+    read it), so the label stays one of 18 values."""
     if code is None:
         return NO_STATUS
     if isinstance(code, int) and not isinstance(code, bool):
-        return _GRPC_CODES[code] if 0 <= code < len(_GRPC_CODES) else str(code)
+        return _GRPC_CODES[code] if 0 <= code < len(_GRPC_CODES) else "UNKNOWN"
     name = getattr(code, "name", None)  # grpc.StatusCode
-    return str(name if name is not None else code).upper()
+    name = str(name if name is not None else code).upper()
+    return name if name in _GRPC_CODES or name == NO_STATUS else "UNKNOWN"
 
 
 _SHORT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

@@ -50,7 +50,7 @@ def _info_doc(info: Any) -> dict[str, Any]:
         return {}
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return doc if isinstance(doc, dict) else {}
 

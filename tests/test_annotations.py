@@ -6,7 +6,7 @@ import json
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from koordnode.hooks.annotations import (
@@ -253,6 +253,9 @@ json_values = st.recursive(
 )
 
 
+# No deadline: parsed annotations are cached, so a replayed example runs faster than its first
+# run, which Hypothesis would report as unreliable timing on a loaded machine.
+@settings(deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from([EXTENDED_RESOURCE_SPEC, MEMORY_QOS, RESOURCE_STATUS, "other"]),
@@ -273,3 +276,58 @@ def test_structured_garbage_never_raises(containers: dict, section) -> None:
     parse_extended_resource_spec(text)
     parse_memory_qos(json.dumps({"policy": section, "minLimitPercent": section}))
     parse_resource_status(json.dumps({"cpuset": section}))
+
+
+# --- reliability: hostile annotations cost a bounded amount -------------------------------
+
+# The annotation of the reliability issue: 64 KiB of "0-65535" ranges. Before the bound,
+# one parse built 8,000 sets of 65,536 CPUs (7-27 s of CPU), several times per plan.
+HOSTILE_RESOURCE_STATUS = json.dumps({"cpuset": ",".join(["0-65535"] * ((64 * 1024 - 20) // 8))})
+
+
+def test_hostile_resource_status_is_refused_with_a_reason() -> None:
+    status, problems = parse_resource_status(HOSTILE_RESOURCE_STATUS)
+    assert status is None
+    assert "longer than" in str(problems[0]) or "exceeds" in str(problems[0])
+
+
+def test_repeated_in_bounds_ranges_are_merged() -> None:
+    from koordnode.hooks.cpulist import MAX_CPU_ID, parse_cpu_list
+
+    text = ",".join([f"0-{MAX_CPU_ID}"] * 6000 + ["5", "3-4"])
+    assert parse_cpu_list(text) == frozenset(range(MAX_CPU_ID + 1))
+    assert parse_cpu_list("8-9,0-3,2-5,9,1") == frozenset({0, 1, 2, 3, 4, 5, 8, 9})
+
+
+def test_pod_annotations_are_parsed_once_per_distinct_text(monkeypatch) -> None:
+    import koordnode.hooks.annotations as annotations_module
+
+    calls = []
+    real = annotations_module._parse_pod_annotations
+
+    def counting(annotations):
+        calls.append(1)
+        return real(annotations)
+
+    monkeypatch.setattr(annotations_module, "_parse_pod_annotations", counting)
+    pod = {RESOURCE_STATUS: json.dumps({"cpuset": "2-3"}), "other": "x"}
+    first = parse_pod_annotations(pod)
+    for _ in range(5):
+        assert parse_pod_annotations(dict(pod)) is first
+    assert len(calls) == 1
+    assert parse_pod_annotations({RESOURCE_STATUS: json.dumps({"cpuset": "4"})}).scheduler_cpuset == {4}
+    assert len(calls) == 2
+
+
+def test_cached_scheduler_cpuset_is_kept_as_canonical_text() -> None:
+    # A cache entry holds at most the merged text, never a set of thousands of CPUs.
+    parsed = parse_pod_annotations({RESOURCE_STATUS: json.dumps({"cpuset": ",".join(["0-8191"] * 100)})})
+    assert parsed.resource_status.cpuset_text == "0-8191"
+    assert parsed.has_scheduler_cpuset and len(parsed.scheduler_cpuset) == 8192
+
+
+def test_problems_of_a_pod_are_capped() -> None:
+    spec = {"containers": {f"c{i}": {"requests": {BATCH_CPU: "fast"}} for i in range(60)}}
+    parsed = parse_pod_annotations({EXTENDED_RESOURCE_SPEC: json.dumps(spec)})
+    assert len(parsed.problems) == 11
+    assert "50 more problems" in str(parsed.problems[-1])

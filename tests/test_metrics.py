@@ -154,6 +154,23 @@ def test_cri_calls_by_method_and_code(metrics: Metrics) -> None:
     assert value(metrics, hist + "_sum", method="CreateContainer") == pytest.approx(0.204)
 
 
+def test_method_and_code_labels_stay_bounded_whatever_the_client_sends(metrics: Metrics) -> None:
+    # The method comes from the client's :path: made-up names must not each make a series.
+    for i in range(500):
+        metrics.observe_cri_call(f"/runtime.v1.RuntimeService/Made{i}Up", 12, 0.001)
+        metrics.observe_cri_call(f"/evil.Service/{i}", 12, 0.001)
+    metrics.observe_cri_call("/runtime.v1alpha2.ImageService/PullImage", 0, 0.001)
+    metrics.observe_cri_call("/runtime.v1.RuntimeService/Version", 10**9, 0.001)
+    metrics.observe_cri_call("Version", "no-such-code", 0.001)
+    series = {labels for name, labels in samples(metrics) if name == "koordnode_cri_requests_total"}
+    assert series == {
+        frozenset({("code", "UNIMPLEMENTED"), ("method", "other")}),
+        frozenset({("code", "OK"), ("method", "PullImage")}),
+        frozenset({("code", "UNKNOWN"), ("method", "Version")}),
+    }
+    assert value(metrics, "koordnode_cri_requests_total", method="other", code="UNIMPLEMENTED") == 1000
+
+
 def test_hook_failures_are_read_from_the_chain_at_scrape_time(metrics: Metrics) -> None:
     failures: Counter[tuple[str, str, str]] = Counter()
     metrics.follow_hook_failures(lambda: failures)

@@ -247,3 +247,32 @@ def test_pod_network_from_sandbox_status() -> None:
         network=SimpleNamespace(ip="", additional_ips=[]),
         linux=SimpleNamespace(namespaces=SimpleNamespace(options=SimpleNamespace(network=0)))),
     ) == ((), False)
+
+
+def test_deeply_nested_annotation_is_refused_and_the_pod_still_shaped() -> None:
+    # Reliability: a few thousand "[" raised RecursionError out of the network reconcile,
+    # which stopped shaping for every pod of the node.
+    hostile = "[" * 4000
+    with pytest.raises(ValueError, match="networkQOS"):
+        parse_network_qos(hostile)
+    plan = plan_network(CONFIG, [pod("a", "BE", "10.1.0.6", limits=hostile), pod("b", "LS", "10.1.0.7")],
+                        ["eth0"])
+    assert dict(plan.egress4) == {"10.1.0.6": "4b4e:23", "10.1.0.7": "4b4e:22"}
+    assert "nested too deeply" in plan.skipped[0].reason
+
+
+def test_one_pod_failing_unexpectedly_leaves_the_others_shaped(monkeypatch) -> None:
+    import koordnode.qos.net_policy as net_policy
+
+    real = net_policy.parse_network_qos
+
+    def explode(text):
+        if text == "boom":
+            raise RuntimeError("unexpected")
+        return real(text)
+
+    monkeypatch.setattr(net_policy, "parse_network_qos", explode)
+    plan = plan_network(CONFIG, [pod("a", "BE", "10.1.0.6", limits="boom"),
+                                 pod("b", "LS", "10.1.0.7", limits='{"egressLimit":"10M"}')], ["eth0"])
+    assert [ip for ip, _ in plan.egress4] == ["10.1.0.7"]
+    assert plan.skipped[0].pod == "default/a" and "RuntimeError" in plan.skipped[0].reason

@@ -279,3 +279,14 @@ def test_sections_load_through_the_generic_config_loader() -> None:
     ):
         with pytest.raises(ConfigError):
             from_dict(Root, bad)
+
+
+def test_a_huge_invalid_label_is_quoted_bounded() -> None:
+    # Label values are pod input: the reason (status, logs, each reconcile) quotes a prefix.
+    from koordnode.hooks.chain import SKIP_LABEL, skip_requested
+
+    decision = resolve_qos_class({"koordinator.sh/qosClass": "X" * 1_000_000}, "/kubepods/burstable/poda")
+    assert decision.qos_class is QoSClass.LS
+    assert len(decision.why) < 300 and "(1000000 characters)" in decision.why
+    assert not skip_requested({SKIP_LABEL: "true" * 250_000})
+    assert skip_requested({SKIP_LABEL: "True"})

@@ -868,3 +868,229 @@ def test_skip_labelled_pod_stays_untouched_by_reconcile_and_pool_changes(make_no
     assert node.read(node.ccg(lse_cid), "cpuset.cpus") != cpuset_before  # LSE did get cores
     assert node.read(node.ccg(cid), "cpuset.cpus") == cpuset_before
     assert set(before) <= set(snapshot_tree(node.root))
+
+
+# --- reliability (issue 9): ownership after kill -9, the share pool, status, the thread rule ---
+
+TWO = CpuTopology.describe(cores_per_numa=2)  # the test bed's machine: 2 CPUs, no SMT
+FOUR = CpuTopology.describe(cores_per_numa=4)
+
+
+def lse(node: Node, name: str, n_cpus: int = 1, **kwargs) -> tuple[Pod, str]:
+    pod = node.run_pod(name, parent=f"/kubepods/pod{name}", labels={QOS_LABEL: "LSE"}, **kwargs)
+    return pod, node.run_container(pod, **lse_res(n_cpus))
+
+
+def test_restart_does_not_take_a_fallback_containers_cpuset_for_an_allocation(make_node):
+    # The issue's sequence: LSE A and B take both CPUs, LSE C falls back to the share pool,
+    # A and B go, koordnode is killed and restarted. C must not own CPUs afterwards.
+    node = make_node(version="v1", topology=TWO, toml="[node]\nmin_shared_cpus = 0\n")
+    a, _ = lse(node, "a")
+    b, _ = lse(node, "b")
+    c, c_cid = lse(node, "c")
+    assert node.allocations() == {"uid-a/app": {0}, "uid-b/app": {1}}
+    assert "uid-c/app" not in node.allocations()
+    node.remove_pod(a)
+    node.remove_pod(b)
+    again = node.restarted()  # kill -9: nothing released, the state comes back from the runtime
+    assert again.allocations() == {}
+    status = again.engine.status()["cpus"]
+    assert status["share_pool"] == [0, 1]
+    assert cpus_of(node.root, node.ccg(c_cid)) == {0, 1}
+    # A new LSE pod can still get a CPU: nothing is held by the fallback container.
+    _, d_cid = lse(again, "d")
+    assert again.allocations() == {"uid-d/app": cpus_of(node.root, again.ccg(d_cid))}
+
+
+def test_kill_during_calls_keeps_the_real_owners_cpus(make_node):
+    # A fallback container created while one LSE held every CPU carries the whole node as its
+    # creation cpuset; restored first, it used to claim the CPUs of the real owners.
+    node = make_node(version="v1", topology=FOUR, toml="[node]\nmin_shared_cpus = 0\n")
+    big, _ = lse(node, "big", 4)
+    fallback, f_cid = lse(node, "fallback")
+    assert node.created[f_cid].config.linux.resources.cpuset_cpus == "0-3"
+    node.remove_pod(big)
+    r = node.run_pod("lsr", parent="/kubepods/podr")
+    r_cid = node.run_container(r, **lse_res(1))
+    a, a_cid = lse(node, "a", 2)
+    # kill -9 while an LSE container's CreateContainer is in flight: its Pre hook allocated and
+    # the runtime created it, the Post hook never ran.
+    d = node.run_pod("d", parent="/kubepods/podd", labels={QOS_LABEL: "LSE"})
+    req = pb.CreateContainerRequest(
+        pod_sandbox_id=d.sandbox_id, sandbox_config=d.config,
+        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), image=pb.ImageSpec(image="busybox"),
+                                  linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(**lse_res(1)))))
+    ctx = CallContext(method="CreateContainer", request=req)
+    node.loop.run_until_complete(node.chain.run_pre(ctx))
+    d_cid = node._runtime("CreateContainer", ctx.request).container_id
+    node.container_pod[d_cid] = d
+    node.state.put_container(dataclasses.replace(
+        next(iter(node.state.containers.values())), container_id=d_cid, sandbox_id=d.sandbox_id,
+        annotations=dict(ctx.request.config.annotations), state="created",
+        resources=copy.deepcopy(ctx.request.config.linux.resources)))
+    before = node.allocations()
+    assert set(before) == {"uid-lsr/app", "uid-a/app", "uid-d/app"}
+    files = {cid: cpus_of(node.root, node.ccg(cid)) for cid in (r_cid, a_cid)}
+
+    # The rebuilt state lists the fallback container first, as it was created first.
+    again = node.restarted()
+    assert again.allocations() == before
+    assert {cid: cpus_of(node.root, node.ccg(cid)) for cid in (r_cid, a_cid)} == files
+    # The fallback container shares what pool containers get (all four CPUs are owned now).
+    status = again.engine.status()["cpus"]
+    assert cpus_of(node.root, node.ccg(f_cid)) == set(status["ls_containers_run_on"])
+    assert status["share_pool"] == [] and "share pool is empty" in status["notes"][0]
+
+
+def test_a_dropped_create_pre_hook_gives_its_cpus_back(make_node):
+    # The chain drops a Pre hook's request changes when it fails or times out; the allocation
+    # it made must go too, or the CPUs leak until a restart.
+    node = make_node(version="v1", topology=FOUR)
+    pod = node.run_pod("a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    res = pb.LinuxContainerResources(**lse_res(2))
+    req = pb.CreateContainerRequest(
+        pod_sandbox_id=pod.sandbox_id, sandbox_config=pod.config,
+        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), image=pb.ImageSpec(image="busybox"),
+                                  linux=pb.LinuxContainerConfig(resources=res)))
+    allocated = pb.CreateContainerRequest()
+    allocated.CopyFrom(req)
+    node.engine.container_create_pre(allocated)  # the hook ran, but the chain kept `req`
+    assert node.allocations() == {"uid-a/app": parse_cpu_list(allocated.config.linux.resources.cpuset_cpus)}
+    node.engine.container_created(req, "c" * 64)
+    assert node.allocations() == {}
+    # A Pre hook that overran its timeout can even finish after the call's Post step.
+    scratch: dict = {}
+    node.engine.container_created(req, "d" * 64, scratch)
+    late = pb.CreateContainerRequest()
+    late.CopyFrom(req)
+    node.engine.container_create_pre(late, scratch)
+    assert node.allocations() == {}
+
+
+def test_exclusive_cpus_leave_the_share_pool_at_least_one_cpu(make_node):
+    node = make_node(version="v1", topology=TWO)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    a, a_cid = lse(node, "a")
+    b, b_cid = lse(node, "b")  # would take the last CPU: falls back instead
+    a_cpus = cpus_of(node.root, node.ccg(a_cid))
+    assert node.allocations() == {"uid-a/app": a_cpus}
+    assert cpus_of(node.root, node.ccg(b_cid)) == cpus_of(node.root, node.ccg(ls_cid)) == TWO.online - a_cpus
+    notes = " ".join(node.status_pod(b)["containers"][0]["notes"])
+    assert "min_shared_cpus = 1" in notes, notes
+    status = node.engine.status()["cpus"]
+    assert status["allocations"]["uid-a/app"]["exclusive"] is True
+    assert status["share_pool"] == sorted(TWO.online - a_cpus) and status["notes"] == []
+    # The scheduler's cpuset is held to the same floor.
+    sched = node.run_pod("s", parent="/kubepods/pods", labels={QOS_LABEL: "LSE"}, annotations={
+        "scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": format_cpu_list(TWO.online - a_cpus)})})
+    node.run_container(sched, **lse_res(1))
+    assert set(node.allocations()) == {"uid-a/app"}
+
+
+def test_status_says_when_exclusive_cpus_are_shared_after_all(make_node):
+    # With the floor switched off, two LSE pods take both CPUs: LS containers then run on
+    # them, and status must not call them exclusive.
+    node = make_node(version="v1", topology=TWO, toml="[node]\nmin_shared_cpus = 0\n")
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    lse(node, "a")
+    lse(node, "b")
+    status = node.engine.status()["cpus"]
+    assert status["share_pool"] == []
+    assert status["ls_containers_run_on"] == [0, 1] == sorted(cpus_of(node.root, node.ccg(ls_cid)))
+    assert all(a["exclusive"] is False for a in status["allocations"].values())
+    assert "share pool is empty" in status["notes"][0]
+
+
+def test_status_never_waits_for_the_engine_lock(make_node):
+    # `koordnode status` runs on the event loop; a reconcile pass holds the engine lock in a
+    # worker thread for as long as it writes. The status must come from a published snapshot.
+    import threading
+
+    node = make_node(version="v1", topology=TWO)
+    pod = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    node.run_container(pod, cpu_shares=512)
+    held, release = threading.Event(), threading.Event()
+
+    def worker():
+        with node.engine.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert held.wait(5)
+        answers = []
+        reader = threading.Thread(target=lambda: answers.append(
+            (node.engine.status(), node.engine.decorate(node.state.snapshot()))))
+        reader.start()
+        reader.join(2)
+        assert answers, "status waited for the lock a worker holds"
+        status, snapshot = answers[0]
+        assert status["cpus"]["share_pool"] == [0, 1]
+        assert snapshot["pods"][0]["applied"]
+    finally:
+        release.set()
+        t.join()
+
+
+def test_reconcile_in_a_thread_while_the_loop_churns_the_state(make_node, monkeypatch):
+    # Reliability issue item 5: `dictionary changed size during iteration` in containers_of,
+    # from the engine's reconcile in a worker thread while the loop added and removed
+    # containers. Workers now read one immutable view; the loop publishes new ones.
+    import sys
+    import threading
+
+    import koordnode.hooks.qos_engine as qos_engine
+
+    import time
+
+    node = make_node(version="v1", topology=TWO)
+    pods = [node.run_pod(f"p{i}", parent=f"/kubepods/burstable/podp{i}") for i in range(10)]
+    for pod in pods:
+        node.run_container(pod, "app", cpu_shares=512)
+    template = next(iter(node.state.containers.values()))
+    # ~500 containers, as in the issue: records the runtime reported (no cgroup files here,
+    # their writes fail and are counted, which is not what this test is about).
+    for i in range(500):
+        node.state.put_container(dataclasses.replace(template, container_id=f"idle{i:060d}",
+                                                     sandbox_id=pods[i % 10].sandbox_id, state="exited"))
+    failures: list[str] = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            def record(event, *args, **kwargs):
+                if name in ("exception", "error"):
+                    failures.append(f"{event} {sys.exc_info()[1]!r}")
+            return record
+
+    monkeypatch.setattr(qos_engine, "log", Recorder())
+    stop = threading.Event()
+
+    def reconcile_loop():
+        while not stop.is_set():
+            try:
+                node.engine.reconcile(force=False)
+            except Exception as exc:  # noqa: BLE001 - the test counts them
+                failures.append(repr(exc))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    worker = threading.Thread(target=reconcile_loop)
+    worker.start()
+    try:
+        deadline, i = time.monotonic() + 3.0, 0
+        while time.monotonic() < deadline:  # the loop's churn: containers come and go
+            i += 1
+            cid = f"churn{i:060d}"
+            node.state.put_container(dataclasses.replace(template, container_id=cid,
+                                                         sandbox_id=pods[i % 10].sandbox_id))
+            node.state.set_container_state(cid, "running")
+            node.state.remove_container(cid)
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(old)
+    assert failures == []

@@ -86,7 +86,10 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def status_command(config: Any, as_json: bool) -> int:
-    path = config.admin.socket
+    return status_command_for(config.admin.socket, as_json)
+
+
+def status_command_for(path: str, as_json: bool) -> int:
     try:
         status = fetch_status(path)
     except FileNotFoundError:

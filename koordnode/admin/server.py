@@ -7,9 +7,10 @@ one JSON document and closes. The socket is mode 0600: only root (the daemon's u
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Union
 
 import structlog
 
@@ -19,7 +20,8 @@ log = structlog.get_logger("koordnode.admin")
 
 
 class AdminServer:
-    def __init__(self, path: str, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, path: str,
+                 status: Callable[[], Union[dict[str, Any], Awaitable[dict[str, Any]]]]) -> None:
         self.path = path
         self.status = status
         self._server: asyncio.base_events.Server | None = None
@@ -38,7 +40,12 @@ class AdminServer:
             line = await asyncio.wait_for(reader.readline(), 5)
             what = line.decode(errors="replace").strip() or "status"
             if what == "status":
-                body: dict[str, Any] = {"ok": True, "status": self.status()}
+                # The handler runs on the event loop: it must never wait for a lock a worker
+                # holds (the status sources publish snapshots), only await I/O.
+                status = self.status()
+                if inspect.isawaitable(status):
+                    status = await status
+                body: dict[str, Any] = {"ok": True, "status": status}
             else:
                 body = {"ok": False, "error": f"unknown request {what!r}; try 'status'"}
             writer.write(json.dumps(body, default=str).encode() + b"\n")

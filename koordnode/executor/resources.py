@@ -59,6 +59,7 @@ INT64_MAX = (1 << 63) - 1
 MEMORY_UNLIMITED_THRESHOLD = 1 << 62
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MAX_CPU_ID = 65535
+MAX_CPU_LIST_CHARS = 64 * 1024
 MAX_VALUE_LENGTH = 4096
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -132,16 +133,28 @@ def parse_cpu_list(text: str) -> frozenset[int]:
     text = text.strip()
     if text == "":
         return frozenset()
+    if len(text) > MAX_CPU_LIST_CHARS:
+        raise InvalidValueError(f"cpu list of {len(text)} characters is longer than {MAX_CPU_LIST_CHARS}")
     if not _CPU_LIST.match(text):
-        raise InvalidValueError(f"malformed cpu list: {text!r}")
-    ids: set[int] = set()
+        raise InvalidValueError(f"malformed cpu list: {text[:80]!r}")
+    ranges: list[tuple[int, int]] = []
     for chunk in text.split(","):
         first, _, last = chunk.partition("-")
+        if len(first) > 9 or len(last) > 9:
+            raise InvalidValueError(f"bad range {chunk[:40]!r} in cpu list")
         lo = int(first)
         hi = int(last) if last else lo
         if lo > hi or hi > MAX_CPU_ID:
-            raise InvalidValueError(f"bad range {chunk!r} in cpu list {text!r}")
-        ids.update(range(lo, hi + 1))
+            raise InvalidValueError(f"bad range {chunk!r} in cpu list {text[:80]!r}")
+        ranges.append((lo, hi))
+    # Merged before expanding: repeated ranges cost nothing more than one.
+    ranges.sort()
+    ids: list[int] = []
+    covered = -1
+    for lo, hi in ranges:
+        if hi > covered:
+            ids.extend(range(max(lo, covered + 1), hi + 1))
+            covered = hi
     return frozenset(ids)
 
 

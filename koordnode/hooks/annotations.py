@@ -6,15 +6,18 @@ wrong; the policy then uses the class defaults for whatever could not be read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from koordnode.hooks.cpulist import CpuListError, parse_cpu_list
+from koordnode.hooks.cpulist import CpuListError, format_cpu_list, parse_cpu_list
 
 EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
 MEMORY_QOS = "koordinator.sh/memoryQOS"
@@ -26,6 +29,8 @@ BATCH_MEMORY = "kubernetes.io/batch-memory"  # bytes
 # Annotations are user input: bound what we are willing to parse.
 MAX_ANNOTATION_CHARS = 64 * 1024
 MAX_QUANTITY_CHARS = 64
+MAX_PROBLEMS = 10  # problems reported per pod (the rest are counted)
+MAX_SPEC_CONTAINERS = 64  # containers an extended-resource-spec may describe
 _INT64_MAX = 2**63 - 1
 
 
@@ -161,6 +166,8 @@ def parse_extended_resource_spec(text: Any) -> tuple[ExtendedResourceSpec | None
     if not isinstance(containers, dict):
         return None, [ParseProblem(annotation, '"containers" must be an object')]
     parsed: dict[str, BatchResources] = {}
+    if len(containers) > MAX_SPEC_CONTAINERS:
+        return None, [ParseProblem(annotation, f"{len(containers)} containers; at most {MAX_SPEC_CONTAINERS}")]
     for name, spec in containers.items():
         if not isinstance(spec, dict):
             problems.append(ParseProblem(annotation, f"container {name!r}: expected an object"))
@@ -269,9 +276,17 @@ def _json_integer(raw: Any) -> int | None:
 
 @dataclass(frozen=True)
 class ResourceStatus:
-    """The scheduler's placement; cpuset None when it chose none."""
+    """The scheduler's placement; no cpuset when it chose none.
 
-    cpuset: frozenset[int] | None = None
+    Kept as the canonical CPU-list text (validated, merged): parsed annotations are cached,
+    and a text is far smaller than the set of up to 8192 CPUs a hostile list can name. The
+    set is built when asked for (once per allocation)."""
+
+    cpuset_text: str | None = None
+
+    @property
+    def cpuset(self) -> frozenset[int] | None:
+        return parse_cpu_list(self.cpuset_text) if self.cpuset_text else None
 
 
 def parse_resource_status(text: Any) -> tuple[ResourceStatus | None, list[ParseProblem]]:
@@ -281,14 +296,14 @@ def parse_resource_status(text: Any) -> tuple[ResourceStatus | None, list[ParseP
         return None, problems
     raw = document.get("cpuset")
     if raw is None or raw == "":
-        return ResourceStatus(cpuset=None), problems
+        return ResourceStatus(), problems
     if not isinstance(raw, str):
         return None, [ParseProblem(annotation, f"cpuset must be a string, got {raw!r}")]
     try:
         cpus = parse_cpu_list(raw)
     except CpuListError as error:
         return None, [ParseProblem(annotation, f"cpuset: {error}")]
-    return ResourceStatus(cpuset=cpus or None), problems
+    return ResourceStatus(cpuset_text=format_cpu_list(cpus) or None), problems
 
 
 # --- all of them --------------------------------------------------------------------------
@@ -310,10 +325,61 @@ class PodAnnotations:
     def scheduler_cpuset(self) -> frozenset[int] | None:
         return self.resource_status.cpuset if self.resource_status else None
 
+    @property
+    def has_scheduler_cpuset(self) -> bool:
+        return self.resource_status is not None and self.resource_status.cpuset_text is not None
+
+
+_KNOWN = (EXTENDED_RESOURCE_SPEC, MEMORY_QOS, RESOURCE_STATUS)
+_EMPTY = PodAnnotations()
+# Parsed annotations by a digest of their text: a plan, a reconcile pass and the QoS manager
+# ask again and again for the same pod, and a hostile value must cost its parse once, not
+# once per question. Keyed by digest so the cache never holds the (up to 64 KiB) texts.
+_CACHE_SIZE = 128
+_cache: OrderedDict[bytes, PodAnnotations] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _cache_key(values: tuple[Any, ...]) -> bytes | None:
+    digest = hashlib.blake2b(digest_size=16)
+    for value in values:
+        if value is None:
+            digest.update(b"\x00")
+        elif isinstance(value, str):
+            encoded = value.encode("utf-8", "surrogatepass")
+            digest.update(b"\x01" + len(encoded).to_bytes(8, "big") + encoded)
+        else:
+            return None  # not what CRI carries; parsed every time (and refused)
+    return digest.digest()
+
 
 def parse_pod_annotations(annotations: Mapping[str, Any] | None) -> PodAnnotations:
-    """Parse every annotation koordnode understands; absent ones stay None. Never raises."""
+    """Parse every annotation koordnode understands; absent ones stay None. Never raises.
+
+    Bounded: each value is refused above MAX_ANNOTATION_CHARS, CPU lists above
+    MAX_CPU_LIST_CHARS, and the result is cached, so the same text is parsed once.
+    """
     annotations = annotations or {}
+    values = tuple(annotations.get(name) for name in _KNOWN)
+    if all(value is None for value in values):
+        return _EMPTY
+    key = _cache_key(values)
+    if key is not None:
+        with _cache_lock:
+            cached = _cache.get(key)
+            if cached is not None:
+                _cache.move_to_end(key)
+                return cached
+    parsed = _parse_pod_annotations(annotations)
+    if key is not None:
+        with _cache_lock:
+            _cache[key] = parsed
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    return parsed
+
+
+def _parse_pod_annotations(annotations: Mapping[str, Any]) -> PodAnnotations:
     problems: list[ParseProblem] = []
     extended = memory_qos = resource_status = None
     if EXTENDED_RESOURCE_SPEC in annotations:
@@ -325,6 +391,10 @@ def parse_pod_annotations(annotations: Mapping[str, Any] | None) -> PodAnnotatio
     if RESOURCE_STATUS in annotations:
         resource_status, found = parse_resource_status(annotations[RESOURCE_STATUS])
         problems += found
+    if len(problems) > MAX_PROBLEMS:
+        # Each problem becomes a status note on every container of the pod: keep them few.
+        problems = problems[:MAX_PROBLEMS] + [
+            ParseProblem(problems[MAX_PROBLEMS].annotation, f"... and {len(problems) - MAX_PROBLEMS} more problems")]
     return PodAnnotations(
         extended_resources=extended,
         memory_qos=memory_qos,

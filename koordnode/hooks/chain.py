@@ -26,7 +26,8 @@ SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 
 def skip_requested(labels: dict[str, str]) -> bool:
     """True when a pod's labels ask koordnode to leave it alone."""
-    return labels.get(SKIP_LABEL, "").lower() == "true"
+    value = labels.get(SKIP_LABEL, "")
+    return len(value) == 4 and value.lower() == "true"  # bounded: label values are pod input
 
 
 @dataclasses.dataclass
@@ -58,6 +59,9 @@ class RuntimeHook:
 
     name = "hook"
     methods: frozenset[str] = frozenset()
+    # The methods whose request `pre` may change; `pre` runs for these only, so only these calls
+    # can fail under failure_policy = "fail". None: all of `methods`.
+    pre_methods: frozenset[str] | None = None
 
     def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
         pass
@@ -89,6 +93,9 @@ class HookChain:
         # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
         self._pending_post: set[asyncio.Task] = set()
+        # The Post tasks a new call waits for: not those already late, or one stuck hook would
+        # cost every later call the full timeout.
+        self._awaited_post: set[asyncio.Task] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
@@ -98,6 +105,12 @@ class HookChain:
     def wants(self, method: str) -> bool:
         return any(method in h.methods for h in self.hooks)
 
+    @staticmethod
+    def _runs_pre(hook: RuntimeHook, method: str) -> bool:
+        if method not in hook.methods or not _overrides(hook, "pre"):
+            return False
+        return hook.pre_methods is None or method in hook.pre_methods
+
     async def run_pre(self, call: CallContext) -> None:
         """Run Pre hooks; raises HookFailed only under failure_policy = "fail"."""
         # Post hooks of earlier calls first: kubelet only sends this call after it saw their
@@ -106,7 +119,7 @@ class HookChain:
         if call.skip_hooks:
             return
         for hook in self.hooks:
-            if call.method not in hook.methods or not _overrides(hook, "pre"):
+            if not self._runs_pre(hook, call.method):
                 continue
             before = call.request
             attempt = type(before)()
@@ -123,31 +136,61 @@ class HookChain:
             return
         task = asyncio.get_running_loop().create_task(self._run_post(call))
         self._pending_post.add(task)
+        self._awaited_post.add(task)
         task.add_done_callback(self._pending_post.discard)
+        task.add_done_callback(self._awaited_post.discard)
 
     async def _run_post(self, call: CallContext) -> None:
+        # In order, each to its end: a Post hook keeps books (state, CPU release), so one that
+        # overruns its timeout is counted late but still runs, exactly once, before the next.
         for hook in self.hooks:
             if call.method in hook.methods and _overrides(hook, "post"):
-                await self._invoke(hook, "post", call)
+                await self._invoke(hook, "post", call, run_to_end=True)
 
     async def drain_post(self, timeout_s: float) -> None:
-        if self._pending_post:
-            await asyncio.wait(list(self._pending_post), timeout=timeout_s)
+        if self._awaited_post:
+            await asyncio.wait(list(self._awaited_post), timeout=timeout_s)
 
-    async def _invoke(self, hook: RuntimeHook, phase: str, call: CallContext) -> bool:
+    async def _invoke(self, hook: RuntimeHook, phase: str, call: CallContext,
+                      run_to_end: bool = False) -> bool:
+        """Run one hook within the timeout; False if it failed or overran.
+
+        A Pre hook that overruns is cancelled (its changes are dropped anyway). With
+        `run_to_end`, an overrunning hook is reported as a timeout but awaited to its end:
+        cancelling it while still queued for a thread would mean it never runs at all."""
         fn = getattr(hook, phase)
         started = time.monotonic()
+        timeout = self.timeout_s
+        if inspect.iscoroutinefunction(fn):
+            work = asyncio.ensure_future(fn(call))
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._pool, fn, call)
         try:
-            if inspect.iscoroutinefunction(fn):
-                await asyncio.wait_for(fn(call), self.timeout_s)
+            if run_to_end:
+                await asyncio.wait({work}, timeout=timeout)
+                if not work.done():
+                    self._awaited_post.discard(asyncio.current_task())
+                    self._failed(hook, phase, call, "timeout", f"exceeded {timeout * 1000:.0f} ms",
+                                 started, "running to its end")
+                    try:
+                        await asyncio.shield(work)
+                    except Exception as exc:
+                        log.warning("late hook failed", hook=hook.name, phase=phase,
+                                    method=call.method, **call_ids(call), reason=repr(exc))
+                    return False
+                work.result()
             else:
-                loop = asyncio.get_running_loop()
-                await asyncio.wait_for(loop.run_in_executor(self._pool, fn, call), self.timeout_s)
+                await asyncio.wait_for(work, timeout)
             return True
         except (asyncio.TimeoutError, TimeoutError):
-            kind, reason = "timeout", f"exceeded {self.timeout_s * 1000:.0f} ms"
+            kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)
+        self._failed(hook, phase, call, kind, reason, started)
+        return False
+
+    def _failed(self, hook: RuntimeHook, phase: str, call: CallContext, kind: str, reason: str,
+                started: float, then: str | None = None) -> None:
         self.failures[(hook.name, phase, kind)] += 1
         call.hook_failures.append(f"{hook.name}.{phase}: {reason}")
         log.warning(
@@ -155,15 +198,40 @@ class HookChain:
             hook=hook.name,
             phase=phase,
             method=call.method,
+            **call_ids(call),
             kind=kind,
             reason=reason,
             elapsed_ms=round((time.monotonic() - started) * 1000, 2),
             policy=self.failure_policy,
+            **({"then": then} if then else {}),
         )
-        return False
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def call_ids(call: CallContext) -> dict[str, str]:
+    """The identifiers worth logging for a call (pod, sandbox id, container id/name)."""
+    ids: dict[str, str] = {}
+    req = call.request
+    for field in ("pod_sandbox_id", "container_id"):
+        value = getattr(req, field, "")
+        if value:
+            ids[field] = value
+    resp = call.response
+    for field in ("pod_sandbox_id", "container_id"):
+        value = getattr(resp, field, "") if resp is not None else ""
+        if value:
+            ids[field] = value
+    sandbox_config = None
+    if call.method == "RunPodSandbox":
+        sandbox_config = req.config
+    elif call.method == "CreateContainer":
+        sandbox_config = req.sandbox_config
+        ids["container"] = req.config.metadata.name
+    if sandbox_config is not None and sandbox_config.metadata.name:
+        ids["pod"] = f"{sandbox_config.metadata.namespace}/{sandbox_config.metadata.name}"
+    return ids
 
 
 def _overrides(hook: RuntimeHook, phase: str) -> bool:

@@ -107,7 +107,9 @@ def allocator_from_config(topology: CpuTopology, node: NodeConfig) -> tuple[Cpus
     offline = system - topology.online
     if offline:
         notes.append(f"system_cpus: CPUs {format_cpu_list(offline)} are not online and are ignored")
-    return CpusetAllocator(topology, reserved=reserved, system_cpus=system & topology.online), notes
+    allocator = CpusetAllocator(topology, reserved=reserved, system_cpus=system & topology.online,
+                                min_shared_cpus=node.min_shared_cpus)
+    return allocator, notes
 
 
 class CpusetAllocator:
@@ -116,8 +118,11 @@ class CpusetAllocator:
         topology: CpuTopology,
         reserved: Iterable[int] = (),
         system_cpus: Iterable[int] = (),
+        min_shared_cpus: int = 0,
     ) -> None:
         self._topology = topology
+        # CPUs the share pool keeps whatever LSE/LSR ask for ([node] min_shared_cpus).
+        self._min_shared = max(0, min_shared_cpus)
         self._reserved = frozenset(reserved) & topology.online
         # SYSTEM pods run on these when set; they are not removed from the pools.
         self._system_cpus = frozenset(system_cpus) & topology.online
@@ -135,6 +140,10 @@ class CpusetAllocator:
     @property
     def reserved(self) -> frozenset[int]:
         return self._reserved
+
+    @property
+    def min_shared_cpus(self) -> int:
+        return self._min_shared
 
     def allocations(self) -> Mapping[str, Allocation]:
         return MappingProxyType(dict(self._allocations))
@@ -223,7 +232,7 @@ class CpusetAllocator:
         notes: list[str] = []
         if preferred is not None:
             wanted = frozenset(preferred)
-            problem = self._preferred_problem(wanted, owner_id)
+            problem = self._preferred_problem(wanted, owner_id) or self._share_floor_problem(wanted)
             if problem is None:
                 self._record(Allocation(owner_id, qos_class, wanted, "scheduler"))
                 reason = f"{qos_class.value}: scheduler's cpuset {format_cpu_list(wanted)} (resource-status)"
@@ -239,6 +248,9 @@ class CpusetAllocator:
             if qos_class is QoSClass.LSE:
                 detail += f" ({len(self._free_cores(free))} whole free cores)"
             return self._fallback(qos_class, notes + [detail])
+        floor = self._share_floor_problem(chosen)
+        if floor is not None:
+            return self._fallback(qos_class, notes + [floor])
         self._record(Allocation(owner_id, qos_class, chosen, "allocated"))
         shape = "whole cores" if qos_class is QoSClass.LSE else "reserved"
         nodes = format_cpu_list(self._topology.numa_nodes_of(chosen))
@@ -269,6 +281,14 @@ class CpusetAllocator:
             if other != owner_id and clash:
                 return f"CPUs {format_cpu_list(clash)} are held by {other} ({allocation.qos_class.value})"
         return None
+
+    def _share_floor_problem(self, wanted: frozenset[int]) -> str | None:
+        """Why taking `wanted` would leave the share pool below [node] min_shared_cpus."""
+        left = self.share_pool() - wanted
+        if len(left) >= self._min_shared:
+            return None
+        return (f"it would leave the share pool {len(left)} CPUs, below"
+                f" [node] min_shared_cpus = {self._min_shared}")
 
     def _record(self, allocation: Allocation) -> None:
         self._allocations[allocation.owner_id] = allocation

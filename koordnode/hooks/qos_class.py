@@ -134,7 +134,10 @@ def resolve_qos_class(
                 kube_qos=kube_qos,
             )
         allowed = ", ".join(c.value for c in QoSClass)
-        label_problem = f"invalid label {QOS_CLASS_LABEL}={raw!r} ignored (expected one of {allowed})"
+        # Label values are pod input: quote a bounded prefix (status, logs, every reconcile).
+        shown = repr(raw[:40]) + (f"... ({len(raw)} characters)" if len(raw) > 40 else "") \
+            if isinstance(raw, str) else repr(type(raw).__name__)
+        label_problem = f"invalid label {QOS_CLASS_LABEL}={shown} ignored (expected one of {allowed})"
     mapped = mapping.get(kube_qos, DEFAULT_KUBE_QOS_MAPPING[kube_qos])
     why = f"{kube_evidence}; Kubernetes QoS {kube_qos.value} maps to {mapped.value}"
     if label_problem:

@@ -222,6 +222,9 @@ class NodeConfig:
     reserved_cpus: str | int = field(default="", metadata={"doc": 'CPUs kept away from every pod pool: a CPU list ("0-1") or a count (lowest-numbered whole cores); "" = none'})
     # CPU list for SYSTEM pods; "" = they use the LS share pool.
     system_cpus: str = field(default="", metadata={"doc": 'CPU list for SYSTEM pods; "" = they use the LS share pool'})
+    # Exclusive allocations never take the last CPUs of the share pool: LS, BE and fallback
+    # containers need somewhere to run that is not someone else's exclusive core.
+    min_shared_cpus: int = field(default=1, metadata={"doc": "CPUs the LS share pool always keeps: an LSE/LSR allocation that would leave fewer falls back to the share pool (0 = exclusive CPUs may take the whole node)", "min": 0, "max": 8192})
     # Block devices ("MAJ:MIN") for blkio throttling (BE read/write bps).
     blkio_devices: tuple[str, ...] = field(default=(), metadata={"doc": 'block devices ("MAJ:MIN") the per-class disk throttles apply to'})
     # Also set cpuset_mems to the NUMA nodes of the CPUs handed out (off: memory may come
@@ -245,6 +248,9 @@ class NodeConfig:
             parse_cpu_list(self.system_cpus)
         except CpuListError as error:
             raise ValueError(f"system_cpus: {error}") from None
+        if isinstance(self.min_shared_cpus, bool) or not isinstance(self.min_shared_cpus, int) \
+                or not 0 <= self.min_shared_cpus <= 8192:
+            raise ValueError(f"min_shared_cpus must be an integer in [0, 8192], got {self.min_shared_cpus!r}")
         devices = self.blkio_devices
         if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
             raise ValueError(f'blkio_devices must be a list of "MAJ:MIN", got {devices!r}')

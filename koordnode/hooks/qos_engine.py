@@ -5,6 +5,11 @@ Policy (hooks/policy.py) is pure; this module owns the state that policy needs a
 plans to the executor. Hook threads and the reconcile pass call it concurrently, so every entry
 point takes one lock: plans and writes for a node are cheap, and serialising them keeps the
 allocator and cgroup cpusets consistent.
+
+Threads: the engine never changes NodeState. Each entry point reads one immutable NodeView
+(taken by the event loop for the reconcile pass), and what the loop must record (the class of
+each pod) is returned. What `koordnode status` shows is published as an immutable snapshot at
+the end of each locked section, so the event loop reads it without ever waiting for the lock.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from koordnode.hooks.cpuset_allocator import (
     allocator_from_config,
     cpuset_owner_id,
 )
-from koordnode.hooks.annotations import parse_pod_annotations
+from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
 from koordnode.hooks.chain import skip_requested
-from koordnode.hooks.cpulist import parse_cpu_list
+from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.policy import (
     ContainerInput,
     ContainerPlan,
@@ -46,13 +51,60 @@ from koordnode.hooks.policy import (
 )
 from koordnode.metrics import METRICS
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState, PodRecord
+from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 
 log = structlog.get_logger("koordnode.qos")
 
 # Container annotation carrying kubelet's own resources, so that after a koordnode restart the
 # policy starts again from what kubelet asked, not from what koordnode made of it.
 KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
+# Container annotation carrying the allocator's own record of an exclusive allocation
+# ({"owner", "class", "cpus"}), written into the CreateContainer request the runtime stores.
+# After a restart ownership is rebuilt from these records only: a cpuset found on a container
+# (e.g. a fallback container's share-pool set) is never taken for an allocation.
+CPU_ALLOCATION_ANNOTATION = "koordnode.io/cpu-allocation"
+_MAX_ALLOCATION_RECORD_CHARS = 64 * 1024
+_CREATE_POST_DONE = "qos.create_post_done"  # CallContext.scratch key
+
+
+def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[int]) -> str:
+    return json.dumps({"owner": owner, "class": qos_class.value, "cpus": format_cpu_list(cpus)},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def fallback_to_annotation(reason: str) -> str:
+    """The record of an LSE/LSR container that got no CPUs: why, for status after restarts."""
+    return json.dumps({"fallback": reason[:1000]}, separators=(",", ":"))
+
+
+def _allocation_doc(text: str | None) -> dict[str, Any] | None:
+    if not text or not isinstance(text, str) or len(text) > _MAX_ALLOCATION_RECORD_CHARS:
+        return None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def fallback_from_annotation(text: str | None) -> str | None:
+    doc = _allocation_doc(text)
+    reason = doc.get("fallback") if doc is not None else None
+    return reason if isinstance(reason, str) else None
+
+
+def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozenset[int]] | None:
+    """(owner, class, CPUs) of our allocation record; None when absent or not what we write."""
+    doc = _allocation_doc(text)
+    if doc is None:
+        return None
+    try:
+        owner, cls, cpus = doc["owner"], QoSClass(doc["class"]), parse_cpu_list(doc["cpus"])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not isinstance(owner, str) or not owner or cls not in CPU_OWNING_CLASSES or not cpus:
+        return None
+    return owner, cls, cpus
 
 _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
                     "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes")
@@ -73,7 +125,7 @@ def resources_to_annotation(res: ContainerResources) -> str:
 
 def resources_from_annotation(text: str | None) -> ContainerResources | None:
     """kubelet's resources from our annotation; None when absent or not what we wrote."""
-    if not text:
+    if not text or not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
     try:
         doc = json.loads(text)
@@ -86,7 +138,7 @@ def resources_from_annotation(text: str | None) -> ContainerResources | None:
             if isinstance(v, bool) or not isinstance(v, wanted):
                 return None
         return ContainerResources(**values, unified=unified)
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return None
 
 
@@ -113,24 +165,35 @@ def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
     return applied, skipped
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Record:
-    """What koordnode decided and applied for one pod or container, for `koordnode status`."""
+    """What koordnode decided and applied for one pod or container, for `koordnode status`.
+
+    Frozen: a published status snapshot holds these while workers make new ones."""
 
     qos_class: str = ""
     why: str = ""
-    applied: list[str] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
+    applied: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
     verified_at: float | None = None
 
-    def set_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> None:
-        self.applied, self.skipped = _summarise(results)
-        self.notes = list(dict.fromkeys(notes))
-        self.verified_at = time.time()
+    def with_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> Record:
+        applied, skipped = _summarise(results)
+        return dataclasses.replace(self, applied=tuple(applied), skipped=tuple(skipped),
+                                   notes=tuple(dict.fromkeys(notes)), verified_at=time.time())
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedStatus:
+    """The engine's part of `koordnode status`, as of the end of its last locked section."""
+
+    engine: Mapping[str, Any]
+    pod_records: Mapping[str, Record]
+    container_records: Mapping[str, Record]
 
 
 class QoSEngine:
@@ -159,6 +222,13 @@ class QoSEngine:
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
         self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
         self.container_records: dict[str, Record] = {}
+        # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
+        self.reallocate: set[str] = set()
+        # LSE/LSR containers that got no CPUs at creation -> why (from their record annotation).
+        self.fallback_reason: dict[str, str] = {}
+        self._published = PublishedStatus({}, {}, {})
+        with self.lock:
+            self._publish_status()
 
     def _apply_config(self, config: Any) -> None:
         old = getattr(self, "allocator", None)
@@ -177,6 +247,7 @@ class QoSEngine:
         with self.lock:
             self._apply_config(config)
             self.executor.forget_unsupported()
+            self._publish_status()
 
     def _probe_group_identity(self, cgroup: str) -> bool:
         try:
@@ -222,6 +293,9 @@ class QoSEngine:
     # ---- hook entry points ----------------------------------------------------------------
 
     def pod_sandbox_pre(self, cfg: pb.PodSandboxConfig) -> ClassDecision:
+        # Parse (and cache) the pod's annotations here, in a hook thread: the event loop's
+        # readers (the QoS manager's inventory) then find them parsed.
+        parse_pod_annotations(dict(cfg.annotations))
         decision = self.classify(cfg.labels, cfg.linux.cgroup_parent)
         if decision.label_problem:
             log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
@@ -229,68 +303,114 @@ class QoSEngine:
         return decision
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
+        view = self.state.view()
         with self.lock:
-            self._apply_pod(sandbox_id, self.pod_input(cfg), force=False)
+            self._apply_pod(view, sandbox_id, self.pod_input(cfg), force=False)
+            self._publish_status()
 
-    def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
-        """Rewrite the CreateContainer request in place; returns the plan for the record."""
+    def container_create_pre(self, req: pb.CreateContainerRequest,
+                             scratch: dict[str, Any] | None = None) -> ContainerPlan:
+        """Rewrite the CreateContainer request in place; returns the plan for the record.
+
+        `scratch`: the call's scratch dict, shared with container_created. A Pre hook that
+        overran its timeout may still finish after the call's Post step: then the CPUs it
+        took were never forwarded, and it gives them back itself."""
+        scratch = scratch if scratch is not None else {}
         pod = self.pod_input(req.sandbox_config)
         decision = self.classify(pod.labels, pod.cgroup_parent)
         kubelet = resources_from_pb(req.config.linux.resources)
         container = ContainerInput(name=req.config.metadata.name, resources=kubelet)
+        # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
+        req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
+        owner = self._owner_id(pod, container.name)
         with self.lock:
+            held_before = self.allocator.allocation_of(owner) is not None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
+            allocation = self.allocator.allocation_of(owner) if cpuset.exclusive else None
+            if scratch.get(_CREATE_POST_DONE) and not held_before and owner not in self.cpu_owner.values():
+                self.allocator.release(owner)  # too late: the call went on without these CPUs
+                allocation = None
+                self._refresh_pools(self.state.view())
+            self._publish_status()
         apply_overrides(req.config.linux.resources, plan)
         req.config.annotations[KUBELET_RESOURCES_ANNOTATION] = resources_to_annotation(kubelet)
+        if allocation is not None:
+            req.config.annotations[CPU_ALLOCATION_ANNOTATION] = allocation_to_annotation(
+                owner, allocation.qos_class, allocation.cpus)
+        elif cpuset.fallback:
+            req.config.annotations[CPU_ALLOCATION_ANNOTATION] = fallback_to_annotation(cpuset.reason)
         if cpuset.fallback:
             log.warning("not enough free CPUs; container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
         return plan
 
-    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None) -> None:
-        """After CreateContainer: remember the container, or undo the allocation if it failed."""
+    @staticmethod
+    def _owner_id(pod: PodInput | PodRecord, container_name: str) -> str:
+        return cpuset_owner_id(pod.uid, container_name,
+                               parse_pod_annotations(pod.annotations).has_scheduler_cpuset)
+
+    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
+                          scratch: dict[str, Any] | None = None) -> None:
+        """After CreateContainer: remember the container, or undo the allocation if the call
+        failed or went on without it (a Pre hook that failed or timed out has its request
+        changes dropped: then the runtime never saw the CPUs, and they go back)."""
         pod = self.pod_input(req.sandbox_config)
-        preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
-        owner = cpuset_owner_id(pod.uid, req.config.metadata.name, preferred is not None)
+        owner = self._owner_id(pod, req.config.metadata.name)
+        record = allocation_from_annotation(req.config.annotations.get(CPU_ALLOCATION_ANNOTATION))
+        forwarded = record is not None and record[0] == owner
+        view = self.state.view()
         with self.lock:
+            if scratch is not None:
+                scratch[_CREATE_POST_DONE] = True
             if container_id:
                 self.container_pod[container_id] = req.pod_sandbox_id
                 self.kubelet_resources[container_id] = resources_from_annotation(
                     req.config.annotations.get(KUBELET_RESOURCES_ANNOTATION)) or resources_from_pb(
                     req.config.linux.resources)
-                if self.allocator.allocation_of(owner) is not None:
+                if forwarded and self.allocator.allocation_of(owner) is not None:
                     self.cpu_owner[container_id] = owner
-            elif owner not in self.cpu_owner.values():
+                fallback = fallback_from_annotation(req.config.annotations.get(CPU_ALLOCATION_ANNOTATION))
+                if fallback is not None:
+                    self.fallback_reason[container_id] = fallback
+            if (not container_id or not forwarded) and owner not in self.cpu_owner.values():
                 self.allocator.release(owner)
-            self._refresh_pools()
+            self._refresh_pools(view)
+            self._publish_status()
 
     def container_started(self, container_id: str) -> None:
+        view = self.state.view()
         with self.lock:
-            pod = self.state.pod_of_container(container_id)
+            pod = view.pod_of_container(container_id)
             if pod is None:
                 return
-            self._apply_pod(pod.sandbox_id, self.pod_input_from_record(pod), force=False)
+            self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=False)
+            self._publish_status()
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
-        container = self.state.containers.get(req.container_id)
-        pod = self.state.pod_of_container(req.container_id)
+        view = self.state.view()
+        container = view.containers.get(req.container_id)
+        pod = view.pod_of_container(req.container_id)
         if container is None or pod is None or not req.HasField("linux"):
             return
         with self.lock:
             kubelet = resources_from_pb(req.linux)
             self.kubelet_resources[req.container_id] = kubelet
             plan = self._plan(pod, container.name, req.container_id, kubelet, with_cgroup=False)
+            self._publish_status()
         apply_overrides(req.linux, plan)
 
     def container_gone(self, container_id: str) -> None:
+        view = self.state.view()
         with self.lock:
             self._drop_container(container_id)
-            self._refresh_pools()
+            self._refresh_pools(view)
+            self._publish_status()
 
     def pod_gone(self, sandbox_id: str, removed: bool) -> None:
+        view = self.state.view()
         with self.lock:
             for cid in [c for c, s in self.container_pod.items() if s == sandbox_id]:
                 self._drop_container(cid)
@@ -299,13 +419,16 @@ class QoSEngine:
                 names = self._metric_names.pop(sandbox_id, None)
                 if names is not None:
                     METRICS.drop_pod(*names)
-            self._refresh_pools()
+            self._refresh_pools(view)
+            self._publish_status()
 
     def _drop_container(self, container_id: str) -> None:
         owner = self.cpu_owner.pop(container_id, None)
         self.container_pod.pop(container_id, None)
         self.kubelet_resources.pop(container_id, None)
         self.container_records.pop(container_id, None)
+        self.reallocate.discard(container_id)
+        self.fallback_reason.pop(container_id, None)
         if owner is not None and owner not in self.cpu_owner.values():
             self.allocator.release(owner)
 
@@ -321,16 +444,23 @@ class QoSEngine:
             allocation = self.allocator.allocation_of(owner)
             if allocation is not None:
                 return self.allocator.allocate(owner, allocation.qos_class, len(allocation.cpus))
-        if decision.qos_class in CPU_OWNING_CLASSES:
-            # An owning class that has no allocation (e.g. refused at restore): ask again.
+        if decision.qos_class in CPU_OWNING_CLASSES and container_id in self.reallocate:
+            # Its recorded allocation was refused at restore (e.g. CPUs gone offline): ask again.
             cpuset = allocate_cpuset(self.allocator, self.pod_input_from_record(pod),
                                      ContainerInput(name=name, resources=kubelet), decision.qos_class)
-            preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
-            owner = cpuset_owner_id(pod.uid, name, preferred is not None)
-            if self.allocator.allocation_of(owner) is not None:
+            owner = self._owner_id(pod, name)
+            if cpuset.exclusive and self.allocator.allocation_of(owner) is not None:
                 self.cpu_owner[container_id] = owner
                 self.container_pod[container_id] = pod.sandbox_id
+                self.reallocate.discard(container_id)
             return cpuset
+        if decision.qos_class in CPU_OWNING_CLASSES:
+            # No allocation: it fell back at creation and stays a share-pool container (CPUs
+            # are handed out at CreateContainer, never to a running container later).
+            pool = self.allocator.pool_for(decision.qos_class)
+            why = self.fallback_reason.get(container_id) or (
+                f"{decision.qos_class.value}: no CPUs allocated at creation")
+            return dataclasses.replace(pool, reason=f"{why}; now on: {pool.reason}")
         return self._be_override(decision.qos_class) or self.allocator.pool_for(decision.qos_class)
 
     def _plan(self, pod: PodRecord, name: str, container_id: str, kubelet: ContainerResources,
@@ -343,11 +473,11 @@ class QoSEngine:
                               features=self.features, cpuset=cpuset, node=self.config.node,
                               container_cgroup=cgroup)
 
-    def _kubelet_resources(self, container_id: str) -> ContainerResources:
+    def _kubelet_resources(self, view: NodeView, container_id: str) -> ContainerResources:
         known = self.kubelet_resources.get(container_id)
         if known is not None:
             return known
-        c = self.state.containers.get(container_id)
+        c = view.containers.get(container_id)
         if c is None:
             return ContainerResources()
         # Recovered after a restart: kubelet's values travel in our annotation.
@@ -357,20 +487,22 @@ class QoSEngine:
         self.kubelet_resources[container_id] = restored
         return restored
 
-    def _apply_pod(self, sandbox_id: str, pod_in: PodInput, *, force: bool) -> None:
-        """Pod-level and container-level writes of one pod (its running containers)."""
-        pod = self.state.pods.get(sandbox_id)
+    def _apply_pod(self, view: NodeView, sandbox_id: str, pod_in: PodInput, *,
+                   force: bool) -> ClassDecision | None:
+        """Pod-level and container-level writes of one pod (its running containers); returns
+        the class decision for the loop to record (None when the pod is unknown or skipped)."""
+        pod = view.pods.get(sandbox_id)
         if pod is None or skip_requested(pod.labels):
-            return  # skipped pods are left alone, also by the reconcile pass after a restart
+            return None  # skipped pods are left alone, also by the reconcile pass after a restart
         decision = self._decision(pod)
         try:
             pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
         except UnsafePathError as exc:
-            record = self.pod_records.setdefault(sandbox_id, Record())
-            record.qos_class, record.why = decision.qos_class.value, decision.why
-            record.skipped = [f"cgroup parent {pod.cgroup_parent!r} refused: {exc}"]
+            self.pod_records[sandbox_id] = dataclasses.replace(
+                self.pod_records.get(sandbox_id, Record()), qos_class=decision.qos_class.value,
+                why=decision.why, skipped=(f"cgroup parent {pod.cgroup_parent!r} refused: {exc}",))
             log.warning("refusing unsafe cgroup parent", sandbox_id=sandbox_id, error=str(exc))
-            return
+            return decision
         if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
             self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
             log.info("group identity kernel detected: BE pods get cpu.bvt_warp_ns instead of cpu.idle")
@@ -379,11 +511,12 @@ class QoSEngine:
         writes: list[CgroupWrite] = list(pod_plan.writes)
         container_plans: dict[str, tuple[ContainerPlan, int]] = {}
         memories = []
-        for c in self.state.containers_of(sandbox_id):
+        containers = view.containers_of(sandbox_id)
+        for c in containers:
             if c.state != CONTAINER_RUNNING:
                 continue
             try:
-                plan = self._plan(pod, c.name, c.container_id, self._kubelet_resources(c.container_id))
+                plan = self._plan(pod, c.name, c.container_id, self._kubelet_resources(view, c.container_id))
             except UnsafePathError:
                 continue
             start = len(writes)
@@ -394,27 +527,27 @@ class QoSEngine:
         writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
         results = self.executor.apply(writes, force=force)
         METRICS.record_writes(results)
-        self._publish_metrics(pod, decision.qos_class.value, pod_cgroup, results, container_plans)
+        self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, container_plans)
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
             by_cgroup.setdefault(r.write.cgroup, []).append(r)
-        record = self.pod_records.setdefault(sandbox_id, Record())
-        record.qos_class, record.why = decision.qos_class.value, decision.why
-        record.set_results(by_cgroup.get(pod_cgroup, []), pod_plan.notes)
-        pod.qos_class, pod.qos_reason = decision.qos_class.value, decision.why
+        record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
+                                     qos_class=decision.qos_class.value, why=decision.why)
+        self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), pod_plan.notes)
         for cid, (plan, _) in container_plans.items():
-            crec = self.container_records.setdefault(cid, Record())
-            crec.qos_class = plan.qos_class.value
-            crec.set_results(by_cgroup.get(self._container_cgroup(pod.cgroup_parent, cid), []), plan.notes)
+            crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
+            self.container_records[cid] = crec.with_results(
+                by_cgroup.get(self._container_cgroup(pod.cgroup_parent, cid), []), plan.notes)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if failed:
             log.warning("some cgroup writes failed", sandbox_id=sandbox_id,
                         failures=[f"{r.write.resource} {r.write.cgroup}: {r.detail}" for r in failed])
+        return decision
 
-    def _publish_metrics(self, pod: PodRecord, cls: str, pod_cgroup: str, results: list[WriteResult],
-                         container_plans: dict[str, tuple[ContainerPlan, int]]) -> None:
+    def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
+                         results: list[WriteResult], container_plans: dict[str, tuple[ContainerPlan, int]]) -> None:
         self._metric_names[pod.sandbox_id] = (pod.namespace, pod.name)
-        names = {c.container_id: c.name for c in self.state.containers_of(pod.sandbox_id)}
+        names = {c.container_id: c.name for c in containers}
         applied: dict[str, dict[str, Any]] = {}
         for r in results:
             if r.ok:
@@ -435,13 +568,13 @@ class QoSEngine:
         return CpusetDecision(cpus=frozenset(cpus), exclusive=False, fallback=False,
                               reason="BE cpuset set by the cpu_suppress strategy (policy cpuset)")
 
-    def _refresh_pools(self) -> None:
+    def _refresh_pools(self, view: NodeView) -> None:
         """After an allocation changed: move running shared-pool containers to the new pools."""
         writes = []
-        for c in list(self.state.containers.values()):
+        for c in view.containers.values():
             if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
                 continue
-            pod = self.state.pods.get(c.sandbox_id)
+            pod = view.pods.get(c.sandbox_id)
             if pod is None or skip_requested(pod.labels):
                 continue
             decision = self._decision(pod)
@@ -468,87 +601,137 @@ class QoSEngine:
         if record is None:
             return
         applied, skipped = _summarise([result])
-        record.applied = [a for a in record.applied if not a.startswith("cpuset.cpus=")] + applied
-        record.skipped = [s for s in record.skipped if not s.startswith("cpuset.cpus=")] + skipped
-        record.verified_at = time.time()
+        self.container_records[cid] = dataclasses.replace(
+            record,
+            applied=tuple(a for a in record.applied if not a.startswith("cpuset.cpus=")) + tuple(applied),
+            skipped=tuple(s for s in record.skipped if not s.startswith("cpuset.cpus=")) + tuple(skipped),
+            verified_at=time.time())
 
     # ---- whole-node passes ----------------------------------------------------------------
 
-    def adopt(self) -> None:
-        """After the state was rebuilt: restore CPU allocations from running containers."""
+    def adopt(self, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
+        """After the state was rebuilt: restore CPU allocations from the allocator's own records
+        (the annotation written at CreateContainer), never from cpusets found on containers.
+        Returns the pods' classes, as reconcile does."""
+        view = view if view is not None else self.state.view()
         with self.lock:
-            for c in list(self.state.containers.values()):
-                if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
+            for c in view.containers.values():
+                if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or c.container_id in self.cpu_owner:
                     continue
-                pod = self.state.pods.get(c.sandbox_id)
+                pod = view.pods.get(c.sandbox_id)
                 if pod is None:
                     continue
+                text = c.annotations.get(CPU_ALLOCATION_ANNOTATION)
+                fallback = fallback_from_annotation(text)
+                if fallback is not None:
+                    self.fallback_reason[c.container_id] = fallback
+                record = allocation_from_annotation(text)
+                if record is None:
+                    continue  # never held CPUs (another class, or it fell back to the share pool)
+                owner, qos_class, cpus = record
                 decision = self._decision(pod)
-                cpus_text = c.resources.cpuset_cpus
-                if decision.qos_class not in CPU_OWNING_CLASSES or not cpus_text:
-                    continue
-                preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
-                owner = cpuset_owner_id(pod.uid, c.name, preferred is not None)
-                try:
-                    cpus = parse_cpu_list(cpus_text)
-                except ValueError:
-                    continue
-                result = self.allocator.restore(owner, decision.qos_class, cpus)
-                if result.accepted or self.allocator.allocation_of(owner) is not None:
+                if decision.qos_class not in CPU_OWNING_CLASSES:
+                    continue  # its class changed (config): a pool container now
+                result = self.allocator.restore(owner, qos_class, cpus)
+                if result.accepted or (self.allocator.allocation_of(owner) is not None
+                                       and self.allocator.allocation_of(owner).cpus == cpus):
                     self.cpu_owner[c.container_id] = owner
                     self.container_pod[c.container_id] = c.sandbox_id
                 else:
+                    self.reallocate.add(c.container_id)
                     log.warning("cannot restore CPU allocation; will allocate again",
                                 container_id=c.container_id, reason=result.reason)
-        self.reconcile(force=False)
+            self._publish_status()
+        return self.reconcile(force=False, view=view)
 
-    def reconcile(self, force: bool = True) -> None:
-        """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files)."""
+    def reconcile(self, force: bool = True, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
+        """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files).
+
+        `view`: the snapshot to work from (the loop's, taken before handing the pass to a
+        thread). Returns sandbox id -> (class, why) for the loop to record in NodeState."""
+        view = view if view is not None else self.state.view()
+        classes: dict[str, tuple[str, str]] = {}
         with self.lock:
-            for pod in list(self.state.pods.values()):
+            for pod in view.pods.values():
                 if pod.state != POD_READY:
                     continue
                 try:
-                    self._apply_pod(pod.sandbox_id, self.pod_input_from_record(pod), force=force)
+                    decision = self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=force)
                 except Exception:  # one pod's trouble must not stop the others' reconcile
                     log.exception("reconcile of a pod failed", sandbox_id=pod.sandbox_id)
-            self._refresh_pools()
-            live = set(self.state.pods)
-            for sid in list(self.pod_records):
-                if sid not in live:
-                    del self.pod_records[sid]
+                    continue
+                if decision is not None:
+                    classes[pod.sandbox_id] = (decision.qos_class.value, decision.why)
+            self._refresh_pools(view)
+            for sid in [sid for sid in self.pod_records if sid not in view.pods]:
+                del self.pod_records[sid]
+            self._publish_status()
+        return classes
 
     # ---- views ----------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        with self.lock:
-            return {
+    def _cpu_status(self) -> dict[str, Any]:
+        """CPU pools and allocations as containers really get them (called under the lock)."""
+        allocator = self.allocator
+        share_pool, be_pool = allocator.share_pool(), allocator.be_pool()
+        ls_runs_on = allocator.pool_for(QoSClass.LS).cpus
+        be_runs_on = allocator.pool_for(QoSClass.BE).cpus
+        notes = []
+        if not share_pool:
+            notes.append(f"the share pool is empty: LS and fallback containers run on CPUs"
+                         f" {format_cpu_list(ls_runs_on)}, which are not exclusive any more")
+        if not be_pool:
+            notes.append(f"the BE pool is empty: BE containers run on CPUs {format_cpu_list(be_runs_on)}")
+        allocations = {}
+        for owner, a in allocator.allocations().items():
+            # LSR cores are shared with BE by design; LSE cores with nobody.
+            shared_with = ls_runs_on | (be_runs_on if a.qos_class is QoSClass.LSE else frozenset())
+            overlap = a.cpus & shared_with
+            allocations[owner] = {"class": a.qos_class.value, "cpus": sorted(a.cpus),
+                                  "exclusive": not overlap,
+                                  **({"shared_cpus": sorted(overlap)} if overlap else {})}
+        return {
+            "share_pool": sorted(share_pool),
+            "be_pool": sorted(be_pool),
+            "reserved": sorted(allocator.reserved),
+            "min_shared_cpus": allocator.min_shared_cpus,
+            "ls_containers_run_on": sorted(ls_runs_on),
+            "be_containers_run_on": sorted(be_runs_on),
+            "allocations": allocations,
+            "notes": notes,
+        }
+
+    def _publish_status(self) -> None:
+        """Called at the end of each locked section: the status readers' snapshot."""
+        self._published = PublishedStatus(
+            engine={
                 "cgroup_version": self.features.cgroup_version,
                 "group_identity": self.features.group_identity,
-                "cpus": {
-                    "share_pool": sorted(self.allocator.share_pool()),
-                    "be_pool": sorted(self.allocator.be_pool()),
-                    "reserved": sorted(self.allocator.reserved),
-                    "allocations": {o: {"class": a.qos_class.value, "cpus": sorted(a.cpus)}
-                                    for o, a in self.allocator.allocations().items()},
-                },
-                "unsupported": dict(self.executor.unsupported),
+                "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
                 "notes": list(self.notes),
-            }
+            },
+            pod_records=dict(self.pod_records),
+            container_records=dict(self.container_records),
+        )
+
+    def status(self) -> dict[str, Any]:
+        """Never takes the lock: the event loop calls it while workers may hold it."""
+        published = self._published
+        return {**published.engine, "unsupported": dict(self.executor.unsupported)}
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
-        """Add what was applied to the pods of a NodeState snapshot."""
-        with self.lock:
-            for pod in snapshot.get("pods", []):
-                rec = self.pod_records.get(pod["sandbox_id"])
-                if rec is not None:
-                    pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=rec.applied,
-                               skipped=rec.skipped, notes=rec.notes, verified_at=rec.verified_at)
-                for c in pod.get("containers", []):
-                    crec = self.container_records.get(c["container_id"])
-                    if crec is not None:
-                        c.update(applied=crec.applied, skipped=crec.skipped, notes=crec.notes,
-                                 verified_at=crec.verified_at)
+        """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
+        published = self._published
+        for pod in snapshot.get("pods", []):
+            rec = published.pod_records.get(pod["sandbox_id"])
+            if rec is not None:
+                pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),
+                           skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at)
+            for c in pod.get("containers", []):
+                crec = published.container_records.get(c["container_id"])
+                if crec is not None:
+                    c.update(applied=list(crec.applied), skipped=list(crec.skipped), notes=list(crec.notes),
+                             verified_at=crec.verified_at)
         return snapshot

@@ -13,6 +13,9 @@ class QoSHook(RuntimeHook):
 
     name = "qos"
     methods = frozenset(INTERCEPTED_METHODS)
+    # The only requests `pre` changes; the other calls' bookkeeping is all in `post`, so a slow
+    # node can never fail them under failure_policy = "fail".
+    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources"})
 
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine
@@ -25,7 +28,7 @@ class QoSHook(RuntimeHook):
             call.scratch["qos_class"] = decision.qos_class.value
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
-            self.engine.container_create_pre(req)
+            self.engine.container_create_pre(req, call.scratch)
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
 
@@ -36,7 +39,7 @@ class QoSHook(RuntimeHook):
             if ok:
                 self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
         elif call.method == "CreateContainer":
-            self.engine.container_created(req, resp.container_id if ok else None)
+            self.engine.container_created(req, resp.container_id if ok else None, call.scratch)
         elif call.method == "StartContainer":
             if ok:
                 self.engine.container_started(req.container_id)

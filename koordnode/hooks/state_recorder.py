@@ -50,8 +50,7 @@ class StateRecorder(RuntimeHook):
             )
         elif method == "StopPodSandbox":
             state.set_pod_state(req.pod_sandbox_id, POD_NOTREADY)
-            for c in state.containers_of(req.pod_sandbox_id):
-                c.state = CONTAINER_EXITED
+            state.set_pod_containers_state(req.pod_sandbox_id, CONTAINER_EXITED)
         elif method == "RemovePodSandbox":
             state.remove_pod(req.pod_sandbox_id)
         elif method == "CreateContainer":

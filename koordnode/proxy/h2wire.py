@@ -39,6 +39,9 @@ DEFAULT_WINDOW = 65535
 DEFAULT_MAX_FRAME = 16384
 DEFAULT_HEADER_TABLE = 4096
 
+ERROR_NO_ERROR = 0x0
+ERROR_PROTOCOL = 0x1
+ERROR_FRAME_SIZE = 0x6
 ERROR_CANCEL = 0x8
 
 GRPC_OK = 0
@@ -68,10 +71,18 @@ def data_frames(stream_id: int, payload: bytes, max_frame: int, end_stream: bool
     return frames
 
 
+def goaway(last_stream_id: int, error_code: int) -> bytes:
+    return frame(GOAWAY, 0, 0, struct.pack(">LL", last_stream_id & 0x7FFFFFFF, error_code))
+
+
 def frame_payload(ftype: int, flags: int, payload: bytes | memoryview) -> bytes:
-    """The frame's content without padding and priority fields (DATA / HEADERS)."""
+    """The frame's content without padding and priority fields (DATA / HEADERS).
+
+    Raises ValueError when the flags announce fields the payload is too short to hold."""
     start, end = 0, len(payload)
     if flags & FLAG_PADDED and ftype in (DATA, HEADERS):
+        if not end:
+            raise ValueError("padded frame without a pad length")
         pad = payload[0]
         start = 1
         end -= pad

@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from google.protobuf.message import DecodeError
 
-from koordnode.hooks.chain import CallContext, HookChain, HookFailed
+from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
 from koordnode.proxy import h2wire
 from koordnode.proxy.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
 from koordnode.proxy.relay import BeforeResult
@@ -144,30 +144,6 @@ class HookCallHandler:
             hooks_skipped=call.skip_hooks or None,
         )
         self.chain.schedule_post(call)
-
-
-def call_ids(call: CallContext) -> dict[str, str]:
-    """The identifiers worth logging for a call (pod, sandbox id, container id/name)."""
-    ids: dict[str, str] = {}
-    req = call.request
-    for field in ("pod_sandbox_id", "container_id"):
-        value = getattr(req, field, "")
-        if value:
-            ids[field] = value
-    resp = call.response
-    for field in ("pod_sandbox_id", "container_id"):
-        value = getattr(resp, field, "") if resp is not None else ""
-        if value:
-            ids[field] = value
-    sandbox_config = None
-    if call.method == "RunPodSandbox":
-        sandbox_config = req.config
-    elif call.method == "CreateContainer":
-        sandbox_config = req.sandbox_config
-        ids["container"] = req.config.metadata.name
-    if sandbox_config is not None and sandbox_config.metadata.name:
-        ids["pod"] = f"{sandbox_config.metadata.namespace}/{sandbox_config.metadata.name}"
-    return ids
 
 
 def message_changes(old: Any, new: Any, prefix: str = "", limit: int = 40) -> list[str]:

@@ -37,6 +37,13 @@ _MAX_HEADER_LIST = 16 * 1024 * 1024
 # Largest request body held for the hooks: containerd's own receive limit (16 MiB), so a
 # larger request is refused as containerd would refuse it, and memory stays bounded.
 MAX_INTERCEPTED_BODY = 16 * 1024 * 1024
+# Request bytes one connection may have held for the hooks before we stop returning the
+# client's flow-control window: the client then waits, as it would for a slow runtime.
+MAX_HELD_PER_CONNECTION = 2 * MAX_INTERCEPTED_BODY
+# A header block is collected whole to be decoded; CRI metadata is a few hundred bytes. A
+# larger block is relayed undecoded (the runtime judges it) and the connection stops being
+# intercepted, rather than collecting an unbounded block.
+MAX_HEADER_BLOCK = 1024 * 1024
 GRPC_RESOURCE_EXHAUSTED = 8
 
 
@@ -104,6 +111,7 @@ class _Intercepted:
     __slots__ = (
         "sid", "spec", "req_chunks", "req_bytes", "buffering", "cancelled", "ctx",
         "server_window", "resp_chunks", "resp_end_stream", "response_done", "window_event",
+        "held", "declared",
     )
 
     def __init__(self, sid: int, spec: Any, server_window: int) -> None:
@@ -119,17 +127,20 @@ class _Intercepted:
         self.resp_end_stream = False
         self.response_done = False
         self.window_event = asyncio.Event()
+        self.held = 0  # frame bytes of the request counted against the connection's budget
+        self.declared: int | None = None  # length in the gRPC message prefix, once held
 
 
 class _HeaderBlock:
     """Accumulates a header block across CONTINUATION frames."""
 
-    __slots__ = ("sid", "flags", "fragments")
+    __slots__ = ("sid", "flags", "fragments", "size")
 
     def __init__(self, sid: int, flags: int, fragment: bytes) -> None:
         self.sid = sid
         self.flags = flags
         self.fragments = [fragment]
+        self.size = len(fragment)
 
 
 class Relay:
@@ -161,6 +172,8 @@ class Relay:
         self.server_max_frame = w.DEFAULT_MAX_FRAME
         self._conn_debt = 0  # window the backend will return that the client never spent
         self._conn_window_event = asyncio.Event()
+        self._held = 0  # request bytes held for the hooks on this connection
+        self._withheld: list[tuple[int, int]] = []  # (stream, bytes) of window not yet returned
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
@@ -235,8 +248,16 @@ class Relay:
     # ---- client -> backend ----------------------------------------------------------------
 
     def from_client(self, data: bytes) -> None:
-        if self._opaque:
-            self._to_backend(data)
+        try:
+            self._from_client(data)
+        except Exception:  # a parsing bug must cost one connection, never the daemon
+            log.exception("relay failed on client data; closing the connection")
+            self.close()
+
+    def _from_client(self, data: bytes) -> None:
+        if self._opaque or self._closed:
+            if self._opaque:
+                self._to_backend(data)
             return
         buf = self._cbuf
         buf += data
@@ -255,9 +276,22 @@ class Relay:
         n = len(buf)
         while n - pos >= 9:
             length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            if length > self.server_max_frame:
+                # Refused at the header, before buffering it: larger than the runtime announced.
+                if pos > out_start:
+                    self._to_backend(bytes(buf[out_start:pos]))
+                self._connection_error(w.ERROR_FRAME_SIZE, f"frame of {length} bytes larger than "
+                                       f"SETTINGS_MAX_FRAME_SIZE {self.server_max_frame}")
+                return
             end = pos + 9 + length
             if end > n:
                 break
+            ftype = buf[pos + 3]
+            if ftype == w.DATA and pos > out_start and self.streams:
+                # A held call's frame may make us write to the backend (a refusal's RST_STREAM):
+                # what came before it must reach the backend first.
+                self._to_backend(bytes(buf[out_start:pos]))
+                out_start = pos
             replacement = self._client_frame(
                 buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF,
                 memoryview(buf)[pos + 9 : end], length,
@@ -272,6 +306,14 @@ class Relay:
         if pos > out_start:
             self._to_backend(bytes(buf[out_start:pos]))
         del buf[:pos]
+
+    def _connection_error(self, code: int, reason: str) -> None:
+        """A client frame HTTP/2 makes a connection error: GOAWAY with `code`, then close."""
+        log.warning("closing a client connection on an HTTP/2 protocol error", reason=reason,
+                    error_code=code)
+        self._cbuf.clear()
+        self._to_client(w.goaway(self._seen_streams_hwm, code))
+        self.close()
 
     def _go_opaque_client(self) -> None:
         log.warning("client did not start with the HTTP/2 preface; relaying bytes unparsed")
@@ -290,14 +332,26 @@ class Relay:
             try:
                 chunk = w.frame_payload(ftype, flags, payload)
             except ValueError:
-                return None  # malformed padding: let the backend judge it
-            st.req_chunks.append(chunk)
-            st.req_bytes += len(chunk)
+                # Malformed padding: stop holding this call and let the runtime answer the
+                # frame itself, so the client gets exactly the runtime's protocol error.
+                self._drop_intercepted(st)
+                self.server_conn_window -= length
+                return None
+            if chunk:
+                st.req_chunks.append(chunk)
+                st.req_bytes += len(chunk)
+            st.held += length
+            self._held += length
             if length:
                 # Give the client back the window it spent: the backend won't, it never sees it.
-                self._to_client(w.window_update(0, length) + w.window_update(sid, length))
-            if st.req_bytes > MAX_INTERCEPTED_BODY:
-                self._refuse_oversized(st)
+                if self._held <= MAX_HELD_PER_CONNECTION:
+                    self._to_client(w.window_update(0, length) + w.window_update(sid, length))
+                else:
+                    self._withheld.append((sid, length))
+            if st.declared is None and st.req_bytes >= 5:
+                st.declared = _declared_length(st.req_chunks)
+            if st.req_bytes > MAX_INTERCEPTED_BODY or (st.declared or 0) > MAX_INTERCEPTED_BODY:
+                self._refuse_oversized(st, max(st.declared or 0, st.req_bytes - 5))
             elif flags & w.FLAG_END_STREAM:
                 st.buffering = False
                 self._spawn(self._run_before(st))
@@ -306,7 +360,7 @@ class Relay:
             try:
                 fragment = w.frame_payload(ftype, flags, payload)
             except ValueError:
-                return None
+                return None  # the runtime answers it (its protocol error); we decode nothing
             block = _HeaderBlock(sid, flags, fragment)
             if flags & w.FLAG_END_HEADERS:
                 self._client_headers(block)
@@ -316,6 +370,12 @@ class Relay:
         if ftype == w.CONTINUATION:
             block = self._c2s_block
             if block is not None and block.sid == sid:
+                block.size += length
+                if block.size > MAX_HEADER_BLOCK:
+                    self._c2s_block = None
+                    self._give_up_decoding("request header block larger than "
+                                           f"{MAX_HEADER_BLOCK} bytes")
+                    return None
                 block.fragments.append(bytes(payload))
                 if flags & w.FLAG_END_HEADERS:
                     self._c2s_block = None
@@ -327,6 +387,7 @@ class Relay:
             if st is not None:
                 st.cancelled = True
                 st.window_event.set()
+                self._release_held(st)
             return None
         if ftype == w.SETTINGS and not flags & w.FLAG_ACK:
             table = w.parse_settings(payload).get(w.SETTINGS_HEADER_TABLE_SIZE)
@@ -363,20 +424,52 @@ class Relay:
         if spec is not None:
             self.streams[sid] = _Intercepted(sid, spec, self.server_initial_window)
 
-    def _refuse_oversized(self, st: _Intercepted) -> None:
+    def _give_up_decoding(self, reason: str) -> None:
+        self._hpack_broken = True
+        log.warning("interception disabled on this connection; relaying it unchanged", reason=reason)
+
+    def _drop_intercepted(self, st: _Intercepted) -> None:
+        """Stop holding a call: what is held is dropped, later frames go to the runtime."""
         self.streams.pop(st.sid, None)
         st.cancelled = True
         st.req_chunks = []
+        st.window_event.set()
+        self._release_held(st)
+
+    def _release_held(self, st: _Intercepted) -> None:
+        """A held body left memory: return the window we withheld while over the budget."""
+        if not st.held:
+            return
+        self._held -= st.held
+        st.held = 0
+        while self._withheld and self._held <= MAX_HELD_PER_CONNECTION:
+            sid, n = self._withheld.pop(0)
+            update = w.window_update(0, n)
+            if sid in self.streams:
+                update += w.window_update(sid, n)
+            self._to_client(update)
+
+    def _refuse_oversized(self, st: _Intercepted, size: int) -> None:
+        """Answer as containerd does, as soon as the gRPC length prefix is known: a trailers-only
+        RESOURCE_EXHAUSTED with grpc-go's message, then RST_STREAM(NO_ERROR)."""
+        self._drop_intercepted(st)
         self._to_backend(w.rst_stream(st.sid))
         self._to_client(w.grpc_error_trailers(
             st.sid, GRPC_RESOURCE_EXHAUSTED,
-            f"koordnode: request larger than {MAX_INTERCEPTED_BODY} bytes",
-        ) + w.rst_stream(st.sid, 0))
-        log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"), limit=MAX_INTERCEPTED_BODY)
+            f"grpc: received message larger than max ({size} vs. {MAX_INTERCEPTED_BODY})",
+        ) + w.rst_stream(st.sid, w.ERROR_NO_ERROR))
+        log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"),
+                    size=size, limit=MAX_INTERCEPTED_BODY)
 
     async def _run_before(self, st: _Intercepted) -> None:
         body = b"".join(st.req_chunks)
         st.req_chunks = []
+        try:
+            await self._hooks_and_send(st, body)
+        finally:
+            self._release_held(st)
+
+    async def _hooks_and_send(self, st: _Intercepted, body: bytes) -> None:
         try:
             result = await self.handler.before(st.spec, body)
         except Exception as exc:  # the handler is fail-open itself; this is a last resort
@@ -431,6 +524,13 @@ class Relay:
     # ---- backend -> client ----------------------------------------------------------------
 
     def from_backend(self, data: bytes) -> None:
+        try:
+            self._from_backend(data)
+        except Exception:
+            log.exception("relay failed on runtime data; closing the connection")
+            self.close()
+
+    def _from_backend(self, data: bytes) -> None:
         if self._opaque:
             self._to_client(data)
             return
@@ -578,6 +678,16 @@ class Relay:
                 self.handler.after(st.ctx, body, status, message)
             except Exception:
                 log.exception("post-call handling failed")
+
+
+def _declared_length(chunks: list[bytes]) -> int:
+    """The length a gRPC message prefix announces (its first 5 bytes must be in `chunks`)."""
+    head = b""
+    for chunk in chunks:  # non-empty chunks: at most five are read
+        head += chunk[: 5 - len(head)]
+        if len(head) == 5:
+            break
+    return int.from_bytes(head[1:5], "big")
 
 
 def _percent_decode(value: str) -> str:

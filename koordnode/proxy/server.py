@@ -20,6 +20,19 @@ class SocketInUseError(RuntimeError):
     pass
 
 
+def listen_backlog() -> int:
+    """The kernel's accept-queue limit (net.core.somaxconn), which Go, hence containerd, also
+    asks for: a burst of clients connecting at once is queued as containerd would queue it
+    instead of refused with EAGAIN (asyncio's default is 100)."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+    # Go caps it at 65535 on kernels that store it in 16 bits; listen() clamps it anyway.
+    return max(1, min(value, 65535))
+
+
 def prepare_socket_path(path: str) -> None:
     """Create the socket's directory and remove a stale socket; refuse to clobber anything else."""
     p = Path(path)
@@ -56,7 +69,8 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         # The backend is read per connection: a config reload may change it.
         self._server = await loop.create_unix_server(
-            lambda: client_protocol_factory(self.handler, self.backend, self.relays)(), self.listen
+            lambda: client_protocol_factory(self.handler, self.backend, self.relays)(), self.listen,
+            backlog=listen_backlog(),
         )
         os.chmod(self.listen, 0o660)
         log.info("serving CRI", listen=self.listen, backend=self.backend)

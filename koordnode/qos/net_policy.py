@@ -123,6 +123,9 @@ def parse_network_qos(text: Any) -> PodLimits:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{NETWORK_QOS_ANNOTATION} is not JSON: {err.msg}") from None
+    except RecursionError:
+        # A few thousand "[" fit in 4 KiB: deeper than the parser's recursion limit.
+        raise ValueError(f"{NETWORK_QOS_ANNOTATION} is nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"{NETWORK_QOS_ANNOTATION} must be a JSON object")
     values: dict[str, int | None] = {"ingresslimit": None, "egresslimit": None}
@@ -286,6 +289,32 @@ def _usable_ips(pod: PodNetwork, excluded: list[Any]) -> tuple[list[str], str | 
     return ips, None
 
 
+def _classify_pod(pod: PodNetwork, config: NetQoSConfig, prio_of: Mapping[str, int],
+                  excluded: list[Any], claimed: dict[str, str],
+                  skipped: list[Skipped]) -> tuple[PodNetwork, list[str], PodLimits] | None:
+    """One pod's place in the plan: (pod, its IPs, its limits), or None with a reason in skipped."""
+    if pod.qos_class not in prio_of:
+        skipped.append(Skipped(pod.name, f"no network class for QoS class {pod.qos_class!r}"))
+        return None
+    ips, why = _usable_ips(pod, excluded)
+    if why:
+        skipped.append(Skipped(pod.name, why))
+        return None
+    taken = [ip for ip in ips if ip in claimed]
+    if taken:
+        skipped.append(Skipped(pod.name, f"IP {taken[0]} is already {claimed[taken[0]]}'s"))
+        return None
+    limits = PodLimits()
+    annotation = pod.annotations.get(NETWORK_QOS_ANNOTATION)
+    if config.pod_limits and annotation is not None:
+        try:
+            limits = parse_network_qos(annotation)
+        except ValueError as err:
+            skipped.append(Skipped(pod.name, f"limits ignored: {err}"))
+    claimed.update((ip, pod.name) for ip in ips)
+    return pod, ips, limits
+
+
 def plan_network(
     config: NetQoSConfig,
     pods: Iterable[PodNetwork],
@@ -321,26 +350,13 @@ def plan_network(
     claimed: dict[str, str] = {}  # IP -> pod that has it (stale records may repeat an IP)
     members: dict[int, list[tuple[PodNetwork, list[str], PodLimits]]] = {p: [] for p in priorities}
     for pod in sorted(pods, key=lambda p: p.sandbox_id):
-        if pod.qos_class not in prio_of:
-            skipped.append(Skipped(pod.name, f"no network class for QoS class {pod.qos_class!r}"))
+        try:
+            member = _classify_pod(pod, config, prio_of, excluded, claimed, skipped)
+        except Exception as err:  # one pod's bad data must never stop shaping for the node
+            skipped.append(Skipped(pod.name, f"skipped: {type(err).__name__}: {str(err)[:200]}"))
             continue
-        ips, why = _usable_ips(pod, excluded)
-        if why:
-            skipped.append(Skipped(pod.name, why))
-            continue
-        taken = [ip for ip in ips if ip in claimed]
-        if taken:
-            skipped.append(Skipped(pod.name, f"IP {taken[0]} is already {claimed[taken[0]]}'s"))
-            continue
-        claimed.update((ip, pod.name) for ip in ips)
-        limits = PodLimits()
-        annotation = pod.annotations.get(NETWORK_QOS_ANNOTATION)
-        if config.pod_limits and annotation is not None:
-            try:
-                limits = parse_network_qos(annotation)
-            except ValueError as err:
-                skipped.append(Skipped(pod.name, f"limits ignored: {err}"))
-        members[prio_of[pod.qos_class]].append((pod, ips, limits))  # type: ignore[index]
+        if member is not None:
+            members[prio_of[pod.qos_class]].append(member)  # type: ignore[index]
 
     # Uplink tree: root, per priority inner + shared leaf, per limited pod a leaf.
     egress_minor = _pod_minors(pod.sandbox_id for group in members.values()

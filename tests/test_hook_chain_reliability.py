@@ -1,0 +1,263 @@
+"""The hook chain under timeouts and a busy thread pool (in process: what is asserted here is
+the chain's own scheduling, which containerd cannot show):
+
+- Post hooks keep books (state, CPU release): each runs exactly once whatever the timeout;
+- under failure_policy = "fail" only a hook that can change the call's request can fail it;
+- "hook failed" log lines name the pod and container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from structlog.testing import capture_logs
+
+from koordnode.cri import api_pb2 as pb
+from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.qos_hook import QoSHook
+from koordnode.proxy.methods import INTERCEPTED_METHODS
+from test_relay import RS, Env, create_request, run
+
+
+class CountingPost(RuntimeHook):
+    """A bookkeeping Post hook slower than the timeout (plain: it runs in the thread pool)."""
+
+    name = "counting"
+    methods = frozenset({"RemovePodSandbox"})
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.seen: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def post(self, call: CallContext) -> None:
+        time.sleep(self.seconds)
+        with self.lock:
+            self.seen[call.request.pod_sandbox_id] += 1
+
+
+class AsyncCountingPost(RuntimeHook):
+    name = "async-counting"
+    methods = frozenset({"RemovePodSandbox"})
+
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+
+    async def post(self, call: CallContext) -> None:
+        await asyncio.sleep(0.01)
+        self.seen[call.request.pod_sandbox_id] += 1
+
+
+async def _post_many(chain: HookChain, n: int) -> None:
+    for i in range(n):
+        call = CallContext(method="RemovePodSandbox", request=pb.RemovePodSandboxRequest(pod_sandbox_id=f"p{i}"))
+        call.grpc_status = 0
+        chain.schedule_post(call)
+    deadline = time.monotonic() + 20
+    while chain._pending_post and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def test_post_hooks_queued_past_their_timeout_still_run_exactly_once():
+    """1 ms timeout, one worker thread: most Post hooks are still queued when it fires."""
+    threaded, asynchronous = CountingPost(0.005), AsyncCountingPost()
+    chain = HookChain([threaded, asynchronous], timeout_s=0.001, max_threads=1)
+
+    async def body():
+        await _post_many(chain, 40)
+
+    try:
+        run(body())
+    finally:
+        chain.close()
+    expected = Counter({f"p{i}": 1 for i in range(40)})
+    assert threaded.seen == expected
+    assert asynchronous.seen == expected
+    # They are still reported as late.
+    assert chain.failures[("counting", "post", "timeout")] > 0
+
+
+def test_a_late_post_hook_finishes_before_the_next_hook_of_the_call():
+    order: list[str] = []
+
+    class Slow(RuntimeHook):
+        name = "slow"
+        methods = frozenset({"RemovePodSandbox"})
+
+        def post(self, call):
+            time.sleep(0.05)
+            order.append("slow")
+
+    class Next(RuntimeHook):
+        name = "next"
+        methods = frozenset({"RemovePodSandbox"})
+
+        async def post(self, call):
+            order.append("next")
+
+    chain = HookChain([Slow(), Next()], timeout_s=0.001)
+    try:
+        run(_post_many(chain, 1))
+    finally:
+        chain.close()
+    assert order == ["slow", "next"]
+
+
+def test_a_stuck_post_hook_does_not_delay_later_calls():
+    """A Post hook that never returns is waited for once (its timeout), not by every call."""
+    release = threading.Event()
+
+    class Stuck(RuntimeHook):
+        name = "stuck"
+        methods = frozenset({"RemovePodSandbox", "CreateContainer"})
+
+        def post(self, call):
+            release.wait(10)
+
+    chain = HookChain([Stuck()], timeout_s=0.2)
+
+    async def body():
+        await _schedule(chain, 1)
+        await asyncio.sleep(0.3)  # it is late now
+        started = time.monotonic()
+        for _ in range(5):
+            await chain.run_pre(CallContext(method="CreateContainer", request=create_request()))
+        return time.monotonic() - started
+
+    try:
+        elapsed = run(body())
+    finally:
+        release.set()
+        chain.close()
+    assert elapsed < 0.2, elapsed
+
+
+async def _schedule(chain: HookChain, n: int) -> None:
+    for i in range(n):
+        call = CallContext(method="RemovePodSandbox", request=pb.RemovePodSandboxRequest(pod_sandbox_id=f"p{i}"))
+        call.grpc_status = 0
+        chain.schedule_post(call)
+
+
+class SlowCreatePre(RuntimeHook):
+    """Changes CreateContainer requests only; Post-only bookkeeping for the rest."""
+
+    name = "slow-create"
+    methods = frozenset(INTERCEPTED_METHODS)
+    pre_methods = frozenset({"CreateContainer"})
+
+    def pre(self, call: CallContext) -> None:
+        time.sleep(0.5)
+        call.request.config.linux.resources.cpu_shares = 2
+
+
+def _occupy(chain: HookChain, seconds: float) -> None:
+    """Keep every worker thread busy, as on a node where hooks queue behind slow cgroup writes."""
+    for _ in range(chain._pool._max_workers):
+        chain._pool.submit(time.sleep, seconds)
+
+
+def test_failure_policy_fail_only_fails_calls_a_hook_can_change(tmp_path):
+    async def body():
+        async with Env(tmp_path, [SlowCreatePre()], failure_policy="fail", timeout_s=0.05) as env:
+            _occupy(env.chain, 1.0)
+            # StopContainer reaches the runtime (the fake answers NOT_FOUND) instead of failing in
+            # koordnode with "hook ... failed in pre".
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await env.rt.StopContainer(pb.StopContainerRequest(container_id="x"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+            assert any(m == RS + "StopContainer" for m, *_ in env.backend.received)
+            # The one call the hook changes does fail under "fail".
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await env.rt.CreateContainer(create_request())
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "slow-create failed in pre" in err.value.details()
+
+    run(body())
+
+
+class _RecordingEngine:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append(name)
+            return _Decision()
+        return record
+
+
+class _Decision:
+    class qos_class:  # noqa: N801 - shaped like QoSDecision.qos_class
+        value = "LS"
+
+    why = "test"
+
+
+@pytest.mark.parametrize("method", INTERCEPTED_METHODS)
+def test_qos_hook_declares_exactly_the_requests_its_pre_changes(method):
+    """Its `pre` is skipped for the other methods, so it must do nothing there."""
+    engine = _RecordingEngine()
+    hook = QoSHook(engine)
+    request = getattr(pb, f"{method}Request")()
+    call = CallContext(method=method, request=request)
+    hook.pre(call)
+    touches = bool(engine.calls) or bool(call.scratch)
+    assert touches == (method in hook.pre_methods), (method, engine.calls)
+
+
+def test_failure_policy_fail_with_a_busy_pool_and_the_qos_hook(tmp_path):
+    """The reported case: a short timeout and queued hooks failed StartContainer,
+    StopPodSandbox and RemovePodSandbox with "hook qos failed in pre"."""
+    async def body():
+        async with Env(tmp_path, [QoSHook(_RecordingEngine())], failure_policy="fail", timeout_s=0.02) as env:
+            _occupy(env.chain, 1.0)
+            for method, request in (("StartContainer", pb.StartContainerRequest(container_id="c")),
+                                    ("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id="p")),
+                                    ("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id="p")),
+                                    ("RemoveContainer", pb.RemoveContainerRequest(container_id="c"))):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await getattr(env.rt, method)(request)
+                # The fake runtime answers UNIMPLEMENTED for these: the call reached it.
+                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, (method, err.value.details())
+
+    run(body())
+
+
+def test_hook_failed_log_lines_name_the_pod_and_container():
+    class Raising(RuntimeHook):
+        name = "raising"
+        methods = frozenset({"CreateContainer", "StopPodSandbox"})
+
+        def pre(self, call):
+            raise RuntimeError("boom")
+
+        def post(self, call):
+            raise RuntimeError("boom")
+
+    chain = HookChain([Raising()], timeout_s=1.0)
+    req = create_request(name="app")
+    req.sandbox_config.metadata.namespace = "team"
+
+    async def body():
+        await chain.run_pre(CallContext(method="CreateContainer", request=req))
+        stop = CallContext(method="StopPodSandbox", request=pb.StopPodSandboxRequest(pod_sandbox_id="sb-9"))
+        stop.grpc_status = 0
+        chain.schedule_post(stop)
+        await chain.drain_post(2.0)
+
+    try:
+        with capture_logs() as logs:
+            run(body())
+    finally:
+        chain.close()
+    failed = [e for e in logs if e["event"] == "hook failed"]
+    assert len(failed) == 2
+    create, stop = failed
+    assert create["pod"] == "team/pod" and create["container"] == "app" and create["pod_sandbox_id"] == "sb-1"
+    assert stop["pod_sandbox_id"] == "sb-9" and stop["phase"] == "post"
