@@ -25,7 +25,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,7 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:  # run as a script: make tests/ importable like pytest does
     sys.path.insert(0, str(TESTS))
 
-from testbed.containerd_dist import DistError, debian_mirror  # noqa: E402
+from testbed.containerd_dist import DistError, containerd_bin_dir, debian_mirror  # noqa: E402
 
 SUITE = "trixie"
 GUEST_PYTHON = "3.13"  # trixie's python3
@@ -57,6 +56,7 @@ GUEST_PY_DISTS = (
     "prometheus_client", "pytest", "pytest-timeout",
 )
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
+GUEST_CONTAINERD_SUITES = ("forky",)  # containerd 2.1 for the guest, beside its own 1.7
 IMAGE_RECIPE_VERSION = "3"  # bump when the image recipe below changes
 
 DEBOOTSTRAP_TIMEOUT_S = 900
@@ -360,6 +360,11 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         disk.truncate(SCRATCH_DISK_SIZE)
     dist_cache = Path(os.environ.get("KOORDNODE_TEST_CACHE") or "/var/cache/koordnode-test")
     dist_cache.mkdir(parents=True, exist_ok=True)
+    for suite in GUEST_CONTAINERD_SUITES:  # the guest has no network: fetch on the host
+        try:
+            containerd_bin_dir(suite)
+        except DistError as err:
+            _log(f"containerd of {suite} unavailable for the guest: {err}")
     shares = {"project": (REPO, True), "pydeps": (pydeps, True), "results": (results, False),
               "distcache": (dist_cache, True)}
 
