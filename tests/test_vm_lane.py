@@ -71,6 +71,7 @@ def _case_matches(case: ET.Element, test_id: str) -> bool:
 def test_guest_ran_and_reported(vm_lane: LaneResult) -> None:
     print(vm_lane.summary)
     print(f"guest: {vm_lane.facts}")
+    assert not vm_lane.kernel_panic, f"the guest kernel crashed:\n{vm_lane.kernel_panic}"
     assert vm_lane.exit_code is not None, (
         f"the guest never reported (console: {vm_lane.console_log}):\n{_tail(vm_lane.console_log)}"
     )

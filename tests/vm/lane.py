@@ -289,9 +289,19 @@ class LaneResult:
     facts: dict = field(default_factory=dict)
 
     @property
+    def kernel_panic(self) -> str:
+        """The guest kernel's Oops/panic lines from the serial console, '' when none."""
+        try:
+            lines = self.console_log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(line for line in lines if "Oops" in line or "Kernel panic" in line or "RIP:" in line)[:2000]
+
+    @property
     def summary(self) -> str:
+        panic = f", GUEST KERNEL CRASHED: {self.kernel_panic.splitlines()[0]}" if self.kernel_panic else ""
         return (f"VM lane: {self.accel.upper()}, kernel {self.image.info.get('kernel')}, "
-                f"{self.image.info.get('packages')}, guest pytest exit {self.exit_code}, {self.seconds:.0f} s")
+                f"{self.image.info.get('packages')}, guest pytest exit {self.exit_code}, {self.seconds:.0f} s{panic}")
 
 
 def _kvm_usable(kernel: Path, workdir: Path) -> tuple[bool, str]:
@@ -320,7 +330,12 @@ def _kvm_usable(kernel: Path, workdir: Path) -> tuple[bool, str]:
 
 def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tuple[Path, bool]],
                   memory_mb: int) -> list[str]:
-    cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    # TCG with one thread per vCPU (thread=multi) crashed the guest kernel here ("Oops: int3"
+    # in the scheduler) when cgroup writes flip static keys: the kernel patches its own code
+    # with int3 breakpoints, and another vCPU thread still ran the stale translation. One TCG
+    # thread for both vCPUs has no such race; on 2 shared host cores it costs little.
+    tcg = os.environ.get("KOORDNODE_VM_TCG_THREAD", "single")
+    cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", f"tcg,thread={tcg}", "-cpu", "max"]
     cmd = [
         "qemu-system-x86_64", *cpu, "-smp", "2", "-m", str(memory_mb), "-nodefaults", "-display", "none",
         "-no-reboot", "-serial", f"file:{workdir / 'console.log'}",
