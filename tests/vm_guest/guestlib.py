@@ -32,7 +32,13 @@ def disk_dev(name: str = SCRATCH_DISK) -> str:
     return Path(f"/sys/block/{name}/dev").read_text().strip()
 
 
+# Functional waits, not timing checks: under TCG on a loaded host everything is several
+# times slower than on hardware, so every bound is stretched by this factor.
+TIME_SCALE = float(os.environ.get("KOORDNODE_VM_TIME_SCALE", "4"))
+
+
 def wait_for(check, timeout_s: float, what: str, interval: float = 0.1):
+    timeout_s *= TIME_SCALE
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()

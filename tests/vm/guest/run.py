@@ -78,6 +78,7 @@ def main() -> int:
     })
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v",
            f"--junitxml={RESULTS / 'junit.xml'}", "-o", "junit_logging=system-out", "--basetemp=/var/tmp/pytest",
+           "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget
            str(PROJECT / "tests" / "vm_guest"), *request.get("pytest_args", [])]
     print("+ " + " ".join(cmd), file=log)
     began = time.monotonic()
