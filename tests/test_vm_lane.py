@@ -24,7 +24,9 @@ from vm.lane import LaneError, LaneResult, missing_tools, run_lane
 GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
 LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "1500"))
 
-pytestmark = pytest.mark.e2e
+# The lane's own budget bounds it; pytest-timeout (600 s per test, fixture set-up included)
+# must not cut the session fixture that boots the VM.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(LANE_TIMEOUT_S + 300)]
 
 
 def guest_test_ids() -> list[str]:
