@@ -7,6 +7,7 @@ import gc
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -22,6 +23,7 @@ from koordnode.executor.resctrl import ResctrlController
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
+from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError
@@ -77,7 +79,9 @@ class Daemon:
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
         try:
-            self.qos = QoSEngine(config, self.state)
+            # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
+            resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
+            self.qos = QoSEngine(config, self.state, resized=resized)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
