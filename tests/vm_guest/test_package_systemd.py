@@ -165,4 +165,5 @@ def test_deb_under_systemd_install_reload_watchdog_upgrade_remove_purge(clean_ma
     # --- purge: the config goes -------------------------------------------------------------
     sh("dpkg", "--purge", "koordnode", timeout=300)
     assert not Path("/etc/koordnode").exists()
+    assert not Path("/run/koordnode").exists()  # kept across restarts, not past a purge
     assert sh("dpkg-query", "-W", "koordnode", check=False).returncode != 0
