@@ -17,7 +17,8 @@ class QoSHook(RuntimeHook):
     methods = frozenset(INTERCEPTED_METHODS)
     # The only requests `pre` changes; the other calls' bookkeeping is all in `post`, so a slow
     # node can never fail them under failure_policy = "fail".
-    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources"})
+    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources",
+                             "UpdatePodSandboxResources"})
 
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine
