@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"[proxy] backend (default: {_DEFAULT_PROXY.backend})",
     )
     run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide, log, count and report everything but write nothing to the kernel and "
+        "forward every CRI request unchanged; sets [daemon] dry_run = true",
+    )
+    run.add_argument(
         "--log-level",
         choices=typing.get_args(LogLevel),
         help=f"overrides [log] level (default: {_DEFAULT_LOG.level})",
@@ -144,10 +150,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(handler=_cmd_status)
 
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this node for koordnode: cgroups, drivers, containerd, kubelet, kernel features",
+        description="Check what this node offers koordnode and what it will do here: cgroup "
+        "version and drivers (containerd, kubelet, koordnode), kubelet's runtime endpoint, "
+        "containerd's socket and version, NRI, PSI and 500 ms triggers, cpu.idle, CPU burst, "
+        "io.max, group identity, resctrl, nftables, the sysctls koordnode may write; then the "
+        "features that will be active or degraded, with the reason. Each line is OK, WARN or "
+        "FAIL with what to do. Exit 0: all OK, 1: warnings, 2: failures (or a bad config).",
+    )
+    _add_config_option(doctor)
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--containerd-config", metavar="PATH", default=None,
+        help="containerd's config file (default: /etc/containerd/config.toml)",
+    )
+    doctor.add_argument(
+        "--kubelet-config", metavar="PATH", default=None,
+        help="kubelet's KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)",
+    )
+    doctor.add_argument(
+        "--kubelet-flags", metavar="PATH", action="append", default=None,
+        help="a file with kubelet's command-line flags; repeatable (default: "
+        "/var/lib/kubelet/kubeadm-flags.env, /etc/default/kubelet, /etc/sysconfig/kubelet)",
+    )
+    doctor.set_defaults(handler=_cmd_doctor)
+
     version = commands.add_parser(
         "version",
-        help="print the koordnode, Python, grpcio and protobuf versions",
-        description="Print the koordnode version and those of Python, grpcio and protobuf.",
+        help="print the koordnode, Python, h2 and protobuf versions",
+        description="Print the koordnode version and those of Python, h2, protobuf and structlog.",
     )
     version.set_defaults(handler=_cmd_version)
     return parser
@@ -172,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _cmd_version(_args: argparse.Namespace) -> int:
     print(f"koordnode {__version__}")
     print(f"python {platform.python_version()} ({platform.python_implementation()})")
-    for dist in ("grpcio", "protobuf", "structlog"):
+    for dist in ("h2", "protobuf", "structlog"):
         print(f"{dist} {_dist_version(dist)}")
     return EXIT_OK
 
@@ -197,6 +230,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "proxy": {"listen": args.listen, "backend": args.backend},
         "log": {"level": args.log_level, "format": args.log_format},
     }
+    if args.dry_run:
+        overrides["daemon"] = {"dry_run": True}
     config = _load(args.config, overrides)
     if config is None:
         return EXIT_USAGE
@@ -214,6 +249,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_FAILURE
     return int(daemon.run(config))
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    from koordnode import doctor
+
+    paths = doctor.DoctorPaths(
+        cgroup_root=config.cgroup.root, procfs_root=config.procfs.root,
+        sysfs_root=config.sysfs.root, resctrl_root=config.resctrl.root,
+        containerd_config=args.containerd_config or doctor.DEFAULT_CONTAINERD_CONFIG,
+        kubelet_config=args.kubelet_config or doctor.DEFAULT_KUBELET_CONFIG,
+        kubelet_flags=tuple(args.kubelet_flags) if args.kubelet_flags else doctor.DEFAULT_KUBELET_FLAGS,
+    )
+    report = doctor.run_doctor(config, paths)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        print(doctor.render_text(report), end="")
+    return report.exit_code
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

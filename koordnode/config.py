@@ -55,6 +55,7 @@ __all__ = [
     "AdminConfig",
     "Config",
     "ConfigError",
+    "DaemonConfig",
     "DEFAULT_CONFIG_PATH",
     "DEFAULTS_SOURCE",
     "LogConfig",
@@ -226,6 +227,16 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class DaemonConfig:
+    dry_run: bool = setting(
+        False,
+        doc="decide, log, count and report everything, but write nothing to the kernel "
+        "(cgroups, sysctls, resctrl, tc/nftables, PSI triggers), evict nothing, and forward "
+        "every CRI request unchanged",
+    )
+
+
+@dataclass(frozen=True)
 class AdminConfig:
     socket: str = setting(
         "/var/run/koordnode/admin.sock",
@@ -283,6 +294,7 @@ class Config:
     proxy: ProxyConfig = section(ProxyConfig, doc="the CRI proxy between kubelet and runtime")
     nri: NriConfig = section(NriConfig, doc="NRI mode: the runtime's NRI socket and the plugin's registration")
     log: LogConfig = section(LogConfig, doc="logging to stderr")
+    daemon: DaemonConfig = section(DaemonConfig, doc="how the daemon acts: dry-run")
     admin: AdminConfig = section(AdminConfig, doc="local admin endpoint")
     cgroup: CgroupConfig = section(CgroupConfig, doc="cgroup hierarchy and reconcile period")
     procfs: ProcfsConfig = section(ProcfsConfig, doc="procfs root")

@@ -8,6 +8,7 @@ import gc
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -23,6 +24,7 @@ from koordnode.executor.resctrl import ResctrlController
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
+from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError, PodInterference
@@ -84,7 +86,9 @@ class Daemon:
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
         try:
-            self.qos = QoSEngine(config, self.state)
+            # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
+            resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
+            self.qos = QoSEngine(config, self.state, resized=resized)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -134,6 +138,23 @@ class Daemon:
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
         self._background: set[asyncio.Task] = set()
+        self.dry_run = False
+        self._set_dry_run(config.daemon.dry_run)
+
+    def _set_dry_run(self, dry_run: bool) -> None:
+        """Dry run on or off for every part that writes to the kernel or changes CRI calls."""
+        if dry_run != self.dry_run:
+            log.warning("dry run: nothing is written to the kernel, CRI requests are forwarded "
+                        "unchanged" if dry_run else "dry run off: decisions are applied")
+        self.dry_run = dry_run
+        self.handler.dry_run = dry_run
+        if self.qos is not None:
+            self.qos.executor.dry_run = dry_run
+        if self.qos_manager is not None:
+            self.qos_manager.set_dry_run(dry_run)
+        self.resctrl.dry_run = dry_run
+        self.netqos.dry_run = dry_run
+        METRICS.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -253,6 +274,9 @@ class Daemon:
 
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
+        if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
+            log.warning("dry run: would evict BE container", container_id=container_id, reason=reason)
+            return
         log.warning("evicting BE container", container_id=container_id, reason=reason)
         METRICS.record_eviction(reason)
         await self._backend().call(
@@ -273,9 +297,12 @@ class Daemon:
                    else f"serving CRI on {self.config.proxy.listen}")
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
-            sdnotify.ready(serving)
+            sdnotify.ready(f"{serving}{self._dry_run_note()}")
         except asyncio.TimeoutError:
-            sdnotify.ready(f"{serving}; runtime not answering yet")
+            sdnotify.ready(f"{serving}; runtime not answering yet{self._dry_run_note()}")
+
+    def _dry_run_note(self) -> str:
+        return " (dry run: nothing written)" if self.dry_run else ""
 
     async def _adopt(self) -> None:
         if self.qos is not None:
@@ -425,6 +452,7 @@ class Daemon:
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
         self.resctrl.forget_probe()  # resctrl may have been mounted since
         self.netqos.update_config(new.net)
+        self._set_dry_run(new.daemon.dry_run)
         if new.metrics != old.metrics or self.metrics_server is None:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
@@ -464,6 +492,7 @@ class Daemon:
             "version": __version__,
             "mode": self.mode,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "dry_run": self._dry_run_status(),
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
             "backend_health": backend_health,
@@ -482,6 +511,19 @@ class Daemon:
             "resctrl": _safe(self.resctrl.status),
             "net": _safe(self.netqos.status),
             **snapshot,
+        }
+
+
+    def _dry_run_status(self) -> dict[str, Any]:
+        if not self.dry_run:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "meaning": "decisions are reported as 'would_write'; nothing is written to the kernel, "
+                       "no container is evicted, CRI requests reach the runtime unchanged",
+            "requests_forwarded_unchanged": self.stats.dry_run_changed_requests,
+            "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
+            "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
 
 
@@ -513,10 +555,10 @@ async def _main(config: Any) -> int:
     sys.setswitchinterval(0.0005)
     if daemon.mode == "nri":
         log.info("koordnode started", version=__version__, mode="nri", nri_socket=config.nri.socket,
-                 backend=config.proxy.backend)
+                 backend=config.proxy.backend, dry_run=config.daemon.dry_run)
     else:
         log.info("koordnode started", version=__version__, mode="proxy", listen=config.proxy.listen,
-                 backend=config.proxy.backend)
+                 backend=config.proxy.backend, dry_run=config.daemon.dry_run)
     await daemon.serve_forever()
     log.info("shutting down")
     await daemon.stop()

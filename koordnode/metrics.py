@@ -31,6 +31,8 @@ Exported metrics (labels in braces):
   the cgroups at each scrape; a pod whose file is missing has no series.
 - ``koordnode_executor_writes_total{resource,outcome}``: kernel writes by outcome
   (``written``, ``unchanged``, ``skipped``, ``missing``, ``failed``, ``refused``).
+- ``koordnode_cgroup_overwrites_total{resource}``: values koordnode owns that another writer
+  (systemd, kubelet, a script) changed; each is restored by the write that counts it.
 - ``koordnode_evictions_total{reason}`` (``memory``, ``cpu``, ``other``).
 - ``koordnode_config_reloads_total{result}``, ``koordnode_config_last_reload_successful``,
   ``koordnode_config_last_reload_timestamp_seconds``.
@@ -240,6 +242,13 @@ class Metrics:
             "koordnode_executor_writes_total",
             "Kernel writes (cgroup files, sysctls) by resource and outcome",
             ["resource", "outcome"], registry=r)
+        self.dry_run = Gauge("koordnode_dry_run",
+                             "1 while koordnode runs in dry-run mode (decides and reports, writes "
+                             "nothing to the kernel, forwards CRI requests unchanged)", registry=r)
+        self.cgroup_overwrites = Counter(
+            "koordnode_cgroup_overwrites_total",
+            "Values koordnode owns that another writer changed (then restored), by resource",
+            ["resource"], registry=r)
         self.evictions = Counter("koordnode_evictions_total",
                                  "BE containers koordnode evicted, by reason", ["reason"],
                                  registry=r)
@@ -339,6 +348,8 @@ class Metrics:
             resource = getattr(write, "resource", None) or getattr(write, "name", None) or "unknown"
             status = getattr(result, "status", "unknown")
             self.record_write(str(resource), str(getattr(status, "value", status)))
+            if getattr(result, "overwritten", False) is True:
+                self.cgroup_overwrites.labels(str(resource)).inc()
 
     def record_eviction(self, reason: str, count: int = 1) -> None:
         """Count evictions by a short reason (``memory``, ``cpu``). A free-text reason, such as
@@ -621,16 +632,20 @@ class _FollowProxyStats:
     def collect(self) -> Iterator[Metric]:
         return self._families(getattr(self._stats, "connections_open", 0),
                               getattr(self._stats, "connections_total", 0),
-                              getattr(self._stats, "intercepted_calls", 0))
+                              getattr(self._stats, "intercepted_calls", 0),
+                              getattr(self._stats, "dry_run_changed_requests", 0))
 
     @staticmethod
-    def _families(open_: int, total: int, intercepted: int) -> Iterator[Metric]:
+    def _families(open_: int, total: int, intercepted: int, dry_run_changed: int = 0) -> Iterator[Metric]:
         yield GaugeMetricFamily("koordnode_proxy_connections_open",
                                 "kubelet connections open to the CRI proxy", value=open_)
         yield CounterMetricFamily("koordnode_proxy_connections",
                                   "kubelet connections accepted by the CRI proxy", value=total)
         yield CounterMetricFamily("koordnode_proxy_intercepted_calls",
                                   "CRI calls that went through the hooks", value=intercepted)
+        yield CounterMetricFamily("koordnode_dry_run_unchanged_requests",
+                                  "Dry run: CRI requests the hooks would have changed, forwarded "
+                                  "unchanged", value=dry_run_changed)
 
 
 # The daemon's metrics. Tests build their own Metrics() for isolation.

@@ -8,19 +8,27 @@
 #   --out DIR      where the packages go; default: dist/ in the source tree
 #   --formats F    deb, rpm or deb,rpm (default)
 #
-# Needs: /usr/bin/python3 (>= 3.11) with venv, dpkg-deb, and rpmbuild for the rpm (Debian:
-# apt-get install python3-venv rpm). Downloads the pinned dependencies of
+# Needs (Debian 12 or 13): /usr/bin/python3 (>= 3.11) with pip, dpkg-deb, and rpmbuild for the
+# rpm (apt-get install python3-pip rpm). Downloads the pinned dependencies of
 # packaging/requirements.txt with pip at build time; the packages install offline.
+# KOORDNODE_BUILD_PYTHON=/path/to/python3.X builds with another CPython >= 3.11 (same packages).
 #
-# Layout: /opt/koordnode/venv (a virtualenv on the system's /usr/bin/python3.X holding
-# koordnode and its dependencies), /usr/bin/koordnode -> /opt/koordnode/venv/bin/koordnode,
-# the systemd unit, /etc/koordnode/koordnode.toml (conffile), the koordnode(8) man page.
+# One package for every distribution with a CPython >= 3.11: /opt/koordnode/lib holds koordnode
+# and its dependencies, all pure Python or abi3 extension modules (checked here), so any
+# CPython >= 3.11 runs them; /opt/koordnode/bin/koordnode (a shell launcher, /usr/bin/koordnode
+# links to it) picks the system interpreter. Byte code is compiled at install time for each
+# interpreter present (/opt/koordnode/bin/koordnode-bytecode). Plus the systemd unit,
+# /etc/koordnode/koordnode.toml (conffile) and the koordnode(8) man page.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=/usr/bin/python3
+# The build's interpreter (any CPython >= 3.11 with pip; the packages do not depend on which).
+PYTHON=${KOORDNODE_BUILD_PYTHON:-/usr/bin/python3}
 APP=/opt/koordnode
-VENV=$APP/venv
+LIB=$APP/lib
+# The oldest CPython the package runs on: the abi3 extension modules must be built for it or
+# older, and the packages depend on an interpreter at least this new.
+MIN_PY=3.11
 
 version=""
 out="$SRC/dist"
@@ -34,7 +42,8 @@ while [ $# -gt 0 ]; do
         --version) [ $# -ge 2 ] || die "--version needs a value"; version=$2; shift 2 ;;
         --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
         --formats) [ $# -ge 2 ] || die "--formats needs a value"; formats=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo pipefail$/p' "${BASH_SOURCE[0]}" | sed '$d' \
+                       | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
@@ -53,15 +62,8 @@ done
 # --- checks ----------------------------------------------------------------------------------
 
 [ -x "$PYTHON" ] || die "$PYTHON not found (apt-get install python3)"
-pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-    || die "$PYTHON is Python $pyver; koordnode needs >= 3.11"
-# The venv points at the versioned interpreter: binary wheels are built for exactly this
-# minor version, so the package depends on it rather than on whatever python3 becomes.
-target_python=/usr/bin/python$pyver
-[ -x "$target_python" ] || die "$target_python not found"
-"$target_python" -c 'import venv, ensurepip' 2>/dev/null \
-    || die "the venv module is missing (apt-get install python3-venv)"
+    || die "$PYTHON is Python $("$PYTHON" -V 2>&1); koordnode needs >= 3.11"
 "$PYTHON" -m pip --version >/dev/null 2>&1 || die "pip is missing (apt-get install python3-pip)"
 $build_deb && { command -v dpkg-deb >/dev/null || die "dpkg-deb not found (apt-get install dpkg)"; }
 $build_rpm && { command -v rpmbuild >/dev/null || die "rpmbuild not found (apt-get install rpm)"; }
@@ -100,35 +102,66 @@ tar -C "$SRC" --exclude=__pycache__ --exclude='*.pyc' -cf - koordnode | tar -C "
 sed -i "s/^__version__ = .*/__version__ = \"$version\"/" "$src_copy/koordnode/__init__.py"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" "$src_copy" >&2
 
-# --- the virtualenv, staged where it will live -----------------------------------------------
+# --- the private library directory, staged where it will live -----------------------------
 
-step "virtualenv on $target_python with the pinned dependencies"
-venv=$stage$VENV
-"$target_python" -m venv --without-pip "$venv"
-# The system pip installs into the staged venv (--python); nothing is compiled here, byte
-# code is made below with the final paths.
-pip_install=("$PYTHON" -m pip --python "$venv/bin/python" install --quiet --no-compile
-             --disable-pip-version-check --no-warn-script-location)
-"${pip_install[@]}" --no-deps --only-binary=:all: -r "$SRC/packaging/requirements.txt" >&2
-"${pip_install[@]}" --no-deps "$work"/wheels/koordnode-*.whl >&2
-"$PYTHON" -m pip --python "$venv/bin/python" check >&2 \
-    || die "packaging/requirements.txt does not satisfy koordnode's dependencies"
+step "library directory: the pinned dependencies for CPython >= $MIN_PY ($rpm_arch)"
+lib=$stage$LIB
+# Wheels for the oldest supported CPython and manylinux2014 (glibc >= 2.17): pure Python or
+# abi3, which every later CPython loads too. Nothing is compiled here.
+pip_install=("$PYTHON" -m pip install --quiet --no-compile --disable-pip-version-check
+             --no-warn-script-location --no-deps --target "$lib")
+"${pip_install[@]}" --only-binary=:all: --implementation cp --python-version "$MIN_PY" \
+    --abi abi3 --abi none --platform "manylinux2014_$rpm_arch" \
+    -r "$SRC/packaging/requirements.txt" >&2
+rm -rf "$lib/bin"   # the dependencies' console scripts: not what we ship
+"${pip_install[@]}" "$work"/wheels/koordnode-*.whl >&2
+rm -rf "$lib/bin"   # koordnode's console script: the launcher replaces it
+rm -f "$lib"/koordnode-*.dist-info/direct_url.json   # names the build directory
 
-# Only the koordnode command is meant to run from bin/: activation scripts are for humans in
-# a shell, the dependencies' own tools (pyroute2's ss2, ...) are not what we ship. Then rewrite
-# what names the staging directory; the install record of our wheel names the build dir.
-find "$venv/bin" -maxdepth 1 -type f ! -name koordnode -delete
-rm -f "$venv"/lib/python"$pyver"/site-packages/koordnode-*.dist-info/direct_url.json
-sed -i "s|^command = .*|command = $target_python -m venv $VENV|" "$venv/pyvenv.cfg"
-# -I: ignore PYTHON* variables and the user's site directory; the daemon runs only its own code.
-shebang="#!$VENV/bin/python$pyver -I"
-sed -i "1s|^#!$stage$VENV/bin/python[0-9.]*\$|$shebang|" "$venv/bin/koordnode"
-[ "$(head -n 1 "$venv/bin/koordnode")" = "$shebang" ] || die "unexpected $venv/bin/koordnode"
+# Every wheel must run on every CPython >= MIN_PY: py3-none-any, or cp3X-abi3 with X <= 11.
+min_minor=${MIN_PY#3.}
+while read -r wheel_file; do
+    while read -r tag; do
+        case "$tag" in
+            py3-none-any) ;;
+            cp3*-abi3-*)
+                minor=${tag#cp3}; minor=${minor%%-*}
+                [ "$minor" -le "$min_minor" ] || die "$wheel_file: $tag needs CPython > $MIN_PY" ;;
+            *) die "$(dirname "$wheel_file"): wheel tag $tag is tied to one interpreter (need abi3 or pure Python)" ;;
+        esac
+    done < <(sed -n 's/^Tag: //p' "$wheel_file")
+done < <(find "$lib" -maxdepth 2 -path '*.dist-info/WHEEL')
+if versioned=$(find "$lib" -name '*.so' ! -name '*.abi3.so' | grep .); then
+    die "extension modules built for one CPython version: $versioned"
+fi
+# koordnode's own dependencies are all there (the --no-deps install above skips resolution).
+"$PYTHON" -I - "$lib" "$MIN_PY" <<'PY' || die "packaging/requirements.txt does not satisfy koordnode's dependencies"
+import sys
+from importlib.metadata import distributions
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # pip's own copy (always there: pip runs this build)
+    from pip._vendor.packaging.requirements import Requirement
 
-# Byte code with the final paths in it; hash-checked, so it stays valid whatever the file
-# times after installation, and Python never needs to write to /opt (read-only under systemd).
-"$venv/bin/python" -m compileall -q -j 0 --invalidation-mode checked-hash \
-    -s "$stage" -p / "$venv/lib" >&2
+lib, min_py = sys.argv[1:]
+found = {d.metadata["Name"].lower().replace("_", "-"): d for d in distributions(path=[lib])}
+env = {"python_version": min_py, "python_full_version": min_py + ".0", "extra": ""}
+bad = []
+for name, dist in found.items():
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        have = found.get(req.name.lower().replace("_", "-"))
+        if have is None or not req.specifier.contains(have.version, prereleases=True):
+            bad.append(f"{name} needs {req}, bundled: {have.version if have else 'nothing'}")
+print("\n".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+
+step "launcher"
+install -D -m 0755 "$SRC/packaging/bin/koordnode" "$stage$APP/bin/koordnode"
+install -m 0755 "$SRC/packaging/bin/koordnode-bytecode" "$stage$APP/bin/koordnode-bytecode"
 
 if leaks=$(grep -rlF "$stage" "$stage"); then
     die "staged files still name the staging directory: $leaks"
@@ -139,17 +172,23 @@ fi
 step "config, command, man page"
 install -d "$stage/usr/bin" "$stage/etc/koordnode" "$stage/usr/share/man/man8" \
     "$stage/usr/share/doc/koordnode"
-ln -s "$VENV/bin/koordnode" "$stage/usr/bin/koordnode"
+ln -s "$APP/bin/koordnode" "$stage/usr/bin/koordnode"
 install -m 0644 "$SRC/packaging/koordnode.toml" "$stage/etc/koordnode/koordnode.toml"
 install -m 0644 "$SRC/packaging/deb/copyright" "$stage/usr/share/doc/koordnode/copyright"
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(stat -c %Y "$SRC/koordnode/__init__.py")}
-"$venv/bin/python" -I "$SRC/packaging/man/gen-manpage.py" "$work/koordnode.8"
+with_lib=("$PYTHON" -I -S -B -c 'import runpy, site, sys
+site.addsitedir(sys.argv.pop(1)); sys.argv.pop(0)
+runpy.run_path(sys.argv[0], run_name="__main__")' "$lib")
+"${with_lib[@]}" "$SRC/packaging/man/gen-manpage.py" "$work/koordnode.8"
 gzip -9n < "$work/koordnode.8" > "$stage/usr/share/man/man8/koordnode.8.gz"
 chmod 0644 "$stage/usr/share/man/man8/koordnode.8.gz"
-# A quick smoke test of the staged venv before packaging it.
-"$venv/bin/python" -I -c 'import grpc, google.protobuf, psutil, pyroute2, structlog, prometheus_client
-import koordnode.cli, koordnode.daemon' \
-    || die "the staged virtualenv cannot import koordnode's dependencies"
+# A quick smoke test of the staged tree, through the launcher, before packaging it.
+KOORDNODE_PYTHON=$PYTHON "$stage$APP/bin/koordnode" version >/dev/null \
+    || die "the staged launcher cannot run koordnode"
+printf 'import google.protobuf, psutil, pyroute2, structlog, prometheus_client, h2\nimport koordnode.cli, koordnode.daemon\n' \
+    > "$work/smoke.py"
+"${with_lib[@]}" "$work/smoke.py" || die "the staged library cannot import koordnode's dependencies"
+find "$lib" -name __pycache__ -prune -exec rm -rf {} +   # byte code is made at install time
 
 # --- .deb ------------------------------------------------------------------------------------
 
@@ -166,7 +205,7 @@ if $build_deb; then
     install -m 0644 "$SRC/packaging/deb/conffiles" "$deb_root/DEBIAN/conffiles"
     size=$(du -sk --exclude=DEBIAN "$deb_root" | cut -f1)
     sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$deb_arch/" -e "s/@INSTALLED_SIZE@/$size/" \
-        -e "s/@PYVER@/$pyver/g" "$SRC/packaging/deb/control.in" > "$deb_root/DEBIAN/control"
+        "$SRC/packaging/deb/control.in" > "$deb_root/DEBIAN/control"
     (cd "$deb_root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z \
         | xargs -0 md5sum) > "$deb_root/DEBIAN/md5sums"
     chmod 0644 "$deb_root/DEBIAN/md5sums"
@@ -189,7 +228,7 @@ if $build_rpm; then
         --define "koordnode_version $version" \
         --define "koordnode_stage $stage" \
         --define "koordnode_unit $SRC/systemd/koordnode.service" \
-        --define "koordnode_python $target_python" \
+        --define "koordnode_min_python $MIN_PY" \
         --define "_binary_payload w2.xzdio" \
         "$SRC/packaging/rpm/koordnode.spec" >&2
     rpm=$out/koordnode-${version}.${rpm_arch}.rpm

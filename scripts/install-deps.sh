@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
     containerd runc containernetworking-plugins busybox-static  # the real runtime of the test bed
     iproute2 iptables nftables                                  # network namespaces, tc, masquerade, classification
-    rpm python3-venv python3-pip                                # packaging/build.sh and its tests
+    rpm python3-pip dpkg-dev                                    # packaging/build.sh and its tests (dpkg-checkbuilddeps)
     systemd                                                     # systemd-analyze verify of the unit
     qemu-system-x86 debootstrap e2fsprogs                       # the VM lane (tests/vm): Debian 13 guest
     gcc libc6-dev                                               # bench/ls_latency.py builds its static probe

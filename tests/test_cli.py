@@ -59,7 +59,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"koordnode {__version__}"
     assert lines[1].startswith(f"python {sys.version_info.major}.{sys.version_info.minor}.")
-    assert any(line.startswith("grpcio ") for line in lines)
+    assert any(line.startswith("h2 ") for line in lines)
     assert any(line.startswith("protobuf ") for line in lines)
 
 
@@ -296,3 +296,17 @@ def test_bad_level_or_format_is_rejected() -> None:
         logsetup.configure_logging("verbose", "json")
     with pytest.raises(ValueError):
         logsetup.configure_logging("info", "xml")
+
+
+def test_run_dry_run_flag_sets_daemon_dry_run(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import koordnode.daemon
+
+    seen = {}
+    monkeypatch.setattr(koordnode.daemon, "run", lambda config: seen.setdefault("config", config) and 0)
+    config = tmp_path / "k.toml"
+    config.write_text("[daemon]\ndry_run = false\n")
+    assert cli.main(["run", "--config", str(config), "--dry-run"]) == 0
+    assert seen["config"].daemon.dry_run is True
+    seen.clear()
+    assert cli.main(["run", "--config", str(config)]) == 0
+    assert seen["config"].daemon.dry_run is False

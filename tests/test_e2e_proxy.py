@@ -1,10 +1,17 @@
-"""koordnode in front of a real containerd: kubelet's calls must come back as containerd answers them."""
+"""koordnode in front of a real containerd: kubelet's calls must come back as containerd answers them.
+
+Every test runs twice: against the host's containerd (1.6 from Debian 12) and against
+containerd 2.1 (Debian forky's package, fetched by testbed.containerd_dist, run in its
+own bed with config version 3).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import threading
 import time
 
 import grpc
@@ -22,8 +29,26 @@ from support.cri import (
     wait_container_state,
 )
 from support.koordnode_runner import InProcessKoordnode, KoordnodeProcess
+from testbed.fixtures import dist_bed
 
 pytestmark = pytest.mark.e2e
+
+# Bed id -> Debian suite of its containerd (None: the host's containerd, the shared session bed).
+BACKENDS = {"containerd-host": None, "containerd-2.1": "forky"}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def containerd_bed(request, containerd_bed, tmp_path_factory):  # noqa: F811 - parametrizes the shared bed
+    suite = BACKENDS[request.param]
+    if suite is None:
+        yield containerd_bed
+        return
+    with dist_bed(suite, tmp_path_factory.mktemp(f"bed-{suite}")) as bed:
+        yield bed
+
+
+def _is_2x(bed) -> bool:
+    return int(bed.version().runtime_version.lstrip("v").split(".")[0]) >= 2
 
 
 def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
@@ -98,15 +123,82 @@ def test_errors_come_back_verbatim(containerd_bed, cri_proxy, cri_direct):
         (lambda c: c.rt.ContainerStatus(pb.ContainerStatusRequest(container_id="does-not-exist"))),
         (lambda c: c.rt.StartContainer(pb.StartContainerRequest(container_id="does-not-exist"))),
         (lambda c: c.img.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="in:valid::ref")))),
-        # containerd 1.6 does not implement these: UNIMPLEMENTED must come back as it is.
-        (lambda c: next(iter(c.rt.GetContainerEvents(pb.GetEventsRequest())))),
-        (lambda c: c.rt.RuntimeConfig(pb.RuntimeConfigRequest())),
     ]
+    if not _is_2x(containerd_bed):
+        # containerd 1.6 does not implement these: UNIMPLEMENTED must come back as it is.
+        cases += [
+            (lambda c: next(iter(c.rt.GetContainerEvents(pb.GetEventsRequest())))),
+            (lambda c: c.rt.RuntimeConfig(pb.RuntimeConfigRequest())),
+        ]
     for case in cases:
         direct, proxied = rpc_error(case, cri_direct), rpc_error(case, cri_proxy)
         assert (proxied.code(), proxied.details()) == (direct.code(), direct.details())
-    events = rpc_error(lambda: next(iter(cri_proxy.rt.GetContainerEvents(pb.GetEventsRequest()))))
-    assert events.code() == grpc.StatusCode.UNIMPLEMENTED
+    if not _is_2x(containerd_bed):
+        events = rpc_error(lambda: next(iter(cri_proxy.rt.GetContainerEvents(pb.GetEventsRequest()))))
+        assert events.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_methods_only_2x_has_answer_through_koordnode_as_directly(containerd_bed, cri_proxy, cri_direct):
+    """RuntimeConfig, metrics descriptors and pod metrics: unknown to 1.6, served by 2.x."""
+    if not _is_2x(containerd_bed):
+        pytest.skip("containerd 1.6 lacks these methods (its UNIMPLEMENTED is checked above)")
+    calls = [
+        lambda c: c.rt.RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10),
+        lambda c: c.rt.ListMetricDescriptors(pb.ListMetricDescriptorsRequest(), timeout=10),
+        lambda c: c.rt.ListPodSandboxMetrics(pb.ListPodSandboxMetricsRequest(), timeout=10),
+    ]
+    for call in calls:
+        try:
+            direct = call(cri_direct)
+        except grpc.RpcError as err:
+            proxied = rpc_error(call, cri_proxy)
+            assert (proxied.code(), proxied.details()) == (err.code(), err.details())
+            continue
+        assert call(cri_proxy) == direct
+    assert cri_proxy.rt.RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10).linux.cgroup_driver == \
+        pb.CgroupDriver.CGROUPFS
+
+
+def test_container_events_stream_through_koordnode(containerd_bed, cri_proxy, cri_direct):
+    """GetContainerEvents (a server stream) through koordnode, from containerd 2.x, for real."""
+    if not _is_2x(containerd_bed):
+        pytest.skip("containerd 1.6 does not implement GetContainerEvents")
+    received: queue.Queue = queue.Queue()
+    stream = cri_proxy.rt.GetContainerEvents(pb.GetEventsRequest())
+
+    def read() -> None:
+        try:
+            for event in stream:
+                received.put(event)
+        except grpc.RpcError as err:
+            received.put(err)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sb_cfg = sandbox_config(containerd_bed, "events")
+    sandbox_id = run_pod(cri_proxy, sb_cfg)
+    seen: list[tuple[int, str]] = []
+    try:
+        cid = start_container(cri_proxy, sandbox_id, sb_cfg, container_config(containerd_bed, "app", ["sleep", "3600"]))
+        cri_proxy.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+        wanted = {(pb.CONTAINER_CREATED_EVENT, cid), (pb.CONTAINER_STARTED_EVENT, cid),
+                  (pb.CONTAINER_STOPPED_EVENT, cid)}
+        deadline = time.monotonic() + 20
+        while not wanted <= set(seen) and time.monotonic() < deadline:
+            try:
+                event = received.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            assert not isinstance(event, grpc.RpcError), f"event stream ended: {event}"
+            seen.append((event.container_event_type, event.container_id))
+            if event.container_id == cid:
+                assert event.pod_sandbox_status.id == sandbox_id
+        assert wanted <= set(seen), f"events seen: {seen}"
+        assert (pb.CONTAINER_CREATED_EVENT, sandbox_id) in seen, "the sandbox's own events too"
+    finally:
+        stream.cancel()
+        remove_pod(cri_proxy, sandbox_id)
+        reader.join(timeout=5)
 
 
 def test_unknown_method_and_old_api_are_forwarded(containerd_bed, cri_proxy, cri_direct):
@@ -114,8 +206,14 @@ def test_unknown_method_and_old_api_are_forwarded(containerd_bed, cri_proxy, cri
         direct = rpc_error(cri_direct.channel.unary_unary(path), b"")
         proxied = rpc_error(cri_proxy.channel.unary_unary(path), b"")
         assert (proxied.code(), proxied.details()) == (direct.code(), direct.details())
-    # containerd 1.6 still serves runtime.v1alpha2: relayed untouched, byte for byte.
     old = "/runtime.v1alpha2.RuntimeService/Version"
+    if _is_2x(containerd_bed):
+        # containerd 2.0 dropped runtime.v1alpha2: its refusal comes back as it is.
+        direct = rpc_error(cri_direct.channel.unary_unary(old), b"", timeout=10)
+        proxied = rpc_error(cri_proxy.channel.unary_unary(old), b"", timeout=10)
+        assert (proxied.code(), proxied.details()) == (direct.code(), direct.details())
+        return
+    # containerd 1.6 still serves runtime.v1alpha2: relayed untouched, byte for byte.
     answer = cri_proxy.channel.unary_unary(old)(b"", timeout=10)
     assert answer == cri_direct.channel.unary_unary(old)(b"", timeout=10)
     assert b"v1alpha2" in answer

@@ -305,6 +305,43 @@ def test_kubelet_overwrite_is_reconciled(tmp_path: Path) -> None:
     assert (result.status, result.old, result.new) == (WriteStatus.WRITTEN, "1024", "2")
 
 
+def test_overwrite_by_another_writer_is_noticed_counted_and_restored(tmp_path: Path, log: RecordingLogger) -> None:
+    root = tree(tmp_path, "v2")
+    ex = CgroupExecutor(root, logger=log)
+    plan = [W(POD, "cpu.cfs_quota_us", 50000), W(POD, "cpu.shares", 7)]
+    assert all(r.status is WriteStatus.WRITTEN and not r.overwritten for r in ex.apply(plan))
+    assert not any(r.overwritten for r in ex.apply(plan, force=True)), "koordnode's own rewrite is no overwrite"
+    write_cgroup_file(root, POD, "cpu.max", "max 100000")  # e.g. systemd re-applying CPUQuota=
+    results = ex.apply(plan, force=True)
+    assert [r.overwritten for r in results] == [True, False]
+    assert results[0].status is WriteStatus.WRITTEN and results[0].detail == "restored after an overwrite"
+    assert read_cgroup_file(root, POD, "cpu.max") == "50000 100000"
+    assert ex.overwrites == {"cpu.cfs_quota_us": 1}
+    assert list(ex.last_overwrites.values())[0]["found"] == "max 100000"
+    assert len(log.named("cgroup_write_overwritten")) == 1
+    # Non-forced passes notice it too; a changed plan of koordnode's own is not an overwrite.
+    write_cgroup_file(root, POD, "cpu.weight", "100")
+    assert [r.overwritten for r in ex.apply(plan)] == [False, True]
+    assert not any(r.overwritten for r in ex.apply([W(POD, "cpu.shares", 9)]))
+    assert sum(ex.overwrites.values()) == 2
+
+
+def test_recreated_cgroup_is_not_an_overwrite(tmp_path: Path) -> None:
+    root = tree(tmp_path, "v2")
+    ex = CgroupExecutor(root)
+    ex.apply([W(POD, "cpu.shares", 7)])
+    directory = cgroup_file(root, POD, "cpu.weight").parent
+    moved = directory.with_name("old")
+    directory.rename(moved)
+    directory.mkdir()  # a new cgroup at the same path (a new inode), with default values
+    for f in moved.iterdir():
+        if f.is_file():
+            (directory / f.name).write_text("100" if f.name == "cpu.weight" else f.read_text())
+    result = ex.apply([W(POD, "cpu.shares", 7)])[0]
+    assert result.status is WriteStatus.WRITTEN and not result.overwritten
+    assert ex.overwrites == {}
+
+
 def test_read_back_mismatch_fails_with_both_values(
     tmp_path: Path, log: RecordingLogger, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -93,6 +93,8 @@ def test_names_follow_prometheus_conventions(metrics: Metrics) -> None:
     metrics.record_eviction("memory")
     metrics.record_write("cpu.shares", "written")
     metrics.record_config_reload(True)
+    metrics.record_writes([SimpleNamespace(write=SimpleNamespace(resource="cpu.cfs_quota_us"), status="written",
+                                           overwritten=True)])
     metrics.follow_hook_failures(lambda: {("qos", "pre", "timeout"): 1})
     metrics.follow_proxy_stats(SimpleNamespace(connections_open=1, connections_total=2,
                                                intercepted_calls=3))
@@ -109,7 +111,9 @@ def test_names_follow_prometheus_conventions(metrics: Metrics) -> None:
             "koordnode_executor_writes", "koordnode_evictions", "koordnode_psi_avg10_ratio",
             "koordnode_be_cpu_quota_cores", "koordnode_be_cpu_suppress_ratio",
             "koordnode_applied_cpu_shares", "koordnode_applied_memory_high_bytes",
-            "koordnode_config_reloads", "koordnode_proxy_connections_open"} <= names
+            "koordnode_config_reloads", "koordnode_proxy_connections_open",
+            "koordnode_cgroup_overwrites"} <= names
+    assert 'koordnode_cgroup_overwrites_total{resource="cpu.cfs_quota_us"} 1.0' in metrics.render().decode()
 
 
 def test_build_info_and_uptime() -> None:

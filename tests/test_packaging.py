@@ -186,38 +186,40 @@ def _deb_files(deb: Path) -> dict[str, str]:
 def test_deb_contents(packages: Packages, tmp_path: Path) -> None:
     deb = packages.current.deb
     files = _deb_files(deb)
-    assert files["/usr/bin/koordnode"].endswith("-> /opt/koordnode/venv/bin/koordnode")
-    assert files["/opt/koordnode/venv/bin/python3.11"].endswith("-> /usr/bin/python3.11")
+    assert files["/usr/bin/koordnode"].endswith("-> /opt/koordnode/bin/koordnode")
     for path, mode in {
-        "/opt/koordnode/venv/bin/koordnode": "-rwxr-xr-x",
+        "/opt/koordnode/bin/koordnode": "-rwxr-xr-x",
+        "/opt/koordnode/bin/koordnode-bytecode": "-rwxr-xr-x",
         "/lib/systemd/system/koordnode.service": "-rw-r--r--",
         CONF: "-rw-r--r--",
         "/usr/share/man/man8/koordnode.8.gz": "-rw-r--r--",
         "/usr/share/doc/koordnode/copyright": "-rw-r--r--",
-        "/opt/koordnode/venv/pyvenv.cfg": "-rw-r--r--",
     }.items():
         assert files[path].startswith(mode), path
     assert all(" root/root" in entry for entry in files.values())
-    site = "/opt/koordnode/venv/lib/python3.11/site-packages"
+    site = "/opt/koordnode/lib"
     for module in ("koordnode/cli.py", "koordnode/daemon.py", "koordnode/sdnotify.py",
-                   "koordnode/metrics.py", "grpc/__init__.py", "google/protobuf/__init__.py",
+                   "koordnode/metrics.py", "google/protobuf/__init__.py", "h2/__init__.py",
                    "psutil/__init__.py", "pyroute2/__init__.py", "structlog/__init__.py",
                    "prometheus_client/__init__.py"):
         assert f"{site}/{module}" in files, module
-    # Every module comes with its byte code, so Python never writes under /opt.
     sources = [p for p in files if p.startswith(site) and p.endswith(".py")]
-    for source in sources:
-        folder, name = source.rsplit("/", 1)
-        assert f"{folder}/__pycache__/{name[:-3]}.cpython-311.pyc" in files, source
-    # Not shipped: pip, activation scripts, the dependencies' console scripts.
-    assert not [p for p in files if "/site-packages/pip/" in p or "/bin/activate" in p]
-    assert [p for p in files if p.startswith("/opt/koordnode/venv/bin/") and
-            not files[p].startswith("l")] == ["/opt/koordnode/venv/bin/koordnode"]
+    # One library directory for every CPython >= 3.11: no grpcio (the daemon does not use it),
+    # extension modules only abi3, no byte code (it is per interpreter: made at install time).
+    assert not [p for p in files if p.startswith(f"{site}/grpc")]
+    extensions = [p for p in files if p.endswith(".so")]
+    assert extensions and all(p.endswith(".abi3.so") for p in extensions), extensions
+    assert not [p for p in files if p.endswith(".pyc") or "__pycache__" in p]
+    # Not shipped: pip, the dependencies' console scripts, a virtualenv.
+    assert not [p for p in files if "/pip/" in p or "/venv" in p or p.startswith(f"{site}/bin")]
+    assert sorted(p for p in files if p.startswith("/opt/koordnode/bin/")) == [
+        "/opt/koordnode/bin/koordnode", "/opt/koordnode/bin/koordnode-bytecode"]
 
     control = run(["dpkg-deb", "-f", deb]).stdout
     assert f"Version: {__version__}\n" in control
     assert "Architecture: amd64\n" in control
-    assert "Depends: python3.11\n" in control
+    assert "Depends: python3 (>= 3.11~) | python3.11 | python3.12 | python3.13 | python3.14\n" \
+        in control
     run(["dpkg-deb", "-e", deb, tmp_path / "DEBIAN"])
     assert (tmp_path / "DEBIAN" / "conffiles").read_text() == f"{CONF}\n"
     for script in ("postinst", "prerm", "postrm"):
@@ -235,14 +237,14 @@ def test_rpm_contents(packages: Packages) -> None:
         f"koordnode {__version__} x86_64"
     files = set(run([*query, "-l"]).stdout.split())
     assert {"/usr/bin/koordnode", "/usr/lib/systemd/system/koordnode.service", CONF,
-            "/opt/koordnode/venv/bin/koordnode", "/opt/koordnode/venv/pyvenv.cfg",
+            "/opt/koordnode/bin/koordnode", "/opt/koordnode/lib/koordnode/cli.py",
             "/usr/share/man/man8/koordnode.8.gz"} <= files
     assert "/lib/systemd/system/koordnode.service" not in files
     assert run([*query, "-c"]).stdout.split() == [CONF]
     flags = run([*query, "--qf", "[%{FILEFLAGS:fflags} %{FILENAMES}\n]"]).stdout
     assert f"cn {CONF}\n" in flags  # %config(noreplace)
     requires = run([*query, "--requires"]).stdout.splitlines()
-    assert "/usr/bin/python3.11" in requires
+    assert "python(abi) >= 3.11" in requires
     assert not [r for r in requires if r.startswith("lib")]  # bundled .so files stay private
     scripts = run([*query, "--scripts"]).stdout
     for scriptlet in ("postinstall", "preuninstall", "postuninstall"):
@@ -273,7 +275,10 @@ def test_manpage_documents_every_command_and_key(packages: Packages, tmp_path: P
 
 def _dpkg_status() -> str:
     result = run(["dpkg-query", "-W", "-f=${Status}", "koordnode"], check=False)
-    return result.stdout if result.returncode == 0 else ""
+    # dpkg may keep a record of a purged package ("unknown ok not-installed"): that is absent.
+    if result.returncode != 0 or result.stdout.endswith(" not-installed"):
+        return ""
+    return result.stdout
 
 
 def _koordnode(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -345,10 +350,11 @@ def test_deb_install_upgrade_remove_purge(packages: Packages, tmp_path: Path) ->
     assert _dpkg_status() == "install ok installed"
     version = _koordnode("version").stdout.splitlines()
     assert version[0] == f"koordnode {__version__}"
-    assert version[1].startswith("python 3.11.")
-    base = run(["/opt/koordnode/venv/bin/python3", "-I", "-c",
-                "import sys, koordnode; print(sys.base_prefix, koordnode.__file__)"]).stdout.split()
-    assert base == ["/usr", "/opt/koordnode/venv/lib/python3.11/site-packages/koordnode/__init__.py"]
+    system_python = run(["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"])
+    assert version[1].startswith(f"python {system_python.stdout.strip()} ")
+    # postinst compiled the library for the system interpreter (hash-checked byte code).
+    tag = run(["/usr/bin/python3", "-c", "import sys; print(sys.implementation.cache_tag)"])
+    assert Path(f"/opt/koordnode/lib/koordnode/__pycache__/cli.{tag.stdout.strip()}.pyc").is_file()
     check = _koordnode("check-config", "--config", CONF)
     assert check.stdout.startswith(f"config OK: {CONF}\n")
     assert "hook_timeout_ms = 200" in check.stdout
@@ -360,8 +366,10 @@ def test_deb_install_upgrade_remove_purge(packages: Packages, tmp_path: Path) ->
         assert (result.returncode, result.stdout + result.stderr) == (0, "")
     if shutil.which("man"):
         assert run(["man", "-w", "koordnode"]).stdout.strip() == "/usr/share/man/man8/koordnode.8.gz"
+    compiled = _files_not_in_package()
+    assert compiled and all("/__pycache__" in p for p in compiled)  # only postinst's byte code
     _daemon_smoke_test(tmp_path)
-    assert _files_not_in_package() == []  # running it wrote no byte code under /opt
+    assert _files_not_in_package() == compiled  # running it wrote nothing under /opt
     assert run(["dpkg", "--verify", "koordnode"]).stdout == ""
 
     # Upgrade with an edited config: the edit survives, silently (the shipped file did not
@@ -552,6 +560,87 @@ def test_rpm_scriptlets(packages: Packages, run_script, tmp_path: Path) -> None:
 # The .rpm in a scratch root
 
 
+def _interpreter_matrix() -> dict[str, tuple[dict[str, str], bool]]:
+    """Distributions by the interpreter packages they have: {name: ({package: version}, ok)}."""
+    return {
+        "debian-12": ({"python3": "3.11.2-1+b1", "python3.11": "3.11.2-6"}, True),
+        "debian-13": ({"python3": "3.13.5-1", "python3.13": "3.13.5-2"}, True),
+        "ubuntu-24.04": ({"python3": "3.12.3-0ubuntu2", "python3.12": "3.12.3-1"}, True),
+        "ubuntu-22.04 + python3.11": ({"python3": "3.10.6-1~22.04", "python3.11": "3.11.0-1"},
+                                      True),
+        "ubuntu-22.04": ({"python3": "3.10.6-1~22.04", "python3.10": "3.10.12-1"}, False),
+        "debian-11": ({"python3": "3.9.2-3", "python3.9": "3.9.2-1"}, False),
+    }
+
+
+def test_deb_dependencies_resolve_against_supported_interpreters(
+    packages: Packages, tmp_path: Path
+) -> None:
+    """The .deb's Depends, checked by dpkg itself against the interpreter packages of each
+    distribution (a dpkg database with only those packages installed)."""
+    _require_tools("dpkg-checkbuilddeps")
+    depends = run(["dpkg-deb", "-f", packages.current.deb, "Depends"]).stdout.strip()
+    control = tmp_path / "control"
+    control.write_text("Source: probe\n\nPackage: probe\nArchitecture: any\n")
+    for distribution, (installed, expected) in _interpreter_matrix().items():
+        admin = tmp_path / distribution.replace(" ", "_")
+        (admin / "info").mkdir(parents=True)
+        (admin / "updates").mkdir()
+        (admin / "status").write_text("".join(
+            f"Package: {name}\nStatus: install ok installed\nVersion: {version}\n"
+            f"Architecture: amd64\nMaintainer: x <x@x.invalid>\nDescription: fake\n\n"
+            for name, version in installed.items()))
+        result = run(["dpkg-checkbuilddeps", f"--admindir={admin}", "-d", depends, control],
+                     check=False)
+        assert (result.returncode == 0) == expected, (distribution, result.stderr)
+
+
+def _fake_rpm(name: str, version: str, provides: Sequence[str], out: Path, work: Path) -> Path:
+    spec = work / f"{name}.spec"
+    spec.write_text(f"Name: {name}\nVersion: {version}\nRelease: 1\nSummary: fake\n"
+                    f"License: none\nBuildArch: noarch\n"
+                    + "".join(f"Provides: {p}\n" for p in provides)
+                    + "%description\nfake\n%files\n")
+    run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {work / 'top'}",
+         "--define", f"_rpmdir {out}", "--define", "_rpmfilename %{NAME}.rpm", spec])
+    return out / f"{name}.rpm"
+
+
+def test_rpm_dependencies_resolve_against_supported_interpreters(
+    packages: Packages, tmp_path: Path
+) -> None:
+    """rpm resolves the .rpm's requirements (no --nodeps) in scratch roots holding only the
+    interpreter packages (as rpm provides) of RHEL 9, RHEL 10 and Fedora, and refuses a root
+    whose only Python is 3.9."""
+    out, work = tmp_path / "rpms", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    base = _fake_rpm("base", "1", ["/bin/sh"], out, work)  # what the scriptlets run with
+    interpreters = {
+        "python3-3.9": _fake_rpm("python3", "3.9.21", ["python(abi) = 3.9"], out, work),
+        "python3.11": _fake_rpm("python3.11", "3.11.11", ["python(abi) = 3.11"], out, work),
+        "python3.12": _fake_rpm("python3.12", "3.12.9", ["python(abi) = 3.12"], out, work),
+    }
+    (out / "f").mkdir()
+    interpreters["python3-3.13"] = _fake_rpm("python3", "3.13.2", ["python(abi) = 3.13"],
+                                             out / "f", work)
+    for label, roots_packages, expected in (
+        ("rhel-9", ["python3-3.9"], False),
+        ("rhel-9 + python3.11", ["python3-3.9", "python3.11"], True),
+        ("rhel-9 + python3.12", ["python3-3.9", "python3.12"], True),
+        ("rhel-10 / fedora", ["python3-3.13"], True),
+    ):
+        root = tmp_path / label.replace(" ", "_").replace("/", "_")
+        root.mkdir()
+        rpm = ["rpm", "--root", str(root), "--dbpath", "/var/lib/rpm"]
+        run([*rpm, "--initdb"])
+        run([*rpm, "-i", "--justdb", base, *(interpreters[p] for p in roots_packages)])
+        result = run([*rpm, "-i", "--test", packages.current.rpm], check=False)
+        assert (result.returncode == 0) == expected, (label, result.stderr)
+        if not expected:
+            assert "python(abi) >= 3.11 is needed by koordnode" in result.stderr
+
+
 def test_rpm_installs_upgrades_and_erases_in_a_scratch_root(
     packages: Packages, tmp_path: Path
 ) -> None:
@@ -562,14 +651,13 @@ def test_rpm_installs_upgrades_and_erases_in_a_scratch_root(
     run([*rpm, "-i", "--nodeps", "--noscripts", packages.current.rpm])
     assert run([*rpm, "-q", "koordnode"]).stdout.strip() == f"koordnode-{__version__}-1.x86_64"
     for path in ("usr/lib/systemd/system/koordnode.service", "etc/koordnode/koordnode.toml",
-                 "usr/share/man/man8/koordnode.8.gz", "opt/koordnode/venv/pyvenv.cfg"):
+                 "usr/share/man/man8/koordnode.8.gz", "opt/koordnode/lib/koordnode/cli.py"):
         assert (root / path).is_file(), path
-    assert os.readlink(root / "usr/bin/koordnode") == "/opt/koordnode/venv/bin/koordnode"
+    assert os.readlink(root / "usr/bin/koordnode") == "/opt/koordnode/bin/koordnode"
     assert (root / "etc/koordnode/koordnode.toml").read_bytes() == \
         (REPO / "packaging/koordnode.toml").read_bytes()
-    # The venv finds itself from wherever its interpreter link is: it runs from the scratch root.
-    venv_python = root / "opt/koordnode/venv/bin/python3"
-    version = run([venv_python, "-I", "-m", "koordnode", "version"], env=CLEAN_ENV, cwd="/")
+    # The launcher finds its library from wherever it is: it runs from the scratch root.
+    version = run([root / "opt/koordnode/bin/koordnode", "version"], env=CLEAN_ENV, cwd="/")
     assert version.stdout.splitlines()[0] == f"koordnode {__version__}"
     assert run([*rpm, "-V", "--nodeps", "koordnode"], check=False).stdout == ""  # all intact
 
@@ -586,3 +674,81 @@ def test_rpm_installs_upgrades_and_erases_in_a_scratch_root(
     assert sorted(p.name for p in conf.parent.iterdir()) == ["koordnode.toml.rpmsave"]
     assert not (root / "opt/koordnode").exists()
     assert not (root / "usr/bin/koordnode").is_symlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# One library directory, every CPython >= 3.11
+
+PYENV = Path("/root/.pyenv/versions")
+
+
+def _other_pythons(minor_versions: Sequence[int]) -> dict[int, Path]:
+    """CPython interpreters of other minor versions on this machine (pyenv builds)."""
+    found = {}
+    for minor in minor_versions:
+        for candidate in sorted(PYENV.glob(f"3.{minor}.*/bin/python3.{minor}")):
+            found[minor] = candidate
+    return found
+
+
+@pytest.fixture(scope="module")
+def unpacked_deb(packages: Packages, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("unpacked")
+    run(["dpkg-deb", "-x", packages.current.deb, root])
+    return root
+
+
+def test_library_runs_on_every_supported_cpython(unpacked_deb: Path, tmp_path: Path) -> None:
+    """The same /opt/koordnode/lib runs koordnode (daemon modules, abi3 psutil and protobuf
+    included) on CPython 3.11, 3.12 and 3.13; the launcher refuses 3.10."""
+    pythons = _other_pythons([10, 11, 12, 13])
+    if not {10, 12, 13} <= set(pythons):
+        # Debian 12 has no CPython 3.12/3.13 package; the VM lane runs the .deb on 3.13.
+        pytest.skip(f"needs builds of CPython 3.10, 3.12 and 3.13 under {PYENV}")
+    launcher = unpacked_deb / "opt/koordnode/bin/koordnode"
+    probe = ("import psutil, google.protobuf.internal.api_implementation as impl, koordnode.daemon;"
+             "print(impl.Type(), psutil.cpu_count() > 0)")
+    for minor, python in sorted(pythons.items()):
+        env = {**CLEAN_ENV, "KOORDNODE_PYTHON": str(python)}
+        result = run([launcher, "version"], env=env, cwd="/", check=False)
+        if minor < 11:
+            assert result.returncode == 1
+            assert "is not a Python >= 3.11" in result.stderr
+            continue
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1].startswith(f"python 3.{minor}.")
+        # The C (upb) protobuf backend and psutil's extension load on this interpreter.
+        loaded = run([python, "-I", "-S", "-c",
+                      f"import site; site.addsitedir({str(launcher.parents[1] / 'lib')!r});"
+                      + probe], env=CLEAN_ENV, cwd="/")
+        assert loaded.stdout.split() == ["upb", "True"], minor
+        check = run([launcher, "check-config", "--config",
+                     str(unpacked_deb / "etc/koordnode/koordnode.toml")], env=env, cwd="/")
+        assert check.stdout.startswith("config OK: ")
+
+
+def test_launcher_picks_a_supported_system_interpreter(unpacked_deb: Path, tmp_path: Path) -> None:
+    """A RHEL 9-like /usr/bin (python3 is 3.9, python3.12 installed beside it) in a private
+    mount namespace: the launcher takes python3.12; with only 3.9 it says what to install."""
+    _require_root()
+    _require_tools("unshare", "mount")
+    pythons = _other_pythons([9, 12])
+    if set(pythons) != {9, 12}:
+        pytest.skip(f"needs builds of CPython 3.9 and 3.12 under {PYENV}")
+    fake_bin = tmp_path / "usrbin"
+    fake_bin.mkdir()
+    for tool in ("dash", "dirname", "readlink", "basename"):
+        shutil.copy2(shutil.which(tool) or f"/usr/bin/{tool}", fake_bin / tool)
+    (fake_bin / "sh").symlink_to("dash")
+    (fake_bin / "python3").symlink_to(pythons[9])
+    (fake_bin / "python3.9").symlink_to(pythons[9])
+    launcher = unpacked_deb / "opt/koordnode/bin/koordnode"
+    mount = f"mount --bind {fake_bin} /usr/bin && exec /usr/bin/sh {launcher} version"
+    only_old = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount],
+                   env=CLEAN_ENV, cwd="/", check=False)
+    assert only_old.returncode == 1
+    assert "no Python >= 3.11 found" in only_old.stderr
+    (fake_bin / "python3.12").symlink_to(pythons[12])
+    picked = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount],
+                 env=CLEAN_ENV, cwd="/")
+    assert picked.stdout.splitlines()[1].startswith("python 3.12.")

@@ -374,6 +374,18 @@ def test_memory_request_from_kubelet_unified_memory_min() -> None:
     assert CriOverrides(unified=result.cri.unified).apply(resources).unified["memory.min"] == str(GIB // 2)
 
 
+def test_memory_request_from_kubelet_memory_qos_memory_low_for_burstable() -> None:
+    """kubelet's Memory QoS (TieredReservation) sends a Burstable pod's request as unified memory.low."""
+    resources = ContainerResources(
+        cpu_shares=1024, memory_limit_in_bytes=2 * GIB, unified={"memory.low": str(GIB)}
+    )
+    result = plan(pod_of(None, BURSTABLE_PARENT), resources, "v2")
+    assert result.qos_class is QoSClass.LS
+    assert result.memory.request_bytes == GIB
+    assert result.cri.unified["memory.min"] == str(GIB // 2)
+    assert result.cri.unified["memory.low"] == str(GIB * 80 // 100)
+
+
 def test_memory_request_from_annotation() -> None:
     annotations = batch_annotation({"main": {"requests": {BATCH_MEMORY: "1Gi"}}})
     result = plan(

@@ -48,6 +48,14 @@ def render_status(status: dict[str, Any]) -> str:
                      f"synchronizations {nri.get('synchronizations', 0)}")
         for event, count in sorted((nri.get("answered_without_changes_after_deadline") or {}).items()):
             lines.append(f"  late answer (no changes) {event}: {count}")
+    dry_run = status.get("dry_run") or {}
+    if dry_run.get("enabled"):
+        lines.append("DRY RUN  nothing is written to the kernel; CRI requests reach the runtime "
+                     "unchanged; 'would_write' marks what a real run would write")
+        lines.append(f"  requests the hooks would have changed: "
+                     f"{dry_run.get('requests_forwarded_unchanged', 0)}")
+        for method, changes in sorted((dry_run.get("last_request_changes") or {}).items()):
+            lines.append(f"  last {method} would change: " + "; ".join(changes[:8]))
     manager = status.get("qos_manager") or {}
     if manager:
         lines.append(f"qos manager  {manager.get('trigger_mode', '?')}")

@@ -47,6 +47,7 @@ class WriteStatus(str, enum.Enum):
     MISSING = "missing"  # the cgroup directory does not exist (not created yet, or gone)
     FAILED = "failed"  # the kernel refused the write, or read back something else
     REFUSED = "refused"  # unsafe path, invalid value or unknown resource: nothing touched
+    WOULD_WRITE = "would_write"  # dry run: the file differs and would have been written
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,14 @@ class WriteResult:
     new: str | None = None  # the text written (or that would have been written)
     detail: str = ""  # why skipped / refused / failed, or "forced rewrite"
     read_back: str | None = None  # content read after writing
+    # The file no longer held what koordnode last wrote there: another writer (systemd,
+    # kubelet, a script) changed it since. This write restored it (when ok).
+    overwritten: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED)
+        """Nothing went wrong (in a dry run: the write would have been made)."""
+        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED, WriteStatus.WOULD_WRITE)
 
     @property
     def reason(self) -> str:
@@ -110,9 +115,70 @@ class _Converger:
 
     _event = "kernel_write"
 
-    def __init__(self, logger: Any = None) -> None:
+    _MAX_OWNED = 65536  # bound on remembered files; pruned of vanished cgroups beyond it
+
+    def __init__(self, logger: Any = None, *, dry_run: bool = False) -> None:
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
+        # Dry run: files are read and compared, differences reported as WOULD_WRITE, never
+        # written. Settable at any time (config reload).
+        self.dry_run = dry_run
+        # Dry run: the text last reported per file, so that the reconcile pass does not log
+        # the same "would write" at info level every period.
+        self._would_logged: dict[str, str] = {}
+        # file -> (inode of its directory, value koordnode last wrote or confirmed there).
+        # The inode tells a recreated cgroup (fresh defaults, not an overwrite) from the same one.
+        self._owned: dict[Path, tuple[int, Hashable]] = {}
+        self._overwrites: dict[str, int] = {}
+        self._last_overwrite: dict[str, dict[str, str]] = {}
+
+    @property
+    def overwrites(self) -> dict[str, int]:
+        """Times another writer changed a value koordnode owns, by resource (for status)."""
+        with self._lock:
+            return dict(self._overwrites)
+
+    @property
+    def last_overwrites(self) -> dict[str, dict[str, str]]:
+        """The latest overwrite seen per resource: path, value found, value restored."""
+        with self._lock:
+            return {name: dict(event) for name, event in self._last_overwrite.items()}
+
+    @staticmethod
+    def _resource_name(write: CgroupWrite | SysctlWrite) -> str:
+        return str(getattr(write, "resource", None) or getattr(write, "name", "unknown"))
+
+    @staticmethod
+    def _dir_inode(path: Path) -> int:
+        try:
+            return path.parent.stat().st_ino
+        except OSError:
+            return -1
+
+    def _check_overwrite(self, target: _Target, current: str) -> bool:
+        """Whether the file lost the value koordnode last put there (someone else wrote it)."""
+        owned = self._owned.get(target.path)
+        if owned is None or owned[0] != self._dir_inode(target.path):
+            return False
+        try:
+            found = target.fmt.extract(current, target.value)
+        except FileFormatError:
+            found = None
+        if found == owned[1]:
+            return False
+        name = self._resource_name(target.write)
+        self._overwrites[name] = self._overwrites.get(name, 0) + 1
+        self._last_overwrite[name] = {"path": str(target.path), "found": current.strip()}
+        self._log.warning(f"{self._event}_overwritten", path=str(target.path), found=current.strip(),
+                          **self._log_fields(target.write))
+        return True
+
+    def _remember(self, target: _Target) -> None:
+        if len(self._owned) >= self._MAX_OWNED and target.path not in self._owned:
+            self._owned = {p: v for p, v in self._owned.items() if p.parent.is_dir()}
+            if len(self._owned) >= self._MAX_OWNED:
+                self._owned.clear()  # never unbounded; only overwrite detection is lost
+        self._owned[target.path] = (self._dir_inode(target.path), target.expected)
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
@@ -125,13 +191,18 @@ class _Converger:
         except OSError as err:
             return self._io_failure(write, path, None, None, f"read failed: {_describe(err)}", err)
         old = (original_old if original_old is not None else current).strip()
+        overwritten = original_old is None and self._check_overwrite(target, current)
         try:
             text = fmt.render(target.value, current)
         except FileFormatError as err:
             return self._failed(write, path, old, None, str(err))
         already = fmt.extract(current, target.value) == target.expected
         if already and not force:
-            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text)
+            if not self.dry_run:  # a dry run owns nothing: it wrote nothing
+                self._remember(target)
+            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text, overwritten=overwritten)
+        if self.dry_run:
+            return self._would_write(write, path, old, text, already)
         try:
             write_file(path, text)
         except OSError as err:
@@ -143,6 +214,12 @@ class _Converger:
         if fmt.extract(back, target.value) != target.expected:
             detail = f"read back {back.strip()!r} after writing {text!r}"
             return self._failed(write, path, old, text, detail, read_back=back.strip())
+        self._remember(target)
+        if overwritten:
+            self._last_overwrite[self._resource_name(write)]["restored"] = text
+            self._log.info(f"{self._event}_restored", path=str(path), old=old, new=text, **fields)
+            return WriteResult(write, WriteStatus.WRITTEN, str(path), old, text, "restored after an overwrite",
+                               back.strip(), overwritten=True)
         if already:
             # The reconcile pass re-asserts values every period; keep those quiet.
             self._log.debug(f"{self._event}_forced", path=str(path), old=old, new=text, **fields)
@@ -151,6 +228,20 @@ class _Converger:
             self._log.info(self._event, path=str(path), old=old, new=text, **fields)
             detail = ""
         return WriteResult(write, WriteStatus.WRITTEN, str(path), old, text, detail, back.strip())
+
+    def _would_write(
+        self, write: CgroupWrite | SysctlWrite, path: Path, old: str, text: str, already: bool
+    ) -> WriteResult:
+        if already:  # a forced rewrite of the same value: nothing would change
+            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text)
+        key = str(path)
+        level = self._log.debug if self._would_logged.get(key) == text else self._log.info
+        if len(self._would_logged) > 50_000:  # bounded: files of long-gone pods
+            self._would_logged.clear()
+        self._would_logged[key] = text
+        level(f"{self._event}_dry_run", path=key, old=old, new=text,
+              would=f"would write {text!r} to {key}", **self._log_fields(write))
+        return WriteResult(write, WriteStatus.WOULD_WRITE, key, old, text, "dry run: not written")
 
     def _failed(
         self,
@@ -200,8 +291,9 @@ class CgroupExecutor(_Converger):
         *,
         logger: Any = None,
         version: CgroupVersion | str | None = None,
+        dry_run: bool = False,
     ) -> None:
-        super().__init__(logger)
+        super().__init__(logger, dry_run=dry_run)
         self._fs = CgroupFS(root, version)
         # (resource, is_root_cgroup) -> reason. Keyed on the root separately because some
         # files exist only below the root (v2 cpu.max, v1 blkio.bfq.weight).
@@ -470,6 +562,8 @@ class CgroupExecutor(_Converger):
             # Pure widening: this parents-first pass is the right moment for the final value.
             return self._converge(target, force)
         text = format_cpu_list(union)
+        if self.dry_run:
+            return None  # the final converge step reports the value it would write
         try:
             write_file(target.path, text)
         except OSError as err:
@@ -489,8 +583,8 @@ class ProcfsExecutor(_Converger):
 
     _event = "sysctl_write"
 
-    def __init__(self, root: Path | str = "/proc", *, logger: Any = None) -> None:
-        super().__init__(logger)
+    def __init__(self, root: Path | str = "/proc", *, logger: Any = None, dry_run: bool = False) -> None:
+        super().__init__(logger, dry_run=dry_run)
         self._root = ConfinedRoot(root)
         self._unsupported: dict[str, str] = {}
 

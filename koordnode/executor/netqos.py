@@ -421,6 +421,8 @@ class NetQoSController:
         self.executor = executor or NetQoSExecutor(logger=logger)
         self._log = logger if logger is not None else structlog.get_logger("koordnode.netqos")
         self.last_report = NetReport(enabled=config.enable)
+        # Dry run: plan and report what would be configured; no tc or nft change.
+        self.dry_run = False
 
     def update_config(self, config: NetQoSConfig) -> None:
         self.config = config
@@ -430,7 +432,12 @@ class NetQoSController:
 
     def reconcile(self, pods: Iterable[PodNetwork]) -> NetReport:
         if not self.config.enable:
-            report = self.executor.remove_all()
+            if self.dry_run:
+                report = NetReport(enabled=False)
+                report.changes = [f"would remove koordnode's qdisc on {device}"
+                                  for device in self.executor.owned_devices()]
+            else:
+                report = self.executor.remove_all()
             self.last_report = report
             return report
         report = NetReport(enabled=True)
@@ -451,11 +458,35 @@ class NetQoSController:
             return report
         report.uplinks = list(plan.uplinks)
         report.skipped = [f"{s.pod}: {s.reason}" for s in plan.skipped]
+        if self.dry_run:
+            report.changes = _describe_plan(plan)
+            if report.changes != self.last_report.changes:
+                for line in report.changes:
+                    self._log.info("netqos_dry_run", would=line)
+            self.last_report = report
+            return report
         self.executor.apply(plan, report=report)
         self.last_report = report
         return report
 
     def status(self) -> dict[str, Any]:
         report = self.last_report
-        return {"enabled": report.enabled, "uplinks": report.uplinks,
-                "failures": list(report.failures), "skipped": list(report.skipped)}
+        status = {"enabled": report.enabled, "uplinks": report.uplinks,
+                  "failures": list(report.failures), "skipped": list(report.skipped)}
+        if self.dry_run:
+            status["would"] = list(report.changes)
+        return status
+
+
+def _describe_plan(plan: NetPlan) -> list[str]:
+    """What applying the plan would configure, one line per qdisc, class and nft table."""
+    lines = []
+    for tree in plan.trees:
+        lines.append(f"would set HTB qdisc {HTB_MAJOR:x}: on {tree.device} ({tree.role}), "
+                     f"default class {HTB_MAJOR:x}:{tree.default_minor:x}")
+        for spec in tree.classes:
+            lines.append(f"would set class {_tc_id(spec.handle)} on {tree.device}: rate "
+                         f"{spec.rate_bps} ceil {spec.ceil_bps} bit/s prio {spec.prio} ({spec.label})")
+    pods = len(plan.egress4) + len(plan.egress6) + len(plan.ingress4) + len(plan.ingress6)
+    lines.append(f"would load nftables table {NFT_FAMILY} {NFT_TABLE} classifying {pods} pod address(es)")
+    return lines

@@ -214,17 +214,20 @@ class ResctrlResult:
 
     @property
     def ok(self) -> bool:
-        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED)
+        return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED, WriteStatus.WOULD_WRITE)
 
 
 class ResctrlExecutor:
     """Converges koordnode's resctrl groups under ``root``. Thread-safe (one lock)."""
 
-    def __init__(self, root: Path | str, *, io: ResctrlIO | None = None, logger: Any = None) -> None:
+    def __init__(self, root: Path | str, *, io: ResctrlIO | None = None, logger: Any = None,
+                 dry_run: bool = False) -> None:
         self._root = ConfinedRoot(root)
         self._io = io or ResctrlIO()
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
+        # Dry run: read and compare, report WOULD_WRITE; no mkdir, rmdir or write.
+        self.dry_run = dry_run
 
     @property
     def root(self) -> Path:
@@ -254,6 +257,12 @@ class ResctrlExecutor:
         results = []
         with self._lock:
             directory = self._group_dir(plan.name)
+            if not directory.is_dir() and self.dry_run:
+                self._log.info("resctrl_dry_run", group=plan.name, reason=reason,
+                               would=f"would create {directory} with schemata {plan.text.strip()!r}")
+                return [ResctrlResult("mkdir", plan.name, WriteStatus.WOULD_WRITE, detail="dry run"),
+                        ResctrlResult("schemata", plan.name, WriteStatus.WOULD_WRITE, None,
+                                      plan.text.strip(), "dry run")]
             if not directory.is_dir():
                 try:
                     self._io.mkdir(directory)
@@ -277,8 +286,14 @@ class ResctrlExecutor:
         except SchemataError as err:
             return self._failed("schemata", plan.name, None, plan.text, str(err))
         old = old_text.strip()
-        if not schemata_differences(plan.values, current) and not force:
+        differs = bool(schemata_differences(plan.values, current))
+        if not differs and (not force or self.dry_run):
             return ResctrlResult("schemata", plan.name, WriteStatus.UNCHANGED, old, plan.text.strip())
+        if self.dry_run:
+            self._log.info("resctrl_dry_run", group=plan.name, reason=reason, old=old,
+                           would=f"would write {plan.text.strip()!r} to {path}")
+            return ResctrlResult("schemata", plan.name, WriteStatus.WOULD_WRITE, old, plan.text.strip(),
+                                 "dry run")
         try:
             self._io.write(path, plan.text)
         except OSError as err:
@@ -302,6 +317,9 @@ class ResctrlExecutor:
             directory = self._group_dir(name)
             if not directory.is_dir():
                 return ResctrlResult("rmdir", name, WriteStatus.UNCHANGED)
+            if self.dry_run:
+                self._log.info("resctrl_dry_run", group=name, reason=reason, would=f"would remove {directory}")
+                return ResctrlResult("rmdir", name, WriteStatus.WOULD_WRITE, detail="dry run")
             try:
                 self._io.rmdir(directory)
             except FileNotFoundError:
@@ -326,11 +344,16 @@ class ResctrlExecutor:
         with self._lock:
             path = self._group_dir(name) / "tasks"
             present = self.group_tasks(name)
-            if present is None:
+            if present is None and not self.dry_run:
                 return ResctrlResult("tasks", name, WriteStatus.MISSING, detail="group does not exist")
-            todo = threads_to_move(tids, present)
+            todo = threads_to_move(tids, present or set())
             if not todo:
                 return ResctrlResult("tasks", name, WriteStatus.UNCHANGED)
+            if self.dry_run:
+                self._log.debug("resctrl_dry_run", group=name, reason=reason,
+                                would=f"would move {len(todo)} threads to {path}")
+                return ResctrlResult("tasks", name, WriteStatus.WOULD_WRITE, detail="dry run",
+                                     moved=tuple(todo))
             moved: list[int] = []
             gone: list[int] = []
             for tid in todo:
@@ -430,6 +453,17 @@ class ResctrlController:
         self.config = config
         self.class_configs = self._with_defaults(class_configs)
         self.last_report = ResctrlReport(enabled=config.enable)
+        self._dry_run = False
+
+    @property
+    def dry_run(self) -> bool:
+        return self._dry_run
+
+    @dry_run.setter
+    def dry_run(self, value: bool) -> None:
+        self._dry_run = value
+        if self._executor is not None:
+            self._executor.dry_run = value
 
     @staticmethod
     def _with_defaults(configs: Mapping[str, ResctrlClassConfig] | None) -> dict[str, ResctrlClassConfig]:
@@ -462,7 +496,8 @@ class ResctrlController:
         try:
             self._info = detect_resctrl(self.config.root, self.config.procfs_root,
                                         self.config.vendor, self._io)
-            self._executor = ResctrlExecutor(self.config.root, io=self._io, logger=self._logger)
+            self._executor = ResctrlExecutor(self.config.root, io=self._io, logger=self._logger,
+                                             dry_run=self._dry_run)
             self._log.info("resctrl_detected", root=self.config.root, vendor=self._info.vendor.value,
                            resources=list(self._info.managed_resources),
                            num_closids=self._info.num_closids)
@@ -543,7 +578,7 @@ class ResctrlController:
         report = ResctrlReport(enabled=False)
         try:
             executor = self._executor or ResctrlExecutor(self.config.root, io=self._io,
-                                                         logger=self._logger)
+                                                         logger=self._logger, dry_run=self._dry_run)
         except ValueError:
             return report  # no resctrl mount: nothing of ours can exist
         for name in executor.existing_groups(self.group_names.values()):

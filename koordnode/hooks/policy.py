@@ -264,17 +264,21 @@ def _memory_request(
     """The container's memory request (not in CRI), and where it came from."""
     if decision.kube_qos is KubeQoS.GUARANTEED and limit > 0:
         return limit, "request = limit (Guaranteed)"
-    raw = resources.unified.get("memory.min")
-    if raw is not None:
+    # kubelet's Memory QoS (TieredReservation) puts the request into `unified`: memory.min
+    # for Guaranteed, memory.low for Burstable pods.
+    for key in ("memory.min", "memory.low"):
+        raw = resources.unified.get(key)
+        if raw is None:
+            continue
         try:
             value = int(str(raw).strip())
         except ValueError:
             value = -1
         if value > 0:
-            return value, "request from kubelet's unified memory.min"
+            return value, f"request from kubelet's unified {key}"
     if batch is not None and batch.memory_request_bytes is not None:
         return batch.memory_request_bytes, "request from the batch-memory request annotation"
-    sources = [f"{decision.kube_qos.value}", "no memory.min in unified", "no annotation"]
+    sources = [f"{decision.kube_qos.value}", "no memory.min/low in unified", "no annotation"]
     return None, "no memory request known (" + ", ".join(sources) + ")"
 
 
@@ -577,6 +581,68 @@ def plan_pod_memory(
     if all(high is not None for high in highs):
         writes.append(CgroupWrite(pod_cgroup, "memory.high", sum(h for h in highs if h is not None), reason))
     return tuple(writes)
+
+
+@dataclass(frozen=True)
+class PodResourcesPlan:
+    """A pod's class values recomputed from its pod-level resources (UpdatePodSandboxResources)."""
+
+    qos_class: QoSClass
+    cri: CriOverrides
+    writes: tuple[CgroupWrite, ...] = ()
+    memory: MemoryProtection = field(default_factory=MemoryProtection)
+    notes: tuple[str, ...] = ()
+
+
+def plan_pod_resources(
+    pod: PodInput,
+    resources: ContainerResources,
+    *,
+    decision: ClassDecision,
+    config: QoSClassConfig,
+    features: KernelFeatures,
+    pod_cgroup: str,
+) -> PodResourcesPlan:
+    """Pod-cgroup CPU weight and memory protection from kubelet's pod-level resources.
+
+    kubelet has already written its own values to the pod cgroup when it sends the call; the
+    class's numbers replace them the way they do for a container: cpu.shares per requested
+    CPU (not for an idle BE pod, whose weight the kernel pins), memory.min/low from the pod's
+    memory request (Guaranteed: its limit; Memory QoS: unified memory.min/low) and memory.high
+    from its limit.
+    """
+    qos_class = decision.qos_class
+    annotations = parse_pod_annotations(pod.annotations)
+    notes: list[str] = []
+    writes: list[CgroupWrite] = []
+    shares: int | None = None
+    idle_be = qos_class is QoSClass.BE and not features.group_identity and config.cpu_idle == 1
+    if resources.cpu_shares > 0 and not idle_be:
+        shares, why = cpu_shares_for(qos_class, config, resources.cpu_shares, None)
+        notes.append("pod: " + why)
+        writes.append(CgroupWrite(pod_cgroup, "cpu.shares", shares, "pod-level resize: " + why))
+    elif idle_be:
+        notes.append("BE pod: pod cpu.shares not set: the pod cgroup is idle (cpu.idle=1)")
+    numbers = _memory_numbers(qos_class, config, annotations)
+    limit = max(resources.memory_limit_in_bytes, 0)
+    request, request_why = _memory_request(decision, resources, limit, None)
+    memory = _memory_protection(numbers, request, limit)
+    unified: dict[str, str] = {}
+    if numbers.enabled:
+        reason = f"{qos_class.value} pod-level resize: {request_why}"
+        writes += [CgroupWrite(pod_cgroup, "memory.min", memory.min_bytes, reason),
+                   CgroupWrite(pod_cgroup, "memory.low", memory.low_bytes, reason)]
+        if memory.high_bytes is not None:
+            writes.append(CgroupWrite(pod_cgroup, "memory.high", memory.high_bytes, reason))
+        if features.cgroup_version == "v2":
+            unified = {"memory.min": str(memory.min_bytes), "memory.low": str(memory.low_bytes)}
+            if memory.high_bytes is not None:
+                unified["memory.high"] = str(memory.high_bytes)
+        notes.append(f"pod memory protection from {request_why}")
+    else:
+        notes.append(numbers.why_disabled)
+    return PodResourcesPlan(qos_class, CriOverrides(cpu_shares=shares, unified=unified), tuple(writes),
+                            memory, tuple(notes))
 
 
 def plan_besteffort_tier(

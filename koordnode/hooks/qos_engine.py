@@ -49,8 +49,10 @@ from koordnode.hooks.policy import (
     allocate_cpuset,
     plan_container,
     plan_pod_memory,
+    plan_pod_resources,
     plan_pod_sandbox,
 )
+from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
 from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
@@ -204,8 +206,9 @@ class PublishedStatus:
 
 class QoSEngine:
     def __init__(self, config: Any, state: NodeState, *, executor: CgroupExecutor | None = None,
-                 topology: CpuTopology | None = None) -> None:
+                 topology: CpuTopology | None = None, resized: ResizedResources | None = None) -> None:
         self.state = state
+        self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
         self.executor = executor or CgroupExecutor(Path(config.cgroup.root))
         self.features = KernelFeatures(
@@ -223,6 +226,8 @@ class QoSEngine:
         self.kubelet_resources: dict[str, ContainerResources] = {}
         self.cpu_owner: dict[str, str] = {}
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id
+        # sandbox id -> kubelet's pod-level resources from UpdatePodSandboxResources.
+        self.pod_resources: dict[str, ContainerResources] = {}
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
@@ -481,9 +486,44 @@ class QoSEngine:
         with self.lock:
             kubelet = resources_from_pb(req.linux)
             self.kubelet_resources[req.container_id] = kubelet
+            # Survives a koordnode restart, unlike the annotation set at CreateContainer.
+            self.resized.put(req.container_id, kubelet)
             plan = self._plan(pod, container.name, req.container_id, kubelet, with_cgroup=False)
             self._publish_status()
         apply_overrides(req.linux, plan)
+
+    def pod_resources_pre(self, req: pb.UpdatePodSandboxResourcesRequest) -> None:
+        """In-place pod-level resize: the class's values replace kubelet's in the request."""
+        pod = self.state.pods.get(req.pod_sandbox_id)
+        if pod is None or not req.HasField("resources"):
+            return
+        kubelet = resources_from_pb(req.resources)
+        with self.lock:
+            self.pod_resources[req.pod_sandbox_id] = kubelet
+            plan = self._pod_resources_plan(pod, kubelet)
+        if plan is None:
+            return
+        if plan.cri.cpu_shares is not None:
+            req.resources.cpu_shares = plan.cri.cpu_shares
+        for key, value in plan.cri.unified.items():
+            req.resources.unified[key] = value
+
+    def pod_resources_updated(self, sandbox_id: str) -> None:
+        """After UpdatePodSandboxResources: apply the pod's recomputed values to its cgroup."""
+        with self.lock:
+            pod = self.state.pods.get(sandbox_id)
+            if pod is not None:
+                self._apply_pod(sandbox_id, self.pod_input_from_record(pod), force=False)
+
+    def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources):
+        try:
+            pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
+        except UnsafePathError:
+            return None
+        decision = self._decision(pod)
+        return plan_pod_resources(self.pod_input_from_record(pod), kubelet, decision=decision,
+                                  config=self.config.qos.for_class(decision.qos_class), features=self.features,
+                                  pod_cgroup=pod_cgroup)
 
     def container_gone(self, container_id: str) -> None:
         view = self.state.view()
@@ -499,6 +539,7 @@ class QoSEngine:
                 self._drop_container(cid)
             if removed:
                 self.pod_records.pop(sandbox_id, None)
+                self.pod_resources.pop(sandbox_id, None)
                 names = self._metric_names.pop(sandbox_id, None)
                 if names is not None:
                     METRICS.drop_pod(*names)
@@ -512,6 +553,7 @@ class QoSEngine:
         self.container_records.pop(container_id, None)
         self.reallocate.discard(container_id)
         self.fallback_reason.pop(container_id, None)
+        self.resized.drop(container_id)
         if owner is not None and owner not in self.cpu_owner.values():
             self.allocator.release(owner)
 
@@ -563,8 +605,10 @@ class QoSEngine:
         c = view.containers.get(container_id)
         if c is None:
             return ContainerResources()
-        # Recovered after a restart: kubelet's values travel in our annotation.
-        restored = resources_from_annotation(c.annotations.get(KUBELET_RESOURCES_ANNOTATION))
+        # Recovered after a restart: kubelet's values of its latest resize, else those of
+        # CreateContainer, which travel in our annotation.
+        restored = self.resized.get(container_id) or resources_from_annotation(
+            c.annotations.get(KUBELET_RESOURCES_ANNOTATION))
         if restored is None:
             restored = resources_from_pb(c.resources)
         self.kubelet_resources[container_id] = restored
@@ -610,7 +654,13 @@ class QoSEngine:
             writes.extend(plan.writes)
             container_plans[c.container_id] = (plan, start)
             memories.append(plan.memory)
-        writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
+        pod_level = self.pod_resources.get(sandbox_id)
+        resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
+        if resized is not None:
+            # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
+            writes.extend(resized.writes)
+        else:
+            writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
         results = self.executor.apply(writes, force=force)
         METRICS.record_writes(results)
         self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, container_plans)
@@ -707,6 +757,7 @@ class QoSEngine:
         Returns the pods' classes, as reconcile does."""
         view = view if view is not None else self.state.view()
         with self.lock:
+            self.resized.keep_only(set(view.containers))
             for c in view.containers.values():
                 if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or c.container_id in self.cpu_owner:
                     continue
@@ -855,6 +906,8 @@ class QoSEngine:
                 "cgroup_version": self.features.cgroup_version,
                 "group_identity": self.features.group_identity,
                 "cpus": self._cpu_status(),
+                # Values another writer changed and koordnode restored, by resource.
+                "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
                 "notes": list(self.notes),
             },
             pod_records=dict(self.pod_records),

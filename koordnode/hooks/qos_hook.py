@@ -6,6 +6,8 @@ from koordnode.hooks.chain import CallContext, RuntimeHook
 from koordnode.proxy.methods import INTERCEPTED_METHODS
 from koordnode.hooks.qos_engine import QoSEngine
 
+UNIMPLEMENTED = 12  # grpc status code
+
 
 class QoSHook(RuntimeHook):
     """Plain (threaded) methods: they write cgroup files, and a stuck write must not stall the
@@ -15,7 +17,8 @@ class QoSHook(RuntimeHook):
     methods = frozenset(INTERCEPTED_METHODS)
     # The only requests `pre` changes; the other calls' bookkeeping is all in `post`, so a slow
     # node can never fail them under failure_policy = "fail".
-    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources"})
+    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources",
+                             "UpdatePodSandboxResources"})
 
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine
@@ -33,6 +36,8 @@ class QoSHook(RuntimeHook):
             self.engine.container_create_pre(req, call.scratch)
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
+        elif call.method == "UpdatePodSandboxResources":
+            self.engine.pod_resources_pre(req)
 
     def post(self, call: CallContext) -> None:
         req, resp = call.request, call.response
@@ -48,6 +53,11 @@ class QoSHook(RuntimeHook):
         elif call.method in ("StopContainer", "RemoveContainer"):
             if ok:
                 self.engine.container_gone(req.container_id)
+        elif call.method == "UpdatePodSandboxResources":
+            # kubelet has resized the pod cgroup before this notification; a runtime without
+            # the method (UNIMPLEMENTED, which kubelet tolerates) still gets the class values.
+            if ok or call.grpc_status == UNIMPLEMENTED:
+                self.engine.pod_resources_updated(req.pod_sandbox_id)
         elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
             if ok:
                 self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")

@@ -26,6 +26,10 @@ class ProxyStats:
         self.intercepted_calls = 0
         self.unparsed_bodies = 0
         self.failed_by_policy = 0
+        # Dry run: requests the hooks changed (forwarded unchanged), and hook failures that
+        # failure_policy = "fail" would have turned into failed calls.
+        self.dry_run_changed_requests = 0
+        self.dry_run_would_fail = 0
 
 
 class HookCallHandler:
@@ -36,6 +40,10 @@ class HookCallHandler:
         self._old_api_logged = False
         # Set by the daemon to feed the CRI call metrics; None keeps the relay free of them.
         self.on_completed = None
+        # Dry run: the hooks run and decide as usual, but every request goes to the runtime as
+        # the client sent it, and no call is failed by failure_policy.
+        self.dry_run = False
+        self.last_dry_run_changes: dict[str, list[str]] = {}  # method -> the last would-be diff
 
     def opened(self) -> None:
         self.stats.connections_open += 1
@@ -77,8 +85,18 @@ class HookCallHandler:
         try:
             await self.chain.run_pre(call)
         except HookFailed as exc:
+            if self.dry_run:
+                self.stats.dry_run_would_fail += 1
+                log.warning("dry run: would fail the call (failure_policy = fail); forwarded",
+                            method=spec.name, error=str(exc))
+                return BeforeResult(body=body, ctx=(spec, call))
             self.stats.failed_by_policy += 1
             return BeforeResult(body=body, ctx=(spec, call), fail=(h2wire.GRPC_INTERNAL, f"koordnode: {exc}"))
+        if self.dry_run:
+            self._report_dry_run_change(spec.name, request, call)
+            # The Post hooks (state recorder) see what the runtime really received.
+            call.request = request
+            return BeforeResult(body=body, ctx=(spec, call))
         if call.request is not request:
             changed = call.request.SerializeToString()
             # Re-encoding may reorder unknown fields and map entries; send the client's own bytes
@@ -86,6 +104,20 @@ class HookCallHandler:
             if changed != request.SerializeToString():
                 body = h2wire.encode_grpc_message(changed)
         return BeforeResult(body=body, ctx=(spec, call))
+
+    def _report_dry_run_change(self, method: str, original: Any, call: CallContext) -> None:
+        if call.request is original:
+            return
+        try:
+            changes = message_changes(original, call.request)
+        except Exception as exc:  # a report only: never in the way of the call
+            changes = [f"(difference not described: {exc!r})"]
+        if not changes:
+            return
+        self.stats.dry_run_changed_requests += 1
+        self.last_dry_run_changes[method] = changes
+        log.info("dry run: request forwarded unchanged; the hooks would have changed it",
+                 method=method, **call_ids(call), would=changes)
 
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None:
         if ctx is None:
@@ -113,3 +145,37 @@ class HookCallHandler:
         )
         self.chain.schedule_post(call)
 
+
+def message_changes(old: Any, new: Any, prefix: str = "", limit: int = 40) -> list[str]:
+    """Field-by-field differences between two protobuf messages of one type, as
+    ``path: old -> new`` lines (maps by key; at most ``limit`` lines)."""
+    out: list[str] = []
+    _diff(old, new, prefix, out, limit)
+    return out[:limit]
+
+
+def _diff(old: Any, new: Any, prefix: str, out: list[str], limit: int) -> None:
+    for fd in new.DESCRIPTOR.fields:
+        if len(out) >= limit:
+            return
+        name = f"{prefix}{fd.name}"
+        a, b = getattr(old, fd.name), getattr(new, fd.name)
+        is_map = fd.message_type is not None and fd.message_type.GetOptions().map_entry
+        if is_map:
+            a, b = dict(a), dict(b)
+            for key in sorted(set(a) | set(b), key=str):
+                if a.get(key) != b.get(key):
+                    out.append(f"{name}[{key}]: {_short(a.get(key))} -> {_short(b.get(key))}")
+        elif fd.is_repeated:
+            if list(a) != list(b):
+                out.append(f"{name}: {len(a)} entries -> {len(b)} entries")
+        elif fd.message_type is not None:
+            if old.HasField(fd.name) or new.HasField(fd.name):
+                _diff(a, b, f"{name}.", out, limit)
+        elif a != b:
+            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value) if value is not None else "(none)"
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -37,6 +37,7 @@ INTERCEPTED_METHODS = (
     "CreateContainer",
     "StartContainer",
     "UpdateContainerResources",
+    "UpdatePodSandboxResources",  # CRI v1.33: in-place pod-level resize
     "StopContainer",
     "RemoveContainer",
 )

@@ -213,6 +213,9 @@ class QoSManager:
         self._usage_ticks = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._evict_tasks: set[asyncio.Task[Any]] = set()
+        # Dry run: decide and report, but write nothing (executors), register no PSI trigger
+        # (a kernel write: the watch polls instead) and evict nothing.
+        self._dry_run = False
 
     # ================================================================== public API
 
@@ -230,6 +233,20 @@ class QoSManager:
             if self.collector.cfs_quota(group) is not None:
                 return group
         return self._tiers["besteffort"]
+
+    @property
+    def dry_run(self) -> bool:
+        return self._dry_run
+
+    def set_dry_run(self, dry_run: bool) -> None:
+        """Switch dry-run on or off (start-up, config reload); the pressure watch is restarted
+        when that changes whether it may register PSI triggers."""
+        changed = dry_run != self._dry_run
+        self._dry_run = dry_run
+        if self._procfs_executor is not None:
+            self._procfs_executor.dry_run = dry_run
+        if changed and self._watch is not None:
+            self._restart_watch()
 
     @property
     def trigger_mode(self) -> str:
@@ -461,7 +478,9 @@ class QoSManager:
             window_us=settings.psi_window_us,
             poll_interval_s=settings.psi_poll_ms / 1000.0,
             on_wake=self._on_pressure,
-            use_triggers=settings.psi_triggers,
+            use_triggers=settings.psi_triggers and not self._dry_run,
+            triggers_off_reason="dry run: registering a PSI trigger writes to the kernel"
+            if settings.psi_triggers and self._dry_run else None,
             clock=self._clock,
         )
         if self._loop is not None:
@@ -495,7 +514,11 @@ class QoSManager:
         log.warning("be_evict", container_id=eviction.container_id, pod=eviction.pod, reason=eviction.reason)
         record = {"container_id": eviction.container_id, "pod": eviction.pod, "cause": eviction.cause,
                   "reason": eviction.reason, "at": self._wall(), "ok": None}
-        if self._evict is None:
+        if self._dry_run:
+            record["ok"] = None
+            record["dry_run"] = f"would stop container {eviction.container_id} through the runtime"
+            log.warning("be_evict_dry_run", container_id=eviction.container_id, would=record["dry_run"])
+        elif self._evict is None:
             record["ok"] = False
             record["error"] = "no evict function configured"
         else:
@@ -508,7 +531,7 @@ class QoSManager:
                 log.error("be_evict_failed", container_id=eviction.container_id, error=str(err))
         with self._status_lock:
             self._eviction_counts[eviction.cause] += 1
-            if not record["ok"]:
+            if record["ok"] is False:
                 self._eviction_failures += 1
             self._evictions.append(record)
 
@@ -1007,7 +1030,7 @@ class QoSManager:
 
     def _procfs(self) -> ProcfsExecutor:
         if self._procfs_executor is None:
-            self._procfs_executor = ProcfsExecutor(self._procfs_root)
+            self._procfs_executor = ProcfsExecutor(self._procfs_root, dry_run=self._dry_run)
         return self._procfs_executor
 
     def _explain(self, name: str, explanation: Explanation, at: float) -> None:
@@ -1018,7 +1041,7 @@ class QoSManager:
         with self._status_lock:
             for owner, result in zip(owners, results):
                 self._write_counts[owner][result.status.value] += 1
-                if result.status in (WriteStatus.WRITTEN, WriteStatus.FAILED):
+                if result.status in (WriteStatus.WRITTEN, WriteStatus.FAILED, WriteStatus.WOULD_WRITE):
                     write = result.write
                     target = {"cgroup": write.cgroup, "resource": write.resource} if isinstance(write, CgroupWrite) \
                         else {"sysctl": write.name}

@@ -170,8 +170,11 @@ class PressureWatch:
         poll_interval_s: float,
         on_wake: Callable[[str], None],
         use_triggers: bool = True,
+        triggers_off_reason: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``triggers_off_reason``: why triggers are off when ``use_triggers`` is False (shown
+        in the mode; default: disabled in the configuration)."""
         self.stall_us = stall_us
         self.window_us = window_us
         self.poll_interval_s = poll_interval_s
@@ -184,7 +187,8 @@ class PressureWatch:
         self._polled: dict[str, _PolledTarget] = {}
         self._reader = StatReader()
         self._poll_handle: asyncio.TimerHandle | None = None
-        self._refusal: str | None = None if use_triggers else "PSI triggers disabled in the configuration"
+        self._refusal: str | None = None if use_triggers else (
+            triggers_off_reason or "PSI triggers disabled in the configuration")
         self._missing: dict[str, str] = {}
         self.wakeups = 0
         self.last_wake: tuple[float, str] | None = None

@@ -15,6 +15,7 @@ One bed is shared per process even if the fixture gets registered twice
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,7 @@ from typing import Iterator
 import pytest
 
 from .containerd_bed import ContainerdBed, missing_prerequisites
+from .containerd_dist import DistError, containerd_bin_dir
 
 
 def running_in_ci() -> bool:
@@ -72,3 +74,24 @@ def containerd_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contain
         yield bed
     finally:
         _shared.release()
+
+
+@contextlib.contextmanager
+def dist_bed(suite: str, workdir: Path, **bed_options) -> Iterator[ContainerdBed]:
+    """A started bed running ``suite``'s containerd (``containerd_dist``), stopped on exit.
+
+    The release cannot be fetched here (no mirror, not root): skipped, or failed under CI=true.
+    """
+    problems = missing_prerequisites()
+    if problems:
+        _unavailable("; ".join(problems))
+    try:
+        bin_dir = containerd_bin_dir(suite)
+    except DistError as err:
+        _unavailable(f"containerd of Debian {suite}: {err}")
+    bed = ContainerdBed(workdir, bin_dir=bin_dir, **bed_options)
+    bed.start()
+    try:
+        yield bed
+    finally:
+        bed.stop()

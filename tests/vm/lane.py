@@ -25,7 +25,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,7 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:  # run as a script: make tests/ importable like pytest does
     sys.path.insert(0, str(TESTS))
 
-from testbed.containerd_dist import DistError, debian_mirror  # noqa: E402
+from testbed.containerd_dist import DistError, containerd_bin_dir, debian_mirror  # noqa: E402
 
 SUITE = "trixie"
 GUEST_PYTHON = "3.13"  # trixie's python3
@@ -57,6 +56,7 @@ GUEST_PY_DISTS = (
     "prometheus_client", "pytest", "pytest-timeout",
 )
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
+GUEST_CONTAINERD_SUITES = ("forky",)  # containerd 2.1 for the guest, beside its own 1.7
 IMAGE_RECIPE_VERSION = "3"  # bump when the image recipe below changes
 
 DEBOOTSTRAP_TIMEOUT_S = 900
@@ -272,6 +272,28 @@ def build_deps() -> Path:
     return target
 
 
+def deps_disk() -> Path:
+    """The dependencies as an ext4 image, attached read-only as the guest's third disk.
+
+    Importing from a block device is much faster under TCG than over 9p (every lookup is a
+    round trip) or than copying the many small files first.
+    """
+    site = build_deps()
+    disk = site.with_name(site.name + ".img")
+    if disk.is_file():
+        return disk
+    with _locked(cache_root() / "pydeps.lock"):
+        if disk.is_file():
+            return disk
+        tmp = disk.with_name(disk.name + ".tmp")
+        size_mb = 64 + sum(f.stat().st_size for f in site.rglob("*") if f.is_file()) * 2 // (1 << 20)
+        _run(["truncate", "-s", f"{size_mb}M", str(tmp)], "truncate", 30)
+        _run(["mke2fs", "-q", "-t", "ext4", "-F", "-L", "kn-pydeps", "-d", str(site), str(tmp)],
+             "mke2fs -d (dependencies)", PACK_TIMEOUT_S)
+        os.replace(tmp, disk)
+    return disk
+
+
 # --------------------------------------------------------------------------
 # Boot and run
 # --------------------------------------------------------------------------
@@ -289,9 +311,19 @@ class LaneResult:
     facts: dict = field(default_factory=dict)
 
     @property
+    def kernel_panic(self) -> str:
+        """The guest kernel's Oops/panic lines from the serial console, '' when none."""
+        try:
+            lines = self.console_log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(line for line in lines if "Oops" in line or "Kernel panic" in line or "RIP:" in line)[:2000]
+
+    @property
     def summary(self) -> str:
+        panic = f", GUEST KERNEL CRASHED: {self.kernel_panic.splitlines()[0]}" if self.kernel_panic else ""
         return (f"VM lane: {self.accel.upper()}, kernel {self.image.info.get('kernel')}, "
-                f"{self.image.info.get('packages')}, guest pytest exit {self.exit_code}, {self.seconds:.0f} s")
+                f"{self.image.info.get('packages')}, guest pytest exit {self.exit_code}, {self.seconds:.0f} s{panic}")
 
 
 def _kvm_usable(kernel: Path, workdir: Path) -> tuple[bool, str]:
@@ -320,7 +352,12 @@ def _kvm_usable(kernel: Path, workdir: Path) -> tuple[bool, str]:
 
 def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tuple[Path, bool]],
                   memory_mb: int) -> list[str]:
-    cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    # TCG with one thread per vCPU (thread=multi) crashed the guest kernel here ("Oops: int3"
+    # in the scheduler) when cgroup writes flip static keys: the kernel patches its own code
+    # with int3 breakpoints, and another vCPU thread still ran the stale translation. One TCG
+    # thread for both vCPUs has no such race; on 2 shared host cores it costs little.
+    tcg = os.environ.get("KOORDNODE_VM_TCG_THREAD", "single")
+    cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", f"tcg,thread={tcg}", "-cpu", "max"]
     cmd = [
         "qemu-system-x86_64", *cpu, "-smp", "2", "-m", str(memory_mb), "-nodefaults", "-display", "none",
         "-no-reboot", "-serial", f"file:{workdir / 'console.log'}",
@@ -339,6 +376,21 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
     return cmd
 
 
+def _stage_packages(directory: Path) -> None:
+    """The .debs tests/vm_guest/test_package_systemd.py installs; a failed build is left as
+    packages/ERROR.txt for that test to report (the other guest tests run regardless)."""
+    from vm.packages import stage_packages
+
+    began = time.monotonic()
+    try:
+        built = stage_packages(directory)
+        _log(f"packages for the guest: {', '.join(p.name for p in built)} ({time.monotonic() - began:.0f} s)")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ERROR.txt").write_text(f"{err}\n")
+        _log(f"packages for the guest not built: {err}")
+
+
 def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 1200,
              accel: str | None = None, memory_mb: int = 2048) -> LaneResult:
     """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results."""
@@ -348,10 +400,14 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     began = time.monotonic()
     image = build_image()
     pydeps = build_deps()
+    pydeps_disk = deps_disk()
     workdir.mkdir(parents=True, exist_ok=True)
+    # One budget for the whole lane: what the image and dependency builds used is not left to the guest.
+    timeout_s = max(300.0, timeout_s - (time.monotonic() - began))
     results = workdir / "results"
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir()
+    _stage_packages(results / "packages")
     (results / "request.json").write_text(json.dumps({
         "pytest_args": pytest_args or [],
         "timeout_s": max(60, int(timeout_s) - 120),  # leave the guest time to power off
@@ -360,6 +416,11 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         disk.truncate(SCRATCH_DISK_SIZE)
     dist_cache = Path(os.environ.get("KOORDNODE_TEST_CACHE") or "/var/cache/koordnode-test")
     dist_cache.mkdir(parents=True, exist_ok=True)
+    for suite in GUEST_CONTAINERD_SUITES:  # the guest has no network: fetch on the host
+        try:
+            containerd_bin_dir(suite)
+        except DistError as err:
+            _log(f"containerd of {suite} unavailable for the guest: {err}")
     shares = {"project": (REPO, True), "pydeps": (pydeps, True), "results": (results, False),
               "distcache": (dist_cache, True)}
 
@@ -370,6 +431,8 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         accel = "kvm" if usable else "tcg"
         _log(f"accelerator: {accel.upper()} ({why})")
     cmd = _qemu_command(image, accel, workdir, shares, memory_mb)
+    # Third disk (/dev/vdc): the dependencies, read-only; the guest mounts it (tests/vm/guest/run.py).
+    cmd += ["-drive", f"file={pydeps_disk},if=virtio,format=raw,readonly=on"]
     (workdir / "qemu-cmd.txt").write_text(" ".join(cmd) + "\n")
     _log(f"booting the {SUITE} guest under {accel.upper()} (bound {timeout_s:.0f} s); console: {workdir / 'console.log'}")
     with open(workdir / "qemu.stderr", "w") as stderr:

@@ -5,64 +5,40 @@ Runs only inside the VM lane's guest (KOORDNODE_VM_GUEST=1, set by tests/vm/gues
 
 from __future__ import annotations
 
+import json
 import os
-import socket
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from support.koordnode_runner import KoordnodeProcess
+from guestlib import RECONCILE_S, GuestKoordnode, disk_dev, free_port
 from testbed.systemd_bed import KUBEPODS_SLICE, SystemdBed, kubelet_tiers
 
 IN_GUEST = os.environ.get("KOORDNODE_VM_GUEST") == "1"
-CG = Path("/sys/fs/cgroup")
-SCRATCH_DISK = "vdb"  # the VM's second virtio disk
 
 
 # On the host these files are not collected: tests/test_vm_lane.py reports their guest results.
 collect_ignore_glob = [] if IN_GUEST else ["test_*.py"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PROGRESS = "/results/progress.jsonl"
 
 
-def disk_dev(name: str = SCRATCH_DISK) -> str:
-    return Path(f"/sys/block/{name}/dev").read_text().strip()
-
-
-def wait_for(check, timeout_s: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval)
-
-
-class GuestKoordnode(KoordnodeProcess):
-    metrics_port: int = 0
-
-    def metrics(self) -> str:
-        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-
-    def metric(self, name: str, **labels: str) -> float:
-        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        prefix = f"{name}{{{want}}}" if labels else name
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(prefix + " ") or (labels and line.startswith(prefix)):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-
-RECONCILE_S = 3.0
+def pytest_runtest_logreport(report):
+    """Each result as soon as it is known, so a guest stopped by the time bound still reports."""
+    if not IN_GUEST or not os.path.isdir("/results"):
+        return
+    if report.when != "call" and not (report.failed or report.skipped):
+        return
+    entry = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+             "seconds": round(report.duration, 1)}
+    if report.failed or report.skipped:
+        entry["message"] = str(report.longrepr)[-4000:]
+    if report.capstdout:
+        entry["stdout"] = report.capstdout[-2000:]
+    with open(PROGRESS, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 @pytest.fixture(scope="session")

@@ -39,22 +39,46 @@ def _facts() -> dict:
     }
 
 
+def _collect_logs(log) -> None:
+    """koordnode and containerd logs of the guest tests, for post-mortems on the host."""
+    target = RESULTS / "logs"
+    for path in sorted(Path("/var/tmp/pytest").rglob("*.log"))[:200]:
+        if path.name not in ("koordnode.log", "containerd.log"):
+            continue
+        try:
+            dest = target / "_".join(path.relative_to("/var/tmp/pytest").parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(path.read_bytes()[-2_000_000:])
+        except OSError as err:
+            print(f"could not copy {path}: {err}", file=log)
+
+
 def main() -> int:
     request = json.loads((RESULTS / "request.json").read_text())
     log = open(RESULTS / "guest.log", "w", buffering=1)  # noqa: SIM115 - the whole run
     facts = _facts()
     (RESULTS / "facts.json").write_text(json.dumps(facts, indent=2))
     print(f"koordnode VM lane guest: {json.dumps(facts)}", file=log)
+    # The dependencies: the host attaches them as an ext4 image (/dev/vdc), much faster to
+    # import from under TCG than the 9p share, which stays as the fallback.
+    pydeps = Path("/var/lib/koordnode-vm/pydeps")
+    pydeps.mkdir(parents=True, exist_ok=True)
+    mounted = Path("/dev/vdc").exists() and subprocess.run(
+        ["mount", "-o", "ro", "/dev/vdc", str(pydeps)], capture_output=True, timeout=60).returncode == 0
+    if not mounted:
+        pydeps = Path("/opt/pydeps")
+    print(f"dependencies at {pydeps}", file=log)
     env = dict(os.environ)
     env.update({
-        "PYTHONPATH": f"/opt/pydeps:{PROJECT}",
+        "PYTHONPATH": f"{pydeps}:{PROJECT}",
         "PYTHONDONTWRITEBYTECODE": "1",  # the project share is read-only
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "KOORDNODE_VM_GUEST": "1",
         "CI": "true",  # a missing prerequisite in the guest is a failure, not a skip
     })
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v",
-           f"--junitxml={RESULTS / 'junit.xml'}", "--basetemp=/var/tmp/pytest",
+           f"--junitxml={RESULTS / 'junit.xml'}", "-o", "junit_logging=system-out", "--basetemp=/var/tmp/pytest",
+           "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget
            str(PROJECT / "tests" / "vm_guest"), *request.get("pytest_args", [])]
     print("+ " + " ".join(cmd), file=log)
     began = time.monotonic()
@@ -65,6 +89,7 @@ def main() -> int:
         print(f"guest pytest not done after {request.get('timeout_s')} s: stopped", file=log)
         code = 124
     print(f"guest pytest exit {code} after {time.monotonic() - began:.0f} s", file=log)
+    _collect_logs(log)
     log.close()
     (RESULTS / "exit_code").write_text(f"{code}\n")
     os.sync()

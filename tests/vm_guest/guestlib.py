@@ -1,0 +1,117 @@
+"""Helpers shared by the guest tests and their conftest (importable: this directory is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from dataclasses import dataclass
+
+from koordnode.cri import api_pb2 as pb
+from support.cri import container_config, run_pod, sandbox_config, start_container, wait_container_state
+from support.koordnode_runner import REPO, KoordnodeProcess, wait_for_socket
+from testbed.systemd_bed import kubelet_pod_slice
+
+CG = Path("/sys/fs/cgroup")
+SCRATCH_DISK = "vdb"  # the VM's second virtio disk
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def disk_dev(name: str = SCRATCH_DISK) -> str:
+    return Path(f"/sys/block/{name}/dev").read_text().strip()
+
+
+# Functional waits, not timing checks: under TCG on a loaded host everything is several
+# times slower than on hardware, so every bound is stretched by this factor.
+TIME_SCALE = float(os.environ.get("KOORDNODE_VM_TIME_SCALE", "4"))
+
+
+def wait_for(check, timeout_s: float, what: str, interval: float = 0.1):
+    timeout_s *= TIME_SCALE
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval)
+
+
+class GuestKoordnode(KoordnodeProcess):
+    """`koordnode run` in the guest: under TCG its start-up (imports over 9p) takes tens of seconds."""
+
+    metrics_port: int = 0
+    START_TIMEOUT_S = 180.0
+
+    def start(self) -> "GuestKoordnode":
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "koordnode", "run", "--config", str(self.config_path)],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+        log.close()
+        try:
+            wait_for_socket(self.listen, self.START_TIMEOUT_S, proc=self.proc)
+            wait_for_socket(self.admin, self.START_TIMEOUT_S, proc=self.proc)
+        except (TimeoutError, RuntimeError) as err:
+            raise RuntimeError(f"{err}; koordnode log tail:\n{self.log_text()[-3000:]}") from err
+        return self
+
+    def metrics(self) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        prefix = f"{name}{{{want}}}" if labels else name
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(prefix + " ") or (not labels and line.startswith(name + "{")):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+RECONCILE_S = 3.0
+
+
+
+
+@dataclass
+class Pod:
+    sandbox_id: str
+    container_id: str
+    parent: str  # kubelet's cgroup parent (slice name)
+    pod_dir: Path
+    container_dir: Path
+
+    def read(self, name: str, level: str = "container") -> str:
+        directory = self.container_dir if level == "container" else self.pod_dir
+        return (directory / name).read_text().strip()
+
+    def pid(self) -> int:
+        return int((self.container_dir / "cgroup.procs").read_text().split()[0])
+
+
+def make_pod(cri, bed, name: str, qos: str, *, labels=None, annotations=None, resources=None,
+             cmd=None, kubelet_weight: int = 1, memory_max: int | None = None) -> Pod:
+    """kubelet's sequence: pod slice through systemd, RunPodSandbox, CreateContainer, StartContainer."""
+    uid = str(uuid.uuid4())
+    parent = bed.pod_cgroup_parent(qos, uid)
+    kubelet_pod_slice(parent, kubelet_weight, memory_max)
+    sb = sandbox_config(bed, name, qos=qos, labels=labels, annotations=annotations, uid=uid)
+    sandbox_id = run_pod(cri, sb)
+    cri.created.append(sandbox_id)
+    cid = start_container(cri, sandbox_id, sb, container_config(bed, "main", cmd or ["sleep", "3600"],
+                                                              resources=resources))
+    assert wait_container_state(cri, cid, pb.CONTAINER_RUNNING).state == pb.CONTAINER_RUNNING
+    return Pod(sandbox_id, cid, parent, bed.pod_cgroup_dir(parent), bed.container_cgroup_dir(parent, cid))

@@ -1,0 +1,283 @@
+"""koordnode on cgroup v2 with kubelet's systemd driver, containerd 1.7, for real (VM lane guest).
+
+No kubelet binary exists here: kubelet's part is reproduced by what it writes and calls —
+its QoS tier slices and each pod's slice created through systemd's D-Bus API
+(testbed.systemd_bed), its CRI calls through koordnode, its cgroup writes (tiers every
+minute, pod slices at creation and in-place resize, Memory QoS's memory.min/low).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from guestlib import CG, RECONCILE_S, Pod, disk_dev, make_pod, wait_for
+from koordnode.cri import api_pb2 as pb
+from koordnode.executor.resources import shares_to_weight
+from support.cri import Cri, remove_pod
+from testbed.systemd_bed import set_properties
+
+MIB = 1 << 20
+PAGE = 4096
+BE_TIER = CG / "kubepods.slice" / "kubepods-besteffort.slice"
+BURSTABLE_TIER = CG / "kubepods.slice" / "kubepods-burstable.slice"
+KUBEPODS = CG / "kubepods.slice"
+QOS_LABEL = "koordinator.sh/qosClass"
+
+
+@pytest.fixture
+def cri(guest_koordnode):
+    client = Cri(guest_koordnode.listen)
+    created: list[str] = []
+    client.created = created
+    yield client
+    for sandbox_id in created:
+        try:
+            remove_pod(client, sandbox_id)
+        except Exception:  # noqa: BLE001 - cleanup of a failed test
+            pass
+    client.close()
+
+
+def pod_status(kn, sandbox_id: str) -> dict:
+    return next(p for p in kn.status()["pods"] if p["sandbox_id"] == sandbox_id)
+
+
+def near(value: str, expected: int) -> bool:
+    """The kernel keeps memory.min/low/high in whole pages."""
+    return abs(int(value) - expected) < PAGE
+
+
+def pod_value(pod: "Pod", name: str, check, what: str) -> str:
+    """A pod-slice value koordnode owns. systemd re-applies the slice's own properties (IOWeight,
+    MemoryMin, ... defaults) whenever it realizes the slice again, e.g. when runc starts a scope in
+    it: koordnode restores its value within a reconcile period (and counts the overwrite)."""
+    return wait_for(lambda: (lambda v: v if check(v) else None)(pod.read(name, "pod")), RECONCILE_S * 2 + 5, what)
+
+
+def test_containers_land_in_kubelets_systemd_slices_and_scopes(systemd_bed, guest_koordnode, cri):
+    pod = make_pod(cri, systemd_bed, "layout", "burstable", labels={QOS_LABEL: "LS"},
+                   resources={"cpu_shares": 1024}, kubelet_weight=39)
+    assert pod.parent.startswith("kubepods-burstable-pod") and pod.parent.endswith(".slice")
+    assert pod.container_dir.name == f"cri-containerd-{pod.container_id}.scope"
+    assert pod.container_dir.is_dir(), f"missing {pod.container_dir}"
+    assert str(pod.pid()) in (pod.container_dir / "cgroup.procs").read_text()
+    assert pod_status(guest_koordnode, pod.sandbox_id)["qos_class"] == "LS"
+
+
+def test_ls_and_be_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
+    request, limit = 128 * MIB, 256 * MIB
+    # kubelet Memory QoS (TieredReservation): a Burstable pod's request arrives as unified memory.low.
+    ls = make_pod(cri, systemd_bed, "web", "burstable", labels={QOS_LABEL: "LS"}, kubelet_weight=39,
+                  resources={"cpu_shares": 1024, "memory_limit_in_bytes": limit,
+                             "unified": {"memory.low": str(request)}})
+    be = make_pod(cri, systemd_bed, "batch", "besteffort", resources={"cpu_shares": 2})
+
+    def settled() -> bool:
+        return ls.read("memory.min") != "0" and be.read("cpu.idle", "pod") == "1"
+
+    wait_for(settled, 15, "koordnode's writes after StartContainer")
+    # LS: 1024 shares per requested CPU -> cpu.weight; memory.min/low = 50 % / 80 % of the request.
+    assert ls.read("cpu.weight") == str(shares_to_weight(1024))
+    assert near(ls.read("memory.min"), request * 50 // 100)
+    assert near(ls.read("memory.low"), request * 80 // 100)
+    assert near(ls.read("memory.high"), limit * 90 // 100)
+    pod_value(ls, "memory.min", lambda v: near(v, request * 50 // 100), "pod memory.min = sum of its containers")
+    assert ls.read("cpu.idle", "pod") == "0"
+    pod_value(ls, "io.weight", lambda v: v.split()[:2] == ["default", "500"], "LS pod io.weight 500")
+    # BE: idle pod, minimum weight, oom_score_adj 1000, the BE disk throttles on the real disk.
+    assert be.read("cpu.idle", "pod") == "1"
+    assert be.read("cpu.weight") == str(shares_to_weight(2))
+    assert Path(f"/proc/{be.pid()}/oom_score_adj").read_text().strip() == "1000"
+    pod_value(be, "io.weight", lambda v: v.split()[:2] == ["default", "100"], "BE pod io.weight 100")
+    io_max = wait_for(lambda: next((line for line in (be.pod_dir / "io.max").read_text().splitlines()
+                                    if line.startswith(disk_dev() + " ")), ""), 10, "io.max line of vdb")
+    assert "rbps=524288000" in io_max and "wbps=209715200" in io_max, io_max
+    # Same pool for both while no LSE/LSR pod holds CPUs.
+    assert ls.read("cpuset.cpus") == be.read("cpuset.cpus")
+
+
+def test_class_falls_back_to_the_slice_name_without_a_label(systemd_bed, guest_koordnode, cri):
+    expected = {"besteffort": "BE", "burstable": "LS", "guaranteed": "LSR"}
+    pods = {qos: make_pod(cri, systemd_bed, f"nolabel-{qos}", qos,
+                          resources={"cpu_shares": 2 if qos == "besteffort" else 512,
+                                     **({"cpu_quota": 50000, "cpu_period": 100000,
+                                         "memory_limit_in_bytes": 64 * MIB} if qos == "guaranteed" else {})})
+            for qos in expected}
+    for qos, pod in pods.items():
+        status = pod_status(guest_koordnode, pod.sandbox_id)
+        assert status["qos_class"] == expected[qos], status
+        assert pod.parent in status["qos_reason"] or "tier" in status["qos_reason"], status["qos_reason"]
+    wait_for(lambda: pods["besteffort"].read("cpu.idle", "pod") == "1", 10, "BE pod idle")
+    assert pods["guaranteed"].read("cpu.weight") == str(shares_to_weight(512 * 65536 // 1024))
+
+
+def test_lse_gets_an_exclusive_cpu_and_the_pools_shrink_and_come_back(systemd_bed, guest_koordnode, cri):
+    ncpu = os.cpu_count() or 1
+    if ncpu < 2:
+        pytest.fail("the VM needs 2 CPUs for an exclusive core plus a share pool")
+    ls = make_pod(cri, systemd_bed, "pool-ls", "burstable", labels={QOS_LABEL: "LS"},
+                  resources={"cpu_shares": 512})
+    be = make_pod(cri, systemd_bed, "pool-be", "besteffort")
+    everything = f"0-{ncpu - 1}"
+    wait_for(lambda: ls.read("cpuset.cpus") == everything, 10, "LS on all CPUs")
+    lse = make_pod(cri, systemd_bed, "exclusive", "guaranteed", labels={QOS_LABEL: "LSE"},
+                   resources={"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000,
+                              "memory_limit_in_bytes": 64 * MIB})
+    mine = lse.read("cpuset.cpus")
+    assert mine and "," not in mine and "-" not in mine, f"one exclusive CPU, got {mine!r}"
+    assert lse.read("cpu.weight") == str(shares_to_weight(262144))
+    rest = wait_for(lambda: ls.read("cpuset.cpus") if mine not in ls.read("cpuset.cpus").split(",") and
+                    ls.read("cpuset.cpus") != everything else "", 10, "LS moved off the LSE CPU")
+    assert be.read("cpuset.cpus") == rest, "BE follows the pool"
+    allocations = guest_koordnode.status()["qos"]["cpus"]["allocations"]
+    assert any(a["class"] == "LSE" and a["cpus"] == [int(mine)] for a in allocations.values()), allocations
+    remove_pod(cri, lse.sandbox_id)
+    cri.created.remove(lse.sandbox_id)
+    wait_for(lambda: ls.read("cpuset.cpus") == everything, 10, "LS back on all CPUs")
+    wait_for(lambda: be.read("cpuset.cpus") == everything, 10, "BE back on all CPUs")
+
+
+def test_lsr_memory_protection_from_the_guaranteed_limit(systemd_bed, guest_koordnode, cri):
+    limit = 96 * MIB
+    lsr = make_pod(cri, systemd_bed, "reserved", "guaranteed", labels={QOS_LABEL: "LSR"},
+                   resources={"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000,
+                              "memory_limit_in_bytes": limit, "unified": {"memory.min": str(limit)}})
+    wait_for(lambda: lsr.read("memory.min") != "0", 10, "LSR memory.min")
+    assert near(lsr.read("memory.min"), limit * 80 // 100)
+    assert near(lsr.read("memory.low"), limit)
+    assert lsr.read("cpu.weight") == str(shares_to_weight(65536))
+    assert lsr.read("cpu.max") == "100000 100000"
+    pod_value(lsr, "memory.min", lambda v: near(v, limit * 80 // 100), "LSR pod memory.min")
+
+
+def test_be_tier_cpu_max_is_suppressed(systemd_bed, guest_koordnode, cri):
+    make_pod(cri, systemd_bed, "suppress-be", "besteffort", cmd=["sh", "-c", "while :; do :; done"])
+    quota = wait_for(lambda: (lambda q: q if q[0] != "max" else None)((BE_TIER / "cpu.max").read_text().split()),
+                     20, "a quota on the BE tier's cpu.max")
+    ncpu = os.cpu_count() or 1
+    assert 2000 <= int(quota[0]) <= ncpu * int(quota[1]), quota
+    assert guest_koordnode.metric("koordnode_be_cpu_quota_cores") > 0
+
+
+def _overwrites(kn) -> float:
+    return kn.metric("koordnode_cgroup_overwrites_total")
+
+
+def test_systemd_set_property_overwrite_is_restored_and_counted(systemd_bed, guest_koordnode, cri):
+    make_pod(cri, systemd_bed, "overwrite-be", "besteffort")
+    owned = wait_for(lambda: (BE_TIER / "cpu.max").read_text().split()[0] != "max" and
+                     (BE_TIER / "cpu.max").read_text().strip(), 20, "koordnode's BE tier quota")
+    before = _overwrites(guest_koordnode)
+    # An operator (or a config tool) resets the tier through systemd: CPUQuota= means "max".
+    set_properties("kubepods-besteffort.slice", {"CPUQuota": ("s", "")})
+    set_properties("kubepods-besteffort.slice", {"CPUWeight": ("t", 1)})
+    restored = wait_for(lambda: (BE_TIER / "cpu.max").read_text().split()[0] != "max", RECONCILE_S + 5,
+                        "the BE tier quota restored")
+    assert restored
+    wait_for(lambda: _overwrites(guest_koordnode) > before, RECONCILE_S + 5, "the overwrite counted")
+    status = guest_koordnode.status()["qos"]["overwrites"]
+    assert sum(status["counts"].values()) >= 1, status
+    print(f"BE tier cpu.max owned {owned!r}; overwrites {status}")
+
+    # systemctl daemon-reload re-applies every unit's properties.
+    subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=120)
+    wait_for(lambda: (BE_TIER / "cpu.max").read_text().split()[0] != "max", RECONCILE_S + 5,
+             "the BE tier quota after daemon-reload")
+
+
+def test_kubelet_like_writes_are_restored_and_counted(systemd_bed, guest_koordnode, cri):
+    request = 64 * MIB
+    ls = make_pod(cri, systemd_bed, "kubelet-writes", "burstable", labels={QOS_LABEL: "LS"}, kubelet_weight=39,
+                  resources={"cpu_shares": 1024, "memory_limit_in_bytes": 2 * request,
+                             "unified": {"memory.low": str(request)}})
+    wait_for(lambda: ls.read("memory.min", "pod") != "0", 10, "koordnode's pod memory.min")
+    ours_min, ours_weight = ls.read("memory.min", "pod"), ls.read("cpu.weight")
+    before = _overwrites(guest_koordnode)
+    # kubelet's Memory QoS writes the request as the pod's memory.min; runc-like write of the weight.
+    (ls.pod_dir / "memory.min").write_text(str(request))
+    (ls.container_dir / "cpu.weight").write_text("100")
+    wait_for(lambda: ls.read("memory.min", "pod") == ours_min and ls.read("cpu.weight") == ours_weight,
+             RECONCILE_S * 2 + 5, "koordnode's values back within a reconcile period")
+    wait_for(lambda: _overwrites(guest_koordnode) >= before + 2, 5, "both overwrites counted")
+    body = guest_koordnode.metrics()
+    assert 'koordnode_cgroup_overwrites_total{resource="memory.min"}' in body
+
+
+def test_kubelets_writes_still_succeed_after_koordnodes(systemd_bed, guest_koordnode, cri):
+    """Koordinator #2732: an idle cgroup refuses cpu.weight; kubelet's tier and pod writes must not."""
+    be = make_pod(cri, systemd_bed, "idle-safety-be", "besteffort")
+    ls = make_pod(cri, systemd_bed, "idle-safety-ls", "burstable", labels={QOS_LABEL: "LS"}, kubelet_weight=39,
+                  resources={"cpu_shares": 1024, "memory_limit_in_bytes": 128 * MIB})
+    wait_for(lambda: be.read("cpu.idle", "pod") == "1", 10, "BE pod idle")
+    failures = []
+
+    def kubelet_write(path: Path, value: str) -> None:
+        try:
+            path.write_text(value)
+        except OSError as err:
+            failures.append(f"{path} <- {value!r}: {err}")
+
+    # kubelet's QoS manager at start and every minute: tier weights and memory.
+    for tier, weight in ((KUBEPODS, "100"), (BURSTABLE_TIER, "39"), (BE_TIER, "1")):
+        kubelet_write(tier / "cpu.weight", weight)
+        kubelet_write(tier / "memory.min", "0")
+        kubelet_write(tier / "memory.low", "0")
+    kubelet_write(KUBEPODS / "memory.max", str(1024 * MIB))
+    kubelet_write(KUBEPODS / "cpu.max", "max 100000")
+    # The same through systemd, as the systemd driver does.
+    for unit, weight in (("kubepods.slice", 100), ("kubepods-burstable.slice", 39), ("kubepods-besteffort.slice", 1)):
+        try:
+            set_properties(unit, {"CPUWeight": ("t", weight)})
+        except subprocess.CalledProcessError as err:
+            failures.append(f"systemctl set-property {unit} CPUWeight={weight}: {err.stderr}")
+    # In-place resize of the LS pod: kubelet writes the pod slice, then UpdateContainerResources.
+    kubelet_write(ls.pod_dir / "cpu.weight", str(shares_to_weight(2048)))
+    kubelet_write(ls.pod_dir / "cpu.max", "200000 100000")
+    kubelet_write(ls.pod_dir / "memory.max", str(256 * MIB))
+    for pod, shares in ((ls, 2048), (be, 2)):
+        try:
+            cri.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+                container_id=pod.container_id,
+                linux=pb.LinuxContainerResources(cpu_shares=shares, memory_limit_in_bytes=256 * MIB)), timeout=30)
+        except Exception as err:  # noqa: BLE001 - collected
+            failures.append(f"UpdateContainerResources {pod.container_id[:12]}: {err}")
+    assert not failures, "\n".join(failures)
+    assert be.read("cpu.idle", "pod") == "1", "BE pod still idle"
+    assert (BE_TIER / "cpu.idle").read_text().strip() == "0", "the tier itself is never made idle"
+    wait_for(lambda: ls.read("cpu.weight") == str(shares_to_weight(2048)), 10, "resized LS weight")
+
+
+def test_psi_trigger_with_a_500ms_window_fires_on_real_pressure(systemd_bed, guest_koordnode):
+    """As root (CAP_SYS_RESOURCE) the kernel accepts 500 ms windows; measure the trigger's reaction."""
+    from koordnode.qos.psi import PsiTrigger
+
+    status = guest_koordnode.status()["qos_manager"]
+    assert status["trigger_mode"].startswith("psi-trigger"), status["trigger_mode"]
+    group = CG / f"koordnode-psi-{uuid.uuid4().hex[:6]}"
+    group.mkdir()
+    hogs: list[subprocess.Popen] = []
+    try:
+        (group / "cpu.max").write_text("10000 100000")  # 10 % of one CPU for two busy loops
+        trigger = PsiTrigger(str(group / "cpu.pressure"), stall_us=100_000, window_us=500_000)
+        assert not trigger.wait(0.6), "no pressure yet: no event"
+        started = time.monotonic()
+        for _ in range(2):
+            hog = subprocess.Popen(["sh", "-c", "echo $$ > " + str(group / "cgroup.procs") + "; while :; do :; done"])
+            hogs.append(hog)
+        fired = trigger.wait(10)
+        reaction = time.monotonic() - started
+        trigger.close()
+        assert fired, "the trigger never fired"
+        print(f"PSI trigger 'some 100000 500000' fired {reaction * 1000:.0f} ms after the load started "
+              "(TCG guest: scale down by the emulation factor)")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
+        group.rmdir()
