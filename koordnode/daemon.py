@@ -154,6 +154,8 @@ class Daemon:
             self.qos_manager.set_dry_run(dry_run)
         self.resctrl.dry_run = dry_run
         self.netqos.dry_run = dry_run
+        if self.nri is not None:
+            self.nri.dry_run = dry_run
         METRICS.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------

@@ -315,3 +315,24 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
             assert h.plugin.stats.late_answers["Synchronize"] == 1
 
     run(main())
+
+
+def test_dry_run_answers_without_changes_and_records_what_the_runtime_has() -> None:
+    """[daemon] dry_run in NRI mode: the hooks decide as usual, the runtime gets no adjustment,
+    and the state keeps kubelet's values (what the container really runs with)."""
+    async def main():
+        async with Harness([SharesHook()]) as h:
+            h.plugin.dry_run = True
+            await h.runtime.call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod()), nri.Empty)
+            resp = await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=pod(), container=container()),
+                                        nri.CreateContainerResponse)
+            assert resp.ByteSize() == 0
+            assert h.state.containers["c1"].resources.cpu_shares == 512
+            assert h.plugin.stats.dry_run_withheld["CreateContainer"] == 1
+            h.plugin.dry_run = False  # switched off by a reload: adjustments flow again
+            resp = await h.runtime.call("CreateContainer",
+                                        nri.CreateContainerRequest(pod=pod(), container=container("c2")),
+                                        nri.CreateContainerResponse)
+            assert resp.adjust.linux.resources.cpu.shares.value == 1024
+
+    run(main())

@@ -1139,3 +1139,19 @@ def test_be_group_is_off_for_the_systemd_driver_unless_asked(make_node):
                               linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
     ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
     assert ctx.request.config.linux.cgroup_parent == parent
+
+
+def test_be_group_in_a_dry_run_creates_nothing_and_writes_nothing(make_node):
+    """Dry run ([daemon] dry_run): the request shows the move (the proxy logs it, never sends it),
+    but the group is neither created nor made idle, and no pod cgroup is removed."""
+    node = make_node(version="v1", be_idle_group=True)
+    node.engine.executor.dry_run = True
+    add_cgroup(node.root, "/kubepods/besteffort/podbe1")
+    before = snapshot_tree(node.root)
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be1", uid="be1", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podbe1"))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    assert not any("koordnode_be" in str(path) for path in node.root.rglob("*"))
+    assert node.engine.executor.remove_cgroup("/kubepods/besteffort/podbe1") == []
+    assert snapshot_tree(node.root) == before

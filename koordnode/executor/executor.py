@@ -397,7 +397,9 @@ class CgroupExecutor(_Converger):
             if hierarchy is None:
                 raise OSError(errno.ENOENT, f"cgroup controller {controller} is not mounted under {self.root}")
             directory = self._fs.cgroup_dir(hierarchy, cgroup)
-            if not directory.is_dir():
+            if not directory.is_dir() and self.dry_run:
+                self._log.info("cgroup_create_dry_run", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
+            elif not directory.is_dir():
                 directory.mkdir(parents=True, exist_ok=True)
                 self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
 
@@ -431,6 +433,9 @@ class CgroupExecutor(_Converger):
         cgroup = normalize_cgroup_path(cgroup)
         if cgroup == "/":
             raise UnsafePathError("refusing to remove the root cgroup")
+        if self.dry_run:
+            self._log.info("cgroup_remove_dry_run", cgroup=cgroup)
+            return []
         problems: list[str] = []
         with self._lock:
             if self._fs.is_v2:

@@ -364,6 +364,9 @@ class QoSEngine:
             group = be_group_of(self._pod_cgroup(pod_parent))
         except UnsafePathError as exc:
             return str(exc)
+        if self.executor.dry_run:  # the request diff shows the move; nothing is created
+            log.info("dry run: would make the BE group idle", group=group)
+            return None
         slice_name = systemd_group_slice(pod_parent)
         if slice_name is not None and not self.executor.cgroup_exists(group):
             # systemd owns the slice: it creates it with the pod's slice and must know it is idle.

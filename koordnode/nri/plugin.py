@@ -98,6 +98,7 @@ class NriStats:
         self.updates_answered = 0  # in CreateContainer/StopContainer/Synchronize answers
         self.updates_sent = 0  # unsolicited (UpdateContainers)
         self.updates_failed = 0
+        self.dry_run_withheld: Counter[str] = Counter()  # answers with changes a dry run did not send
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +116,7 @@ class NriStats:
             "container_updates_in_answers": self.updates_answered,
             "container_updates_sent": self.updates_sent,
             "container_updates_failed": self.updates_failed,
+            "dry_run_answers_without_changes": dict(self.dry_run_withheld),
         }
 
 
@@ -133,6 +135,9 @@ class NriPlugin:
         # kubelet's own resources by container id, from the runtime's CRI view (set by the daemon).
         self.kubelet_view: NodeState | None = None
         self.stats = NriStats()
+        # Dry run: every event is decided as usual, but the runtime gets answers without changes,
+        # no container updates and no oom_score_adj writes (set by the daemon, also on reload).
+        self.dry_run = False
         self.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_MS / 1000
         self._client: TtrpcClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -282,6 +287,9 @@ class NriPlugin:
                         deadline_ms=round(self.request_timeout_s * ANSWER_SHARE * 1000))
             return empty_cls()
         except HookFailed as exc:  # failure_policy = "fail": the runtime fails the operation
+            if self.dry_run:
+                log.warning("dry run: the runtime would fail this operation", nri_event=name, error=str(exc))
+                return empty_cls()
             raise TtrpcError(INTERNAL, f"koordnode: {exc}") from exc
         except Exception:
             log.exception("NRI event failed; answered without changes", nri_event=name)
@@ -290,7 +298,14 @@ class NriPlugin:
             elapsed = time.monotonic() - started
             self.stats.answer_seconds[name] += elapsed
             self.stats.answer_max_seconds[name] = max(self.stats.answer_max_seconds.get(name, 0.0), elapsed)
-        return result if result is not None else empty_cls()
+        if result is None:
+            return empty_cls()
+        if self.dry_run and result.ByteSize() > 0:
+            self.stats.dry_run_withheld[name] += 1
+            log.info("dry run: answered without changes", nri_event=name,
+                     would_answer=str(result).replace("\n", " ")[:2000])
+            return empty_cls()
+        return result
 
     async def _configure_handler(self, payload: bytes) -> bytes:
         req = nri.ConfigureRequest.FromString(payload)
@@ -323,9 +338,13 @@ class NriPlugin:
 
     async def _hooks(self, method: str, request: Any, response: Any, labels: dict[str, str],
                      scratch: dict[str, Any] | None = None) -> CallContext:
+        original = type(request)()
+        original.CopyFrom(request)
         call = CallContext(method=method, request=request, pod_labels=labels)
         call.scratch.update(scratch or {})
         await self.chain.run_pre(call)
+        if self.dry_run:  # the Post hooks (state recorder) see what the runtime really has
+            call.request = original
         call.response, call.grpc_status = response, 0
         await self.chain.run_post_now(call)
         return call
@@ -367,6 +386,8 @@ class NriPlugin:
                     adjust.linux.ClearField("oom_score_adj")
                 else:
                     adjust.linux.oom_score_adj.value = floor
+            if self.dry_run:  # _answer withholds the adjustment; the state records kubelet's values
+                call.request = original
             call.response, call.grpc_status = cri.CreateContainerResponse(container_id=container.id), 0
             await self.chain.run_post_now(call)
             updates = self._take_pool_updates()
@@ -401,6 +422,10 @@ class NriPlugin:
         return None if want == have else want
 
     def _write_oom(self, container_id: str, pids: list[int], value: int, reason: str) -> None:
+        if self.dry_run:
+            log.info("dry run: would set oom_score_adj", container_id=container_id, pids=pids, value=value,
+                     reason=reason)
+            return
         for pid in pids:
             error = set_oom_score_adj(self.procfs_root, pid, value, reason)
             if error is not None:
@@ -606,6 +631,10 @@ class NriPlugin:
     async def _send_updates(self, updates: list[nri.ContainerUpdate]) -> None:
         client = self._client
         if client is None:
+            return
+        if self.dry_run:
+            self.stats.dry_run_withheld["UpdateContainers"] += 1
+            log.info("dry run: container updates not sent", containers=[u.container_id for u in updates])
             return
         request = nri.UpdateContainersRequest(update=updates)
         try:
