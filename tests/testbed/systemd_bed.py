@@ -36,8 +36,15 @@ def pod_slice(qos: str, uid: str) -> str:
     return f"kubepods-{tier}-pod{escaped}.slice" if tier else f"kubepods-pod{escaped}.slice"
 
 
+# runc's systemd cgroup manager (kubelet's) starts every unit with these; without them systemd
+# may switch the io (and memory) controller off again below a slice when it realizes it.
+ACCOUNTING = {"CPUAccounting": ("b", "true"), "MemoryAccounting": ("b", "true"),
+              "IOAccounting": ("b", "true"), "TasksAccounting": ("b", "true")}
+
+
 def start_transient_slice(name: str, properties: dict[str, tuple[str, object]]) -> None:
     """Create (or update) a slice through systemd's D-Bus API, as kubelet does."""
+    properties = {**ACCOUNTING, **properties}
     if _unit_active(name):
         set_properties(name, properties)
         return
@@ -52,7 +59,7 @@ def start_transient_slice(name: str, properties: dict[str, tuple[str, object]]) 
 
 def set_properties(unit: str, properties: dict[str, tuple[str, object]], runtime: bool = True) -> None:
     """``systemctl set-property`` (what an operator, or kubelet's update path, does)."""
-    assignments = [f"{key}={value}" for key, (_sig, value) in properties.items()]
+    assignments = [f"{key}={'yes' if value == 'true' else value}" for key, (_sig, value) in properties.items()]
     cmd = ["systemctl", "set-property"] + (["--runtime"] if runtime else []) + [unit, *assignments]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
 
