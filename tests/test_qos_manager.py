@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 import json
 from pathlib import Path
 
@@ -516,3 +517,28 @@ def test_started_with_suppression_off_a_leftover_quota_is_lifted(node):
     manager = make_manager(node, settings(cpu_suppress=CpuSuppressConfig(enable=False)))
     manager.tick()
     assert node.be_quota() == -1
+
+
+def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_path):
+    """The idle BE group exists (the hooks made it), but a BE pod in kubelet's besteffort tier
+    (created while koordnode was away, or where the group could not be used) is out of its reach:
+    the quota stays on the tier until every BE pod is in the group."""
+    node = FakeNode(tmp_path, "v1")
+    group = "/kubepods/koordnode_be"
+    add_cgroup(node.root, group)
+    ls = node.add_pod("ls1", "LS", BURSTABLE)
+    be = node.add_pod("be1", "BE", BESTEFFORT)
+    config = dataclasses.replace(settings())
+    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    manager = make_manager(node, config)
+    manager.tick()
+    assert manager.be_tier == BESTEFFORT
+    node.advance(1.0, {ls: 2.0, be: 1.0})
+    manager.tick()
+    assert node.be_quota() == 40_000
+    assert read_cgroup_file(node.root, group, "cpu.cfs_quota_us") == "-1"
+    # The BE pod goes (kubelet removed it); a new one starts in the group: the quota follows it.
+    node.state.remove_pod("be1")
+    node.add_pod("be2", "BE", group)
+    manager.tick()
+    assert manager.be_tier == group

@@ -146,6 +146,7 @@ class QoSManager:
         self._config = config
         self._strategy, self._settings = settings_of(config)
         self._inventory = InventoryBuilder(_kube_qos_mapping(config))
+        self._be_pods_in_group_only = False  # set by each tick from its inventory
         self.state = state
         self.executor = executor
         self.collector = Collector(procfs_root, cgroup_root if cgroup_root is not None else executor.root)
@@ -228,7 +229,7 @@ class QoSManager:
         """The cgroup holding the BE pods: koordnode's idle BE group once it exists (the hooks
         create it with the first BE pod), else kubelet's besteffort tier."""
         cgroup = getattr(self._config, "cgroup", None)
-        if getattr(cgroup, "be_idle_group", False):
+        if getattr(cgroup, "be_idle_group", False) and self._be_pods_in_group_only:
             group = self._tiers["be_group"]
             if self.collector.cfs_quota(group) is not None:
                 return group
@@ -569,6 +570,11 @@ class QoSManager:
             return report
 
     def _tick_locked(self, inventory: Inventory, woken_by: str | None) -> TickReport:
+        # The BE quota goes where the BE pods are: the idle group only while every BE pod is in
+        # it (a pod created while koordnode was away, or where the group could not be used, stays
+        # in kubelet's besteffort tier, and a quota on the group would not reach it).
+        be_tiers = {pod.tier for pod in inventory.of_class(QoSClass.BE)}
+        self._be_pods_in_group_only = be_tiers == {self._tiers["be_group"]}
         strategy = self._strategy
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         targets = self._watch_targets(inventory)
