@@ -103,6 +103,11 @@ def test_be_pods_run_in_the_idle_group_and_kubelets_writes_succeed(containerd_be
         status = kn.wait_rebuilt()
         pods = {p["sandbox_id"]: p for p in status["pods"]}
         assert pods[be_sid]["qos_class"] == "BE" and pods[ls_sid]["qos_class"] == "LS"
+        # The BE quota follows the BE pods into the group from the QoS manager's next tick on.
+        deadline = time.monotonic() + 10
+        while status["qos_manager"]["be_tier"] != group and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = kn.status()
         assert status["qos_manager"]["be_tier"] == group
         # Interference as the LS pod feels it, from its real cpu.pressure / cpu.stat (BE: none).
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -117,6 +122,12 @@ def test_be_pods_run_in_the_idle_group_and_kubelets_writes_succeed(containerd_be
         kubelets_writes(bed, be_kubelet, ls_kubelet)
         kn.start()
         status = kn.wait_rebuilt()
+        # Recovered pods get their class when the loop records what the adopt pass found.
+        deadline = time.monotonic() + 10
+        while ({p["sandbox_id"]: p["qos_class"] for p in status["pods"]}[be_sid] is None
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+            status = kn.status()
         assert {p["sandbox_id"]: p["qos_class"] for p in status["pods"]}[be_sid] == "BE"
         second = start_container(cri, be_sid, be_sb, container_config(bed, "again", ["sleep", "3600"]))
         assert cpu_cgroup_of(cri, second) == f"{group}/pod{uid}/{second}"
