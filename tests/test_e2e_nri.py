@@ -22,7 +22,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import RuntimeHook
 from koordnode.hooks.cpulist import parse_cpu_list
 from koordnode.nri.plugin import oom_score_adj_floor
-from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.cri import Cri, Pods, container_config, run_pod, sandbox_config
 from support.koordnode_runner import InProcessKoordnode, KoordnodeProcess, short_socket_dir
 from support.kubelet_tiers import prepare_qos_tiers
 from testbed.containerd_bed import ContainerdBed
@@ -82,29 +82,6 @@ def koordnode(nri_bed, tmp_path):
     kn.wait_synchronized()
     yield kn
     kn.stop()
-
-
-class Pods:
-    def __init__(self, bed, cri: Cri) -> None:
-        self.bed, self.cri, self.ids = bed, cri, []
-
-    def run(self, name: str, *, qos: str, labels=None, resources=None, cmd=("sleep", "3600")):
-        sb = sandbox_config(self.bed, name, qos=qos, labels=labels)
-        sid = run_pod(self.cri, sb)
-        self.ids.append(sid)
-        cid = start_container(self.cri, sid, sb, container_config(self.bed, "app", list(cmd), resources=resources))
-        return sb, sid, cid
-
-    def remove(self, sid: str) -> None:
-        remove_pod(self.cri, sid)
-        self.ids.remove(sid)
-
-    def cleanup(self) -> None:
-        for sid in list(self.ids):
-            try:
-                self.remove(sid)
-            except Exception:
-                pass
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.cpulist import parse_cpu_list
-from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.cri import Cri, Pods, container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess
 
 pytestmark = pytest.mark.e2e
@@ -27,32 +27,6 @@ def cg_read(controller: str, cgroup: str, name: str) -> str:
 def container_pid(cri: Cri, cid: str) -> int:
     info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
     return json.loads(info["info"])["pid"]
-
-
-class Pods:
-    """Pods created in a test, removed at the end even when it fails."""
-
-    def __init__(self, bed, cri: Cri) -> None:
-        self.bed, self.cri, self.ids = bed, cri, []
-
-    def run(self, name: str, *, qos: str, labels=None, annotations=None, resources=None,
-            cmd=("sleep", "3600")):
-        sb = sandbox_config(self.bed, name, qos=qos, labels=labels, annotations=annotations)
-        sid = run_pod(self.cri, sb)
-        self.ids.append(sid)
-        cid = start_container(self.cri, sid, sb, container_config(self.bed, "app", list(cmd), resources=resources))
-        return sb, sid, cid
-
-    def remove(self, sid: str) -> None:
-        remove_pod(self.cri, sid)
-        self.ids.remove(sid)
-
-    def cleanup(self) -> None:
-        for sid in list(self.ids):
-            try:
-                self.remove(sid)
-            except Exception:
-                pass
 
 
 @pytest.fixture

@@ -83,3 +83,29 @@ def wait_container_state(cri: Cri, cid: str, state: int, timeout_s: float = 20.0
         if st.state == state or time.monotonic() > deadline:
             return st
         time.sleep(0.1)
+
+
+class Pods:
+    """Pods created in a test, removed at the end even when it fails."""
+
+    def __init__(self, bed, cri: Cri) -> None:
+        self.bed, self.cri, self.ids = bed, cri, []
+
+    def run(self, name: str, *, qos: str, labels=None, annotations=None, resources=None,
+            cmd=("sleep", "3600")):
+        sb = sandbox_config(self.bed, name, qos=qos, labels=labels, annotations=annotations)
+        sid = run_pod(self.cri, sb)
+        self.ids.append(sid)
+        cid = start_container(self.cri, sid, sb, container_config(self.bed, "app", list(cmd), resources=resources))
+        return sb, sid, cid
+
+    def remove(self, sid: str) -> None:
+        remove_pod(self.cri, sid)
+        self.ids.remove(sid)
+
+    def cleanup(self) -> None:
+        for sid in list(self.ids):
+            try:
+                self.remove(sid)
+            except Exception:
+                pass
