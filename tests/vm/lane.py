@@ -49,6 +49,8 @@ GUEST_PACKAGES = (
     "linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod", "dbus",
     "containerd", "runc", "containernetworking-plugins", "busybox-static",
     "python3", "iproute2", "procps", "util-linux", "e2fsprogs",
+    # What packaging/build.sh needs on Debian 13 (tests/vm_guest/test_package_build.py).
+    "python3-pip", "rpm",
 )
 # What the guest's Python needs: the project's runtime dependencies and the test runner.
 GUEST_PY_DISTS = (
@@ -377,9 +379,10 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
 
 
 def _stage_packages(directory: Path) -> None:
-    """The .debs tests/vm_guest/test_package_systemd.py installs; a failed build is left as
-    packages/ERROR.txt for that test to report (the other guest tests run regardless)."""
-    from vm.packages import stage_packages
+    """The .debs tests/vm_guest/test_package_systemd.py installs, and in ``wheelhouse/`` beside
+    them what packaging/build.sh downloads, for the guest's own (offline) build. A failure is
+    left as ERROR.txt in that directory for the guest test to report (the others run regardless)."""
+    from vm.packages import stage_packages, stage_wheelhouse
 
     began = time.monotonic()
     try:
@@ -389,6 +392,15 @@ def _stage_packages(directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "ERROR.txt").write_text(f"{err}\n")
         _log(f"packages for the guest not built: {err}")
+    wheels = directory.parent / "wheelhouse"
+    try:
+        staged = stage_wheelhouse(wheels, cache_root())
+        _log(f"wheelhouse for the guest's packaging/build.sh: {len(staged)} wheels")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        wheels.mkdir(parents=True, exist_ok=True)
+        detail = getattr(err, "stderr", "") or ""
+        (wheels / "ERROR.txt").write_text(f"{err}\n{detail[-3000:]}\n")
+        _log(f"wheelhouse for the guest not made: {err}")
 
 
 def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 1200,

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from guestlib import RECONCILE_S, GuestKoordnode, disk_dev, free_port
+from testbed.containerd_dist import cached_bin_dir
 from testbed.systemd_bed import KUBEPODS_SLICE, SystemdBed, kubelet_tiers
 
 IN_GUEST = os.environ.get("KOORDNODE_VM_GUEST") == "1"
@@ -41,11 +42,52 @@ def pytest_runtest_logreport(report):
         os.fsync(handle.fileno())
 
 
+# The containerd releases the session bed can run: Debian 13's own 1.7, and 2.1 (Debian forky's
+# binaries, fetched on the host into /var/cache/koordnode-test, shared read-only).
+CONTAINERD_SUITES = {"1.7": None, "2.1": "forky"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "containerd(*releases): run the test once per containerd release (default: 1.7 only)")
+
+
+def pytest_generate_tests(metafunc):
+    """Every test on the session bed gets its release as a session-scoped parameter, so pytest
+    runs all tests of one release together and stops that bed (and its koordnode) before
+    starting the next: two koordnodes never manage kubelet's tiers at once."""
+    if "containerd_release" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("containerd")
+    releases = marker.args if marker else ("1.7",)
+    unknown = set(releases) - set(CONTAINERD_SUITES)
+    if unknown:
+        raise ValueError(f"{metafunc.definition.nodeid}: unknown containerd release(s) {sorted(unknown)}")
+    metafunc.parametrize("containerd_release", releases, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def systemd_bed(tmp_path_factory):
+def containerd_release(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def systemd_bed(containerd_release, tmp_path_factory):
+    suite = CONTAINERD_SUITES[containerd_release]
+    bin_dir = None
+    if suite is not None:
+        bin_dir = cached_bin_dir(suite)
+        assert bin_dir is not None, (f"containerd {containerd_release} ({suite}) was not fetched on the host "
+                                     "(/var/cache/koordnode-test)")
     kubelet_tiers(os.cpu_count() or 1)
-    bed = SystemdBed(tmp_path_factory.mktemp("bed"))
+    bed = SystemdBed(tmp_path_factory.mktemp(f"bed-{containerd_release}"), bin_dir=bin_dir)
     bed.start()
+    try:
+        running = bed.version().runtime_version
+        assert running.startswith(containerd_release + "."), f"wanted containerd {containerd_release}, runs {running}"
+    except BaseException:
+        bed.stop()
+        raise
     yield bed
     bed.stop()
 

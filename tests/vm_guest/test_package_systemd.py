@@ -1,6 +1,8 @@
-"""The .deb from packaging/build.sh under real systemd (Debian 13 guest, Python 3.13).
+"""packaging/build.sh on Debian 13, and the .deb under real systemd (Debian 13 guest, Python 3.13).
 
-The host builds two packages (this version and ``<version>+upgradetest``) before the guest
+The guest builds the .deb and the .rpm itself with packaging/build.sh (no network: the host
+stages what build.sh downloads as a wheelhouse in /results/wheelhouse), installs that .deb and
+starts it. The host builds two packages (this version and ``<version>+upgradetest``) before the guest
 boots, with tests/vm/packages.py, into the results share: /results/packages (or
 $KOORDNODE_VM_PACKAGES). This test installs the first with dpkg, starts the unit and waits for
 READY, reloads a config, stops the daemon with SIGSTOP and waits for the watchdog to restart it,
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 
 PACKAGES = Path(os.environ.get("KOORDNODE_VM_PACKAGES", "/results/packages"))
+WHEELHOUSE = PACKAGES.parent / "wheelhouse"
+PROJECT = Path(__file__).resolve().parents[2]
 UNIT = "koordnode.service"
 CONF = Path("/etc/koordnode/koordnode.toml")
 LISTEN = Path("/run/koordnode/koordnode.sock")
@@ -82,7 +86,7 @@ def clean_machine():
     # containerd where the shipped config expects it (/run/containerd/containerd.sock), with
     # Debian's defaults; as a transient unit because the image masks containerd.service (the
     # other guest tests run private containerds).
-    sh("systemd-run", f"--unit={CONTAINERD_UNIT}", "--property=Type=notify",
+    sh("systemd-run", f"--unit={CONTAINERD_UNIT}", "--collect", "--property=Type=notify",
        "--property=Delegate=yes", "--property=KillMode=process", "/usr/bin/containerd", timeout=180)
     try:
         wait_for(lambda: Path("/run/containerd/containerd.sock").exists(), 60, "containerd's socket")
@@ -91,6 +95,68 @@ def clean_machine():
         sh("systemctl", "stop", UNIT, check=False)
         sh("dpkg", "--purge", "koordnode", check=False, timeout=300)
         sh("systemctl", "stop", CONTAINERD_UNIT, check=False)
+
+
+def source_version() -> str:
+    text = (PROJECT / "koordnode" / "__init__.py").read_text()
+    return re.search(r'(?m)^__version__ = "([^"]+)"$', text).group(1)
+
+
+# Under single-threaded TCG: pip's isolated wheel build, the library's checks and smoke
+# imports, dpkg-deb and rpmbuild, then one dpkg install (byte-compiling for 3.13) and a start.
+@pytest.mark.timeout(900)
+def test_build_sh_on_debian_13_offline_and_its_deb_installs_and_starts(clean_machine, tmp_path: Path) -> None:
+    error = WHEELHOUSE / "ERROR.txt"
+    if error.is_file():
+        pytest.fail(f"the host could not stage the wheelhouse: {error.read_text()}", pytrace=False)
+    assert list(WHEELHOUSE.glob("*.whl")), f"no wheels in {WHEELHOUSE} (the host's tests/vm/packages.py puts them there)"
+    # The operator's prerequisites on Debian 13, as build.sh's header lists them.
+    assert sh("/usr/bin/python3", "-m", "pip", "--version").stdout.rstrip().endswith("(python 3.13)")
+    assert sh("rpmbuild", "--version").returncode == 0
+    version = f"{source_version()}+debian13"
+    out = tmp_path / "out"
+    # No network in the guest: pip takes everything from the staged wheelhouse, as on a node
+    # without access to PyPI (a mirror or a directory of wheels).
+    env = {**ENV, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE), "PIP_NO_CACHE_DIR": "1",
+           "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    began = time.monotonic()
+    built = subprocess.run(["bash", str(PROJECT / "packaging" / "build.sh"), "--version", version,
+                            "--formats", "deb,rpm", "--out", str(out)],
+                           capture_output=True, text=True, timeout=800, env=env, stdin=subprocess.DEVNULL)
+    build_s = time.monotonic() - began
+    assert built.returncode == 0, f"build.sh exited {built.returncode}:\n{built.stderr[-4000:]}"
+    deb, rpm = out / f"koordnode_{version}_amd64.deb", out / f"koordnode-{version}.x86_64.rpm"
+    assert built.stdout.split() == [str(deb), str(rpm)], built.stdout
+    print(f"packaging/build.sh (deb,rpm) on Debian 13 took {build_s:.0f} s under the VM's emulation")
+
+    # What the packages declare: any CPython >= 3.11, nothing tied to the build's 3.13.
+    assert sh("dpkg-deb", "--field", str(deb), "Version").stdout.strip() == version
+    assert sh("dpkg-deb", "--field", str(deb), "Depends").stdout.startswith("python3 (>= 3.11~) |")
+    contents = sh("dpkg-deb", "--contents", str(deb)).stdout
+    assert "cpython-313" not in contents and ".pyc" not in contents, "byte code belongs to the install"
+    requires = sh("rpm", "-qp", "--requires", str(rpm)).stdout.splitlines()
+    assert "python(abi) >= 3.11" in requires, requires
+    rpm_files = set(sh("rpm", "-qpl", str(rpm)).stdout.split())
+    # "-rw-r--r-- root/root 1234 2026-11-22 23:59 ./opt/...", links with " -> target".
+    deb_files = {line.split(None, 5)[5].partition(" -> ")[0].lstrip(".") for line in contents.splitlines()
+                 if not line.startswith("d")}
+    assert {"/opt/koordnode/bin/koordnode", "/etc/koordnode/koordnode.toml",
+            "/usr/lib/systemd/system/koordnode.service"} <= rpm_files
+    assert "/lib/systemd/system/koordnode.service" in deb_files
+    only_deb = {f for f in deb_files - rpm_files if f.startswith("/opt/")}
+    assert not only_deb, f"the .rpm lacks library files the .deb has: {sorted(only_deb)[:10]}"
+
+    # The .deb built here installs and serves on this machine's Python 3.13 under systemd.
+    sh("dpkg", "--install", str(deb), timeout=300)
+    lines = sh("koordnode", "version").stdout.splitlines()
+    assert lines[0] == f"koordnode {version}" and lines[1].startswith("python 3.13."), lines
+    sh("systemctl", "start", UNIT, timeout=180)
+    state = show("ActiveState", "SubState")
+    assert (state["ActiveState"], state["SubState"]) == ("active", "running"), state
+    running = status()
+    assert running["version"] == version and running["backend_health"] == "ok", running
+    sh("systemctl", "stop", UNIT, timeout=120)
+    sh("dpkg", "--purge", "koordnode", timeout=300)
 
 
 # Eight dpkg runs (byte-compiling for 3.13 twice) and a 30 s watchdog: 3 min under multi-threaded
