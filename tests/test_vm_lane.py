@@ -29,14 +29,31 @@ LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "1500"))
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(LANE_TIMEOUT_S + 300)]
 
 
+def _containerd_releases(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The releases of a ``@pytest.mark.containerd("1.7", "2.1")`` decorator (tests/vm_guest/conftest.py)."""
+    for decorator in node.decorator_list:
+        if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+                and decorator.func.attr == "containerd"):
+            return [arg.value for arg in decorator.args if isinstance(arg, ast.Constant)]
+    return []
+
+
 def guest_test_ids() -> list[str]:
-    """``file.py::test_name`` of every top-level test function in tests/vm_guest/ (static, no import)."""
+    """``file.py::test_name`` of every top-level test function in tests/vm_guest/ (static, no import);
+    ``file.py::test_name[2.1]`` per release for a test that runs on several containerd releases."""
     ids = []
     for path in sorted(GUEST_TESTS.glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        ids += [f"{path.name}::{node.name}" for node in tree.body
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")]
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                releases = _containerd_releases(node)
+                ids += [f"{path.name}::{node.name}[{r}]" for r in releases] or [f"{path.name}::{node.name}"]
     return ids
+
+
+def _name_matches(name: str, func: str) -> bool:
+    """A guest test's name against ``func`` (any parameters) or ``func[param]`` (exactly)."""
+    return name == func if "[" in func else name.split("[")[0] == func
 
 
 def _unavailable(reason: str) -> None:
@@ -68,7 +85,7 @@ def _cases(result: LaneResult) -> list[ET.Element]:
 def _case_matches(case: ET.Element, test_id: str) -> bool:
     file_name, func = test_id.split("::")
     module = file_name.removesuffix(".py")
-    return case.get("classname", "").split(".")[-1] == module and case.get("name", "").split("[")[0] == func
+    return case.get("classname", "").split(".")[-1] == module and _name_matches(case.get("name", ""), func)
 
 
 def test_guest_ran_and_reported(vm_lane: LaneResult) -> None:
@@ -106,7 +123,7 @@ def _progress(result: LaneResult, guest_test: str) -> list[dict]:
         except ValueError:
             continue
         node_file, _, node_name = entry.get("nodeid", "").partition("::")
-        if node_file.endswith("/" + file_name) and node_name.split("[")[0] == func:
+        if node_file.endswith("/" + file_name) and _name_matches(node_name, func):
             entries.append(entry)
     return entries
 

@@ -167,6 +167,31 @@ def test_lsr_memory_protection_from_the_guaranteed_limit(systemd_bed, guest_koor
     pod_value(lsr, "memory.min", lambda v: near(v, limit * 80 // 100), "LSR pod memory.min")
 
 
+def test_system_class_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
+    """SYSTEM (by label): 32768 shares per requested CPU, kubelet's quota and limit kept, no memory
+    protection or io weight of its own, oom_score_adj -1000, the share pool (no [node] system_cpus)."""
+    ls = make_pod(cri, systemd_bed, "system-peer", "burstable", labels={QOS_LABEL: "LS"},
+                  resources={"cpu_shares": 512})
+    system = make_pod(cri, systemd_bed, "system", "guaranteed", labels={QOS_LABEL: "SYSTEM"},
+                      resources={"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000,
+                                 "memory_limit_in_bytes": 64 * MIB})
+    status = pod_status(guest_koordnode, system.sandbox_id)
+    assert status["qos_class"] == "SYSTEM", status
+    assert status["containers"][0]["resources"]["oom_score_adj"] == -1000
+    assert system.read("cpu.weight") == str(shares_to_weight(32768))
+    assert system.read("cpu.max") == "100000 100000"
+    assert system.read("memory.max") == str(64 * MIB)
+    for name in ("memory.min", "memory.low"):
+        assert system.read(name) == "0", name
+    assert system.read("memory.high") == "max"
+    assert system.read("cpu.idle", "pod") == "0"
+    assert system.read("io.weight", "pod").split()[:2] == ["default", "100"], "systemd's default, not a class weight"
+    wait_for(lambda: system.read("cpuset.cpus") == ls.read("cpuset.cpus"), 10, "SYSTEM in the LS share pool")
+    # containerd's restrict_oom_score_adj keeps a container at or above containerd's own score.
+    own = int(Path(f"/proc/{systemd_bed._process.pid}/oom_score_adj").read_text())
+    assert int(Path(f"/proc/{system.pid()}/oom_score_adj").read_text()) == max(-1000, own)
+
+
 @pytest.mark.containerd("1.7", "2.1")
 def test_be_tier_cpu_max_is_suppressed(systemd_bed, guest_koordnode, cri):
     # The tier's quota as systemd has it ("max"): a quota seen below is this koordnode's, not one
