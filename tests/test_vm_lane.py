@@ -161,3 +161,20 @@ def test_guest(vm_lane: LaneResult, guest_test: str) -> None:
         pytest.fail(f"in the VM ({vm_lane.accel.upper()}):\n" + "\n\n".join(failures), pytrace=False)
     if skips and len(skips) == len(cases):
         pytest.skip("in the VM: " + "; ".join(skips))
+
+
+def test_guest_tests_on_several_containerd_releases_are_reported_per_release() -> None:
+    """No VM: the static mapping from guest results to host tests (one per release of a
+    ``containerd(...)``-marked guest test, one for any other test and its parameters)."""
+    ids = guest_test_ids()
+    marked = "test_qos_systemd_v2.py::test_be_tier_cpu_max_is_suppressed"
+    assert f"{marked}[1.7]" in ids and f"{marked}[2.1]" in ids and marked not in ids
+    assert "test_platform.py::test_second_virtio_disk_is_a_real_block_device" in ids
+
+    def case(name: str) -> ET.Element:
+        return ET.Element("testcase", classname="tests.vm_guest.test_qos_systemd_v2", name=name)
+
+    assert _case_matches(case("test_be_tier_cpu_max_is_suppressed[2.1]"), f"{marked}[2.1]")
+    assert not _case_matches(case("test_be_tier_cpu_max_is_suppressed[1.7]"), f"{marked}[2.1]")
+    unmarked = "test_qos_systemd_v2.py::test_system_class_values_in_the_v2_files"
+    assert _case_matches(case("test_system_class_values_in_the_v2_files[1.7]"), unmarked)
