@@ -379,7 +379,7 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
 
 
 def _stage_packages(directory: Path) -> None:
-    """The .debs tests/vm_guest/test_package_systemd.py installs, and in ``wheelhouse/`` beside
+    """The .deb tests/vm_guest/test_package_systemd.py upgrades to, and in ``wheelhouse/`` beside
     them what packaging/build.sh downloads, for the guest's own (offline) build. A failure is
     left as ERROR.txt in that directory for the guest test to report (the others run regardless)."""
     from vm.packages import stage_packages, stage_wheelhouse

@@ -1,9 +1,10 @@
 """The packages the VM lane's guest installs, and what the guest needs to build them itself
 (tests/vm_guest/test_package_systemd.py).
 
-``stage_packages(directory)`` builds, with packaging/build.sh on the host, the .deb of this
-tree's version and of ``<version>+upgradetest`` into ``directory``; the lane puts them in the
-results share, where the guest finds them as /results/packages.
+``stage_packages(directory)`` builds, with packaging/build.sh on the host (Debian 12), the .deb
+of ``<version>+upgradetest`` into ``directory``; the lane puts it in the results share, where
+the guest finds it as /results/packages: the guest installs its own build of ``<version>+debian13``
+and upgrades to this one.
 
 ``stage_wheelhouse(directory)`` puts there what packaging/build.sh downloads with pip (the
 pinned dependencies of packaging/requirements.txt and the build backend of pyproject.toml), so
@@ -38,7 +39,7 @@ def stage_packages(directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     version = package_version()
     built = []
-    for v in (version, f"{version}+upgradetest"):
+    for v in (f"{version}+upgradetest",):
         done = subprocess.run(["bash", str(REPO / "packaging" / "build.sh"), "--version", v,
                                "--formats", "deb", "--out", str(directory)],
                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
