@@ -14,17 +14,17 @@ from koordnode.hooks.qos_class import (
     pod_uid_from_cgroup_parent,
     resolve_qos_class,
 )
-from koordnode.hooks.qos_config import (
+from koordnode.config.classes import (
     DEFAULT_QOS_CLASSES,
     MIB,
     BEClassConfig,
     KubeQoSMapping,
-    NodeConfig,
     QoSClassConfig,
     QoSConfig,
     class_config_from_table,
     default_class_config,
 )
+from koordnode.config.node import NodeConfig
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 SYSTEMD_UID = UID.replace("-", "_")
