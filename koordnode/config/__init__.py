@@ -17,9 +17,9 @@ Adding a key: see "Adding a config key" in the README.
 
 from __future__ import annotations
 
-from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
+from koordnode.config.cgroup import CgroupConfig, CgroupDriverName, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSClassConfig, QoSConfig
-from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig
+from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig, LogFormat, LogLevel
 from koordnode.config.fields import section, setting, unix_socket_path
 from koordnode.config.loader import (
     DEFAULT_CONFIG_PATH,
@@ -40,10 +40,15 @@ from koordnode.config.nri import NriConfig
 from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
 from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig
 from koordnode.config.root import DEFAULTS_SOURCE, Config
-from koordnode.config.runtime import ProxyConfig, RuntimeConfig
+from koordnode.config.runtime import FailurePolicy, ProxyConfig, RuntimeConfig, RuntimeMode
 from koordnode.config.strategies import StrategyConfig
 
 __all__ = [
+    "CgroupDriverName",
+    "RuntimeMode",
+    "FailurePolicy",
+    "LogLevel",
+    "LogFormat",
     "AdminConfig",
     "CgroupConfig",
     "Config",
