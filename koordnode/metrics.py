@@ -71,6 +71,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from koordnode import __version__
 from koordnode.config.metrics import DEFAULT_LISTEN, MetricsConfig, normalize_listen, parse_listen
 from koordnode.cri import api_pb2 as _cri
+from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -91,11 +92,6 @@ __all__ = [
 _CRI_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0, 30.0, 60.0)
 
-# gRPC status codes by number (the wire value of grpc-status).
-_GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-               "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-               "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-               "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 # The call ended without a grpc-status (stream reset, connection lost).
 NO_STATUS = "NO_STATUS"
 # The `method` label of a call to a method CRI does not define: the client writes the :path,
@@ -414,10 +410,10 @@ def _code_name(code: int | str | None) -> str:
     if code is None:
         return NO_STATUS
     if isinstance(code, int) and not isinstance(code, bool):
-        return _GRPC_CODES[code] if 0 <= code < len(_GRPC_CODES) else "UNKNOWN"
+        return status_name(code)
     name = getattr(code, "name", None)  # grpc.StatusCode
     name = str(name if name is not None else code).upper()
-    return name if name in _GRPC_CODES or name == NO_STATUS else "UNKNOWN"
+    return name if name in STATUS_NAMES or name == NO_STATUS else "UNKNOWN"
 
 
 _SHORT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
