@@ -20,7 +20,7 @@ from koordnode.hooks.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
-from koordnode.qos.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
+from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
 from koordnode.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
