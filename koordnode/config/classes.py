@@ -191,7 +191,8 @@ class QoSConfig:
     BE: BEClassConfig = field(default_factory=BEClassConfig)
 
     def for_class(self, qos_class: QoSClass) -> QoSClassConfig:
-        return getattr(self, qos_class.value)
+        config: QoSClassConfig = getattr(self, qos_class.value)
+        return config
 
     def as_dict(self) -> dict[QoSClass, QoSClassConfig]:
         return {qos_class: self.for_class(qos_class) for qos_class in QoSClass}

@@ -101,4 +101,7 @@ class NetQoSConfig:
         return errors
 
     def priority_of(self, class_name: str) -> int:
-        return self.priorities.get(class_name, _DEFAULT_PRIORITIES[class_name])  # type: ignore[index]
+        for name, priority in self.priorities.items():
+            if name == class_name:
+                return priority
+        return _DEFAULT_PRIORITIES[class_name]

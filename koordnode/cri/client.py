@@ -38,14 +38,14 @@ OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = (
 )
 
 # What a stream reset by the server means for the call (gRPC's HTTP/2 error mapping).
-_RESET_STATUS = {
+_RESET_STATUS: dict[int, int] = {
     h2.errors.ErrorCodes.REFUSED_STREAM: UNAVAILABLE,
     h2.errors.ErrorCodes.CANCEL: CANCELLED,
     h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
     h2.errors.ErrorCodes.INADEQUATE_SECURITY: Status.PERMISSION_DENIED,
 }
 # An HTTP status other than 200 (a server that is not speaking gRPC), as gRPC maps it.
-_HTTP_STATUS = {400: INTERNAL, 401: Status.UNAUTHENTICATED, 403: Status.PERMISSION_DENIED,
+_HTTP_STATUS: dict[int, int] = {400: INTERNAL, 401: Status.UNAUTHENTICATED, 403: Status.PERMISSION_DENIED,
                 404: Status.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
                 503: UNAVAILABLE, 504: UNAVAILABLE}
 
