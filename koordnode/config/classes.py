@@ -149,37 +149,6 @@ class BEClassConfig(QoSClassConfig):
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", -1)
 
 
-CLASS_CONFIG_TYPES: Mapping[QoSClass, type[QoSClassConfig]] = MappingProxyType(
-    {
-        QoSClass.SYSTEM: SystemClassConfig,
-        QoSClass.LSE: LSEClassConfig,
-        QoSClass.LSR: LSRClassConfig,
-        QoSClass.LS: LSClassConfig,
-        QoSClass.BE: BEClassConfig,
-    }
-)
-
-
-def default_class_config(qos_class: QoSClass) -> QoSClassConfig:
-    return CLASS_CONFIG_TYPES[qos_class]()
-
-
-def class_config_from_table(qos_class: QoSClass, table: Mapping[str, Any]) -> QoSClassConfig:
-    """Build one class's config from a TOML table, the class's defaults filling the gaps.
-
-    For a loader that keeps `qos` as a dict; raises ValueError on unknown keys or bad values.
-    """
-    config_type = CLASS_CONFIG_TYPES[qos_class]
-    known = {spec.name for spec in dataclasses.fields(config_type)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ValueError(f"qos.{qos_class.value}: unknown key(s) {', '.join(unknown)}")
-    try:
-        return config_type(**table)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"qos.{qos_class.value}: {error}") from None
-
-
 @dataclass(frozen=True)
 class QoSConfig:
     """All classes; TOML `[qos.<CLASS>]` tables map onto the upper-case fields."""
@@ -198,7 +167,6 @@ class QoSConfig:
         return {qos_class: self.for_class(qos_class) for qos_class in QoSClass}
 
 
-DEFAULT_QOS_CLASSES: Mapping[QoSClass, QoSClassConfig] = MappingProxyType(QoSConfig().as_dict())
 
 _CLASS_NAMES = tuple(qos_class.value for qos_class in QoSClass)
 ClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
