@@ -403,7 +403,7 @@ def _stage_packages(directory: Path) -> None:
         _log(f"wheelhouse for the guest not made: {err}")
 
 
-def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 2400,
+def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3000,
              accel: str | None = None, memory_mb: int = 2048) -> LaneResult:
     """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results."""
     problems = missing_tools()
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached image first")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--timeout", type=float, default=2400)
+    parser.add_argument("--timeout", type=float, default=3000)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
