@@ -40,7 +40,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar

@@ -205,7 +205,7 @@ class Daemon:
         try:
             await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
             self.nri.kubelet_view = kubelet_view
-        except (CriError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, CriError, OSError) as exc:
             log.warning("kubelet's container resources not read from CRI; the runtime's are used",
                         backend=self.config.proxy.backend, error=str(exc) or type(exc).__name__)
         finally:
@@ -300,7 +300,7 @@ class Daemon:
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
             sdnotify.ready(f"{serving}{self._dry_run_note()}")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             sdnotify.ready(f"{serving}; runtime not answering yet{self._dry_run_note()}")
 
     def _dry_run_note(self) -> str:

@@ -37,7 +37,7 @@ class RawClient:
         self._task = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def open(cls, path: str) -> "RawClient":
+    async def open(cls, path: str) -> RawClient:
         reader, writer = await asyncio.open_unix_connection(path)
         writer.write(w.PREFACE + w.frame(w.SETTINGS, 0, 0))
         return cls(reader, writer)
@@ -74,7 +74,7 @@ class RawClient:
                 self.updated.clear()
                 try:
                     await asyncio.wait_for(self.updated.wait(), stall_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return sent  # no window came back
                 continue
             payload = (b"\x00" + (16 * MiB - 1).to_bytes(4, "big") + bytes(n - 5)) if first else bytes(n)

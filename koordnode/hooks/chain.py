@@ -188,7 +188,7 @@ class HookChain:
             else:
                 await asyncio.wait_for(work, timeout)
             return True
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)

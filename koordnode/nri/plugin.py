@@ -176,7 +176,7 @@ class NriPlugin:
                         break
                 try:
                     await asyncio.wait_for(stop.wait(), backoff)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 backoff = min(backoff * 2, max_backoff_s)
         finally:
@@ -279,7 +279,7 @@ class NriPlugin:
             # Shielded: work that overruns finishes in the background, so the state it records
             # stays consistent even though the runtime has had its (empty) answer.
             result = await asyncio.wait_for(asyncio.shield(task), self.request_timeout_s * ANSWER_SHARE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.stats.late_answers[name] += 1
             self._late.add(task)
             task.add_done_callback(self._late.discard)

@@ -142,7 +142,7 @@ class TtrpcClient:
         try:
             await _send(self.conn, stream_id, MESSAGE_REQUEST, request.SerializeToString())
             raw = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TtrpcError(DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
         finally:
             self._pending.pop(stream_id, None)

@@ -92,7 +92,7 @@ class ProxyServer:
             relay.close()
         try:
             await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         try:
             if stat.S_ISSOCK(os.lstat(self.listen).st_mode):

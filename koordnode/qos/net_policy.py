@@ -376,12 +376,12 @@ def plan_network(
         share = max(rate // (len(limited) + 1), _MIN_RATE_BPS)
         classes.append(HtbClass(_SHARED_BASE + prio, inner, min(share, ceil), ceil, prio,
                                 f"{names} pods"))
-        for pod, ips, limits in limited:
+        for pod, _ips, limits in limited:
             minor = egress_minor[pod.sandbox_id]
             pod_ceil = min(limits.egress_bps or ceil, ceil)
             classes.append(HtbClass(minor, inner, min(share, pod_ceil), pod_ceil, prio,
                                     f"egress limit of {pod.name}"))
-        for pod, ips, limits in members[prio]:
+        for pod, ips, _limits in members[prio]:
             minor = egress_minor.get(pod.sandbox_id, _SHARED_BASE + prio)
             for ip in ips:
                 (egress6 if ":" in ip else egress4).append((ip, _nft_classid(minor)))
