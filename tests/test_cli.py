@@ -314,7 +314,7 @@ def test_exceptions_are_rendered_in_json(log_stream: io.StringIO) -> None:
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        logsetup.get_logger("koordnode.test").exception("hook failed")
+        logsetup.get_logger("koordnode.test").exception("hook_failed")
     record = json.loads(log_stream.getvalue())
     assert "RuntimeError: boom" in record["exception"]
 

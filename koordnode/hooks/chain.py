@@ -181,7 +181,7 @@ class HookChain:
                     try:
                         await asyncio.shield(work)
                     except Exception as exc:
-                        log.warning("late hook failed", hook=hook.name, phase=phase,
+                        log.warning("late_hook_failed", hook=hook.name, phase=phase,
                                     method=call.method, **call_ids(call), reason=repr(exc))
                     return False
                 work.result()
@@ -200,7 +200,7 @@ class HookChain:
         self.failures[(hook.name, phase, kind)] += 1
         call.hook_failures.append(f"{hook.name}.{phase}: {reason}")
         log.warning(
-            "hook failed",
+            "hook_failed",
             hook=hook.name,
             phase=phase,
             method=call.method,

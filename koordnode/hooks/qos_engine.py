@@ -313,7 +313,7 @@ class QoSEngine:
         parse_pod_annotations(dict(cfg.annotations))
         decision = self.classify(cfg.labels, cfg.linux.cgroup_parent)
         if decision.label_problem:
-            log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
+            log.warning("invalid_qos_class_label_ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
 
@@ -332,7 +332,8 @@ class QoSEngine:
             return None
         problem = self._ensure_be_group(new_parent)
         if problem is not None:
-            log.warning("BE pod stays in kubelet's besteffort tier: the BE group is not idle",
+            log.warning("be_pod_not_moved_to_be_group",
+                        detail="BE pod stays in kubelet's besteffort tier: the BE group is not idle",
                         pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}", problem=problem)
             self.notes = list(dict.fromkeys([*self.notes, f"BE group unavailable: {problem}"]))
             return None
@@ -365,7 +366,7 @@ class QoSEngine:
         except UnsafePathError as exc:
             return str(exc)
         if self.executor.dry_run:  # the request diff shows the move; nothing is created
-            log.info("dry run: would make the BE group idle", group=group)
+            log.info("dry_run_would_make_be_group_idle", group=group)
             return None
         slice_name = systemd_group_slice(pod_parent)
         if slice_name is not None and not self.executor.cgroup_exists(group):
@@ -391,7 +392,7 @@ class QoSEngine:
         except UnsafePathError as exc:
             problems = [str(exc)]
         if problems:
-            log.info("BE pod cgroup not removed yet", cgroup_parent=cgroup_parent, problems=problems)
+            log.info("be_pod_cgroup_not_removed_yet", cgroup_parent=cgroup_parent, problems=problems)
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()
@@ -434,7 +435,7 @@ class QoSEngine:
         elif cpuset.fallback:
             req.config.annotations[CPU_ALLOCATION_ANNOTATION] = fallback_to_annotation(cpuset.reason)
         if cpuset.fallback:
-            log.warning("not enough free CPUs; container runs on the shared pool",
+            log.warning("not_enough_free_cpus", detail="container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
         return plan
 
@@ -631,11 +632,11 @@ class QoSEngine:
             self.pod_records[sandbox_id] = dataclasses.replace(
                 self.pod_records.get(sandbox_id, Record()), qos_class=decision.qos_class.value,
                 why=decision.why, skipped=(f"cgroup parent {pod.cgroup_parent!r} refused: {exc}",))
-            log.warning("refusing unsafe cgroup parent", sandbox_id=sandbox_id, error=str(exc))
+            log.warning("unsafe_cgroup_parent_refused", sandbox_id=sandbox_id, error=str(exc))
             return decision
         if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
             self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
-            log.info("group identity kernel detected: BE pods get cpu.bvt_warp_ns instead of cpu.idle")
+            log.info("group_identity_kernel_detected", detail="BE pods get cpu.bvt_warp_ns instead of cpu.idle")
         pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                     features=self.features, pod_cgroup=pod_cgroup, node=self.config.node)
         writes: list[CgroupWrite] = list(pod_plan.writes)
@@ -679,7 +680,7 @@ class QoSEngine:
                 by_cgroup.get(self._container_cgroup(pod.cgroup_parent, cid), []), plan.notes)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if failed:
-            log.warning("some cgroup writes failed", sandbox_id=sandbox_id,
+            log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
                         failures=[f"{r.write.resource} {r.write.cgroup}: {r.detail}" for r in failed])
         return decision
 
@@ -785,7 +786,7 @@ class QoSEngine:
                     self.container_pod[c.container_id] = c.sandbox_id
                 else:
                     self.reallocate.add(c.container_id)
-                    log.warning("cannot restore CPU allocation; will allocate again",
+                    log.warning("cpu_allocation_not_restored", detail="will allocate again",
                                 container_id=c.container_id, reason=result.reason)
             self._publish_status()
         return self.reconcile(force=False, view=view)
@@ -836,7 +837,7 @@ class QoSEngine:
                 try:
                     decision = self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=force)
                 except Exception:  # one pod's trouble must not stop the others' reconcile
-                    log.exception("reconcile of a pod failed", sandbox_id=pod.sandbox_id)
+                    log.exception("pod_reconcile_failed", sandbox_id=pod.sandbox_id)
                     continue
                 if decision is not None:
                     classes[pod.sandbox_id] = (decision.qos_class.value, decision.why)
@@ -867,7 +868,7 @@ class QoSEngine:
                     continue
                 problems = self.executor.remove_cgroup(child)
                 if not problems:
-                    log.info("removed a leftover BE pod cgroup", cgroup=child)
+                    log.info("leftover_be_pod_cgroup_removed", cgroup=child)
 
     # ---- views ----------------------------------------------------------------------------
 

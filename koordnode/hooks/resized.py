@@ -70,7 +70,7 @@ class ResizedResources:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as err:
-            log.warning("resized resources file ignored", path=str(self.path), error=str(err))
+            log.warning("resized_resources_file_ignored", path=str(self.path), error=str(err))
             return {}
         entries = {}
         for cid, raw in list(data.items())[:MAX_ENTRIES]:
@@ -115,4 +115,4 @@ class ResizedResources:
                 json.dump(data, handle)
             os.replace(tmp, self.path)
         except OSError as err:
-            log.warning("cannot save resized resources", path=str(self.path), error=str(err))
+            log.warning("resized_resources_not_saved", path=str(self.path), error=str(err))

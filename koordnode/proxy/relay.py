@@ -193,7 +193,7 @@ class Relay:
         except OSError as exc:
             # As if the runtime itself were down: the client sees its connection closed and
             # reports UNAVAILABLE, exactly what it would see against a stopped containerd.
-            log.warning("backend unreachable", backend=self.backend_path, error=str(exc))
+            log.warning("backend_unreachable", backend=self.backend_path, error=str(exc))
             self.close()
             return
         if self._closed:
@@ -251,7 +251,7 @@ class Relay:
         try:
             self._from_client(data)
         except Exception:  # a parsing bug must cost one connection, never the daemon
-            log.exception("relay failed on client data; closing the connection")
+            log.exception("relay_failed_on_client_data", detail="closing the connection")
             self.close()
 
     def _from_client(self, data: bytes) -> None:
@@ -309,14 +309,14 @@ class Relay:
 
     def _connection_error(self, code: int, reason: str) -> None:
         """A client frame HTTP/2 makes a connection error: GOAWAY with `code`, then close."""
-        log.warning("closing a client connection on an HTTP/2 protocol error", reason=reason,
+        log.warning("client_http2_protocol_error", detail="closing the client connection", reason=reason,
                     error_code=code)
         self._cbuf.clear()
         self._to_client(w.goaway(self._seen_streams_hwm, code))
         self.close()
 
     def _go_opaque_client(self) -> None:
-        log.warning("client did not start with the HTTP/2 preface; relaying bytes unparsed")
+        log.warning("no_http2_preface", detail="relaying bytes unparsed")
         self._opaque = True
         data = bytes(self._cbuf)
         self._cbuf.clear()
@@ -403,7 +403,7 @@ class Relay:
             headers = self._c2s_hpack.decode(b"".join(block.fragments))
         except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
             self._hpack_broken = True
-            log.error("cannot decode request headers; interception disabled on this connection",
+            log.error("request_headers_undecodable", detail="interception disabled on this connection",
                       error=repr(exc))
             return
         sid = block.sid
@@ -426,7 +426,7 @@ class Relay:
 
     def _give_up_decoding(self, reason: str) -> None:
         self._hpack_broken = True
-        log.warning("interception disabled on this connection; relaying it unchanged", reason=reason)
+        log.warning("interception_disabled", detail="relaying the connection unchanged", reason=reason)
 
     def _drop_intercepted(self, st: _Intercepted) -> None:
         """Stop holding a call: what is held is dropped, later frames go to the runtime."""
@@ -458,7 +458,7 @@ class Relay:
             st.sid, GRPC_RESOURCE_EXHAUSTED,
             f"grpc: received message larger than max ({size} vs. {MAX_INTERCEPTED_BODY})",
         ) + w.rst_stream(st.sid, w.ERROR_NO_ERROR))
-        log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"),
+        log.warning("oversized_request_refused", method=getattr(st.spec, "name", "?"),
                     size=size, limit=MAX_INTERCEPTED_BODY)
 
     async def _run_before(self, st: _Intercepted) -> None:
@@ -473,7 +473,7 @@ class Relay:
         try:
             result = await self.handler.before(st.spec, body)
         except Exception as exc:  # the handler is fail-open itself; this is a last resort
-            log.exception("interception failed; forwarding the original request", error=repr(exc))
+            log.exception("interception_failed", detail="forwarding the original request", error=repr(exc))
             result = BeforeResult(body=body)
         st.ctx = result.ctx
         if st.cancelled or self._closed or st.response_done:
@@ -527,7 +527,7 @@ class Relay:
         try:
             self._from_backend(data)
         except Exception:
-            log.exception("relay failed on runtime data; closing the connection")
+            log.exception("relay_failed_on_runtime_data", detail="closing the connection")
             self.close()
 
     def _from_backend(self, data: bytes) -> None:
@@ -640,7 +640,7 @@ class Relay:
             headers = self._s2c_hpack.decode(b"".join(block.fragments))
         except Exception as exc:
             self._hpack_broken = True
-            log.error("cannot decode response headers; interception disabled on this connection",
+            log.error("response_headers_undecodable", detail="interception disabled on this connection",
                       error=repr(exc))
             return
         if not block.flags & w.FLAG_END_STREAM:
@@ -677,7 +677,7 @@ class Relay:
             try:
                 self.handler.after(st.ctx, body, status, message)
             except Exception:
-                log.exception("post-call handling failed")
+                log.exception("post_call_handling_failed")
 
 
 def _declared_length(chunks: list[bytes]) -> int:
