@@ -795,6 +795,16 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
 
 
+def test_pod_resize_notification_writes_the_pods_values_again(make_node):
+    # After UpdatePodSandboxResources kubelet has rewritten the pod cgroup; the hook re-applies.
+    node = make_node(version="v2")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    node.run_container(be, cpu_shares=2)
+    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "0")
+    node.engine.pod_resources_updated(be.sandbox_id)
+    assert node.read(be.cgroup, "cpu.idle") == "1"
+
+
 # --- hostile input --------------------------------------------------------------------------------
 
 SENTINEL_FILES = {"cpu.shares": "1024", "cpu.weight": "100", "cpu.idle": "0", "cpu.max": "max 100000",
