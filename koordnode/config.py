@@ -354,7 +354,7 @@ def load_config(
     were not given can be passed as they are. An explicitly given path must exist.
     """
     explicit = path is not None
-    file_path = os.fspath(path) if explicit else DEFAULT_CONFIG_PATH
+    file_path = os.fspath(path) if path is not None else DEFAULT_CONFIG_PATH
     try:
         data = Path(file_path).read_bytes()
     except FileNotFoundError:
@@ -375,7 +375,7 @@ def load_config(
 def from_dict(cls: type[_T], data: Mapping[str, Any], source: str = "<dict>") -> _T:
     """Build any schema dataclass from already-parsed data; raise ConfigError on problems."""
     errors: list[str] = []
-    result = _Loader(errors).section(cls, dict(data), "", None)
+    result: _T = _Loader(errors).section(cls, dict(data), "", None)
     if errors:
         raise ConfigError(errors, source)
     return result
@@ -388,7 +388,8 @@ def reload_config(current: Config) -> Config:
 
 def to_dict(config: Any) -> dict[str, Any]:
     """The TOML keys of a config (or section) as plain dicts, lists and scalars."""
-    return _plain(config)
+    plain: dict[str, Any] = _plain(config)
+    return plain
 
 
 def to_toml(config: Any) -> str:
@@ -471,7 +472,7 @@ def _has_default(f: dataclasses.Field[Any]) -> bool:
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    return f.default_factory()  # type: ignore[operator]
 
 
 class _Loader:
@@ -549,7 +550,7 @@ class _Loader:
 
     def value(self, tp: Any, raw: Any, path: str, base: Any, meta: Mapping[str, Any]) -> Any:
         origin = typing.get_origin(tp)
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self.section(tp, raw, path, base)
         if origin is typing.Union or origin is types.UnionType:
             return self.union(tp, raw, path, base, meta)
@@ -763,7 +764,7 @@ def _describe_section(cls: type, instance: Any, path: str, out: list[Setting]) -
     for f in _keys(cls):
         tp, value, key_path = hints[f.name], getattr(instance, f.name), _join(path, f.name)
         doc = f.metadata.get("doc", "")
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             _describe_section(tp, value, key_path, out)
         elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
             entry_type = typing.get_args(tp)[1]

@@ -35,7 +35,7 @@ STATUS_NAMES = {
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = 0, 1, 2, 4, 13, 14
 
 # What a stream reset by the server means for the call (gRPC's HTTP/2 error mapping).
-_RESET_STATUS = {
+_RESET_STATUS: dict[int, int] = {
     h2.errors.ErrorCodes.REFUSED_STREAM: UNAVAILABLE,
     h2.errors.ErrorCodes.CANCEL: CANCELLED,
     h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: 8,

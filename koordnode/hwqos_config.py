@@ -189,4 +189,4 @@ class NetQoSConfig:
         return errors
 
     def priority_of(self, class_name: str) -> int:
-        return self.priorities.get(class_name, _DEFAULT_PRIORITIES[class_name])  # type: ignore[index]
+        return self.priorities.get(class_name, _DEFAULT_PRIORITIES[class_name])  # type: ignore[call-overload]

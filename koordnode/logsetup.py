@@ -57,7 +57,7 @@ class _NamedWriteLoggerFactory:
         return _NamedWriteLogger(self._file, name)
 
 
-class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Marks the root handler we installed, so reconfiguring replaces only ours."""
 
 

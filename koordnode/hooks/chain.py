@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -66,7 +67,7 @@ class RuntimeHook:
     def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
         pass
 
-    def post(self, call: CallContext) -> None:  # noqa: B027 - optional override
+    def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
         pass
 
 

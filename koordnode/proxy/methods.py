@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from google.protobuf.message import Message
+
 from koordnode.cri import api_pb2 as pb
 
 RUNTIME_SERVICE = "/runtime.v1.RuntimeService/"
@@ -17,8 +19,8 @@ OLD_API_PREFIX = "/runtime.v1alpha2."
 class MethodSpec:
     name: str
     path: str
-    request_cls: type
-    response_cls: type
+    request_cls: type[Message]
+    response_cls: type[Message]
 
 
 def _spec(name: str) -> MethodSpec:

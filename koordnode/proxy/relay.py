@@ -23,7 +23,8 @@ import asyncio
 import dataclasses
 import re
 import time
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
 import hpack
 import structlog
@@ -95,13 +96,13 @@ class _HeaderDecoder:
         if _ONLY_INDEXED.fullmatch(block):
             headers = self.cache.get(block)
             if headers is None:
-                headers = self.cache[block] = self.decoder.decode(block, raw=False)
+                headers = self.cache[block] = cast("list[tuple[str, str]]", self.decoder.decode(block, raw=False))
                 if len(self.cache) > 256:  # bounded: a peer cannot grow it without end
                     self.cache.clear()
             return headers
         table = self.decoder.header_table.dynamic_entries
         before = tuple(table)
-        headers = self.decoder.decode(block, raw=False)
+        headers = cast("list[tuple[str, str]]", self.decoder.decode(block, raw=False))
         if self.cache and tuple(table) != before:
             self.cache.clear()
         return headers
@@ -230,7 +231,7 @@ class Relay:
             payload = (self._seen_streams_hwm & 0x7FFFFFFF).to_bytes(4, "big") + bytes(4)
             self._to_client(w.frame(w.GOAWAY, 0, 0, payload))
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -368,18 +369,18 @@ class Relay:
                 self._c2s_block = block
             return None
         if ftype == w.CONTINUATION:
-            block = self._c2s_block
-            if block is not None and block.sid == sid:
-                block.size += length
-                if block.size > MAX_HEADER_BLOCK:
+            pending = self._c2s_block
+            if pending is not None and pending.sid == sid:
+                pending.size += length
+                if pending.size > MAX_HEADER_BLOCK:
                     self._c2s_block = None
                     self._give_up_decoding("request header block larger than "
                                            f"{MAX_HEADER_BLOCK} bytes")
                     return None
-                block.fragments.append(bytes(payload))
+                pending.fragments.append(bytes(payload))
                 if flags & w.FLAG_END_HEADERS:
                     self._c2s_block = None
-                    self._client_headers(block)
+                    self._client_headers(pending)
             return None
         if ftype == w.RST_STREAM:
             self._call_done(sid, 1)  # CANCELLED by the client
@@ -584,12 +585,12 @@ class Relay:
                 else:
                     self._s2c_block = block
             else:
-                block = self._s2c_block
-                if block is not None and block.sid == sid:
-                    block.fragments.append(bytes(payload))
+                pending = self._s2c_block
+                if pending is not None and pending.sid == sid:
+                    pending.fragments.append(bytes(payload))
                     if flags & w.FLAG_END_HEADERS:
                         self._s2c_block = None
-                        self._backend_headers(block)
+                        self._backend_headers(pending)
             return None
         if ftype == w.WINDOW_UPDATE:
             if len(payload) != 4:
@@ -739,5 +740,6 @@ class _BackendProtocol(asyncio.Protocol):
             self.relay.client.resume_reading()
 
 
-def client_protocol_factory(handler: CallHandler, backend_path: str, registry: set[Relay]):
+def client_protocol_factory(handler: CallHandler, backend_path: str,
+                            registry: set[Relay]) -> Callable[[], asyncio.Protocol]:
     return lambda: _ClientProtocol(handler, backend_path, registry)
