@@ -18,7 +18,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from koordnode.hooks.policy import (
     ContainerResources,
     KernelFeatures,
     PodInput,
+    PodResourcesPlan,
     allocate_cpuset,
     plan_container,
     plan_pod_memory,
@@ -164,7 +165,7 @@ def apply_overrides(target: pb.LinuxContainerResources, plan: ContainerPlan) -> 
 def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
     applied, skipped = [], []
     for r in results:
-        w = r.write
+        w = r.cgroup_write
         where = f"{w.resource}={w.value} on {w.cgroup}"
         if r.ok:
             applied.append(f"{where} ({r.status.value}{', ' + r.detail if r.detail else ''})")
@@ -231,10 +232,10 @@ class QoSEngine:
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
-        self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
+        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = None
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
-        self.pool_update_sink = None  # Callable[[dict[str, str]], None] | None
+        self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -520,7 +521,7 @@ class QoSEngine:
             if pod is not None:
                 self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
 
-    def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources):
+    def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources) -> PodResourcesPlan | None:
         try:
             pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
         except UnsafePathError:
@@ -568,7 +569,7 @@ class QoSEngine:
         return self.classify(pod.labels, pod.cgroup_parent)
 
     def _cpuset_for(self, pod: PodRecord, decision: ClassDecision, container_id: str, name: str,
-                    kubelet: ContainerResources):
+                    kubelet: ContainerResources) -> CpusetDecision:
         owner = self.cpu_owner.get(container_id)
         if owner is not None:
             allocation = self.allocator.allocation_of(owner)
@@ -671,7 +672,7 @@ class QoSEngine:
         self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, container_plans)
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
-            by_cgroup.setdefault(r.write.cgroup, []).append(r)
+            by_cgroup.setdefault(r.cgroup_write.cgroup, []).append(r)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
                                      qos_class=decision.qos_class.value, why=decision.why)
         self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), pod_plan.notes)
@@ -682,7 +683,7 @@ class QoSEngine:
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if failed:
             log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
-                        failures=[f"{r.write.resource} {r.write.cgroup}: {r.detail}" for r in failed])
+                        failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
@@ -692,7 +693,7 @@ class QoSEngine:
         applied: dict[str, dict[str, Any]] = {}
         for r in results:
             if r.ok:
-                applied.setdefault(r.write.cgroup, {})[r.write.resource] = r.write.value
+                applied.setdefault(r.cgroup_write.cgroup, {})[r.cgroup_write.resource] = r.write.value
         METRICS.set_applied(pod.namespace, pod.name, "", cls, applied.get(pod_cgroup, {}))
         for cid, (plan, _) in container_plans.items():
             values = dict(applied.get(self._container_cgroup(pod.cgroup_parent, cid), {}))
@@ -700,7 +701,7 @@ class QoSEngine:
                 values["oom_score_adj"] = plan.cri.oom_score_adj
             METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
 
-    def _be_override(self, qos_class: QoSClass):
+    def _be_override(self, qos_class: QoSClass) -> CpusetDecision | None:
         if qos_class is not QoSClass.BE or self.be_cpuset_override is None:
             return None
         cpus = self.be_cpuset_override()
@@ -733,7 +734,7 @@ class QoSEngine:
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
-        if moves:
+        if moves and self.pool_update_sink is not None:  # moves are only made for a sink
             self.pool_update_sink(moves)
         if writes:
             results = self.executor.apply(writes)
@@ -743,7 +744,7 @@ class QoSEngine:
 
     def _note_pool_result(self, result: WriteResult) -> None:
         """Keep the container's status line for its cpuset current after a pool change."""
-        cid = result.write.cgroup.rsplit("/", 1)[-1].removeprefix("cri-containerd-").removesuffix(".scope")
+        cid = result.cgroup_write.cgroup.rsplit("/", 1)[-1].removeprefix("cri-containerd-").removesuffix(".scope")
         record = self.container_records.get(cid)
         if record is None:
             return
@@ -781,8 +782,8 @@ class QoSEngine:
                 if decision.qos_class not in CPU_OWNING_CLASSES:
                     continue  # its class changed (config): a pool container now
                 result = self.allocator.restore(owner, qos_class, cpus)
-                if result.accepted or (self.allocator.allocation_of(owner) is not None
-                                       and self.allocator.allocation_of(owner).cpus == cpus):
+                held = self.allocator.allocation_of(owner)
+                if result.accepted or (held is not None and held.cpus == cpus):
                     self.cpu_owner[c.container_id] = owner
                     self.container_pod[c.container_id] = c.sandbox_id
                 else:

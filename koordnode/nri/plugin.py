@@ -18,8 +18,8 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
@@ -31,8 +31,8 @@ from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
 from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
-from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+from koordnode.nri.ttrpc import INTERNAL, Handler, TtrpcClient, TtrpcError, TtrpcServer
+from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView
 
 log = structlog.get_logger("koordnode.nri")
 
@@ -76,7 +76,7 @@ def oom_score_adj_floor(proc_self: str = "/proc/self") -> int | None:
         return None
 
 
-def event_mask(events) -> int:
+def event_mask(events: Iterable[int]) -> int:
     mask = 0
     for event in events:
         mask |= 1 << (event - 1)
@@ -92,7 +92,7 @@ class NriStats:
         self.last_error: str | None = None
         self.runtime = ""
         self.events: Counter[str] = Counter()
-        self.answer_seconds: Counter[str] = Counter()  # total time to answer, per event
+        self.answer_seconds: defaultdict[str, float] = defaultdict(float)  # total time to answer, per event
         self.answer_max_seconds: dict[str, float] = {}
         self.late_answers: Counter[str] = Counter()
         self.updates_answered = 0  # in CreateContainer/StopContainer/Synchronize answers
@@ -123,7 +123,7 @@ class NriStats:
 class NriPlugin:
     def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
                  state: NodeState, engine: QoSEngine | None,
-                 on_synchronized: Callable[[], Awaitable[None]] | None = None, procfs_root: str = "/proc") -> None:
+                 on_synchronized: Callable[[], Coroutine[Any, Any, None]] | None = None, procfs_root: str = "/proc") -> None:
         self.socket_path = socket_path
         self.plugin_name = plugin_name
         self.plugin_index = plugin_index
@@ -220,7 +220,7 @@ class NriPlugin:
                 task.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -228,18 +228,18 @@ class NriPlugin:
 
     # ---- the plugin service ---------------------------------------------------------------
 
-    def _handlers(self):
-        def rpc(request_cls, fn, empty_cls, name: str | None = None):
+    def _handlers(self) -> dict[tuple[str, str], Handler]:
+        def rpc(request_cls: Any, fn: Callable[[Any], Any], empty_cls: Any, name: str | None = None) -> Handler:
             async def handler(payload: bytes) -> bytes:
                 request = request_cls.FromString(payload)
                 label = name or _event_label(request.event)
                 return (await self._answer(label, fn(request), empty_cls)).SerializeToString()
             return handler
 
-        def pod_event(fn):
+        def pod_event(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return lambda req: fn(req.pod)
 
-        def container_event(fn):
+        def container_event(fn: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
             return lambda req: fn(req.pod, req.container)
 
         empty = nri.Empty
@@ -436,6 +436,8 @@ class NriPlugin:
     def _fix_oom_after_sync(self, fixes: list[tuple[str, str, int, int]]) -> None:
         """Engine thread: running containers whose processes run with another oom_score_adj than
         their class's (created while koordnode was away): NRI updates cannot carry it."""
+        if self.engine is None:
+            return
         for cid, cgroup, pid, value in fixes:
             pids = None
             try:
@@ -570,9 +572,12 @@ class NriPlugin:
                 c.linux.resources, c.linux.oom_score_adj if c.linux.HasField("oom_score_adj") else None)
         return out
 
-    def _class_updates(self, view) -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]]:
+    def _class_updates(self, view: NodeView) -> list[tuple[str, cri.LinuxContainerResources,
+                                                           nri.ContainerUpdate | None]]:
         """Updates that bring each running container to its class values (engine thread)."""
-        updates = []
+        updates: list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]] = []
+        if self.engine is None:
+            return updates
         for c in view.containers.values():
             pod = view.pods.get(c.sandbox_id)
             if c.state != CONTAINER_RUNNING or pod is None or pod.state != POD_READY:
