@@ -93,10 +93,10 @@ class HookChain:
         self.failure_policy = failure_policy
         # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
-        self._pending_post: set[asyncio.Task] = set()
+        self._pending_post: set[asyncio.Task[Any]] = set()
         # The Post tasks a new call waits for: not those already late, or one stuck hook would
         # cost every later call the full timeout.
-        self._awaited_post: set[asyncio.Task] = set()
+        self._awaited_post: set[asyncio.Task[Any]] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:

@@ -18,6 +18,7 @@ import os
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -35,7 +36,7 @@ _STR_FIELDS = ("cpuset_cpus", "cpuset_mems")
 def _decode(raw: object) -> ContainerResources | None:
     if not isinstance(raw, dict):
         return None
-    values: dict = {}
+    values: dict[str, Any] = {}
     for name in _INT_FIELDS:
         value = raw.get(name, 0)
         if not isinstance(value, int) or isinstance(value, bool):

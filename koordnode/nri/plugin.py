@@ -147,8 +147,8 @@ class NriPlugin:
         self._pool_pending: dict[str, str] = {}
         self._collecting = 0
         self._flush_wanted = asyncio.Event()
-        self._background: set[asyncio.Task] = set()
-        self._late: set[asyncio.Future] = set()  # work answered without changes, still running
+        self._background: set[asyncio.Task[Any]] = set()
+        self._late: set[asyncio.Future[Any]] = set()  # work answered without changes, still running
         self.oom_floor = oom_score_adj_floor()
         if self.oom_floor is not None:
             log.warning("oom_score_adj_clamped",
@@ -511,7 +511,8 @@ class NriPlugin:
             try:
                 view = state.view()
 
-                def rebuild():
+                def rebuild() -> tuple[dict[str, tuple[str, str]],
+                                       list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]]]:
                     engine.forget_containers_except(live)
                     for cid, res in kubelet.items():
                         engine.remember_kubelet_resources(cid, res)

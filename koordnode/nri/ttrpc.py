@@ -63,7 +63,7 @@ class TtrpcServer:
     def __init__(self, conn: MuxConn, handlers: dict[tuple[str, str], Handler]) -> None:
         self.conn = conn
         self.handlers = handlers
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self) -> None:
         try:
@@ -112,7 +112,7 @@ class TtrpcClient:
     def __init__(self, conn: MuxConn) -> None:
         self.conn = conn
         self._ids = itertools.count(1, 2)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
 
     async def receive(self) -> None:
         """Dispatch responses until the connection closes; then fail what is still waiting."""

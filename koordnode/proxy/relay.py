@@ -175,7 +175,7 @@ class Relay:
         self._conn_window_event = asyncio.Event()
         self._held = 0  # request bytes held for the hooks on this connection
         self._withheld: list[tuple[int, int]] = []  # (stream, bytes) of window not yet returned
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # ---- connection lifecycle -------------------------------------------------------------
