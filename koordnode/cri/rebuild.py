@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri_client import RUNTIME_SERVICE as RT
-from koordnode.cri_client import CriClient, CriError
+from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.methods import RUNTIME_SERVICE as RT
 from koordnode.executor.netqos import pod_network_from_status
 from koordnode.state import (
     CONTAINER_CREATED,
