@@ -12,6 +12,7 @@ minimum CPU weight.
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 from .containerd_bed import CGROUP_FS_ROOT, ContainerdBed
@@ -55,6 +56,14 @@ def start_transient_slice(name: str, properties: dict[str, tuple[str, object]]) 
         args += [key, signature, str(value)]
     args.append("0")
     subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
+    # StartTransientUnit only queues a job: the cgroup appears when systemd has run it (seen
+    # missing when the guest's second containerd release set the tiers up again).
+    cgroup = CGROUP_FS_ROOT / slice_path(name).lstrip("/")
+    deadline = time.monotonic() + 60
+    while not cgroup.is_dir():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"systemd did not create {cgroup} for {name} within 60 s")
+        time.sleep(0.1)
 
 
 def set_properties(unit: str, properties: dict[str, tuple[str, object]], runtime: bool = True) -> None:
