@@ -365,7 +365,7 @@ def test_pods_that_go_away_are_forgotten(node):
     node.advance(1.0, {node.ls: 1.0})
     manager.tick()
     assert "pod/be1/cpu" not in manager.history
-    assert node.be not in manager._prev_usage
+    assert manager.forgets(node.be)
     # descriptors are released by the sweep (every reconcile interval) once a whole interval
     # passed without reading them
     for _ in range(2):
@@ -481,7 +481,7 @@ def test_a_pressure_tick_sees_the_load_as_it_is_now(tmp_path):
     # a regular tick does not sample
     node.advance(1.0, {ls: 3.0, be: 0.0})
     calls = []
-    manager._sleep = calls.append
+    manager._measure.sleep = calls.append
     manager.tick()
     assert calls == []
 

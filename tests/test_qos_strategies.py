@@ -8,7 +8,7 @@ import pytest
 
 from koordnode.executor.plan import CgroupWrite
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
-from koordnode.qos.strategies import (
+from koordnode.policy.strategies import (
     BeEvictInput,
     BeEvictState,
     BurstContainer,
