@@ -185,7 +185,7 @@ class QoSManager:
     def be_cpuset(self) -> frozenset[int] | None:
         """The BE CPUs while the cpuset policy is active (for hooks creating BE containers:
         on cgroup v1 a new container's cpuset must fit inside its suppressed pod); else None."""
-        if not (self._strategy.cpu_suppress.enable and self._strategy.cpu_suppress.policy == "cpuset"):
+        if not self._runner.confines_be_cpuset():
             return None
         return self.collector.cpuset_cpus(self.be_tier)
 
@@ -410,13 +410,13 @@ class QoSManager:
         task.add_done_callback(self._evict_tasks.discard)
 
     async def _run_eviction(self, owner: str, eviction: Eviction) -> None:
-        log.warning("be_evict", container_id=eviction.container_id, pod=eviction.pod, reason=eviction.reason)
+        log.warning(owner, container_id=eviction.container_id, pod=eviction.pod, reason=eviction.reason)
         record: dict[str, Any] = {"container_id": eviction.container_id, "pod": eviction.pod, "cause": eviction.cause,
                   "reason": eviction.reason, "at": self._wall(), "ok": None}
         if self._dry_run:
             record["ok"] = None
             record["dry_run"] = f"would stop container {eviction.container_id} through the runtime"
-            log.warning("be_evict_dry_run", container_id=eviction.container_id, would=record["dry_run"])
+            log.warning(f"{owner}_dry_run", container_id=eviction.container_id, would=record["dry_run"])
         elif self._evict is None:
             record["ok"] = False
             record["error"] = "no evict function configured"
@@ -427,7 +427,7 @@ class QoSManager:
             except Exception as err:  # noqa: BLE001 - report, keep going
                 record["ok"] = False
                 record["error"] = str(err)
-                log.error("be_evict_failed", container_id=eviction.container_id, error=str(err))
+                log.error(f"{owner}_failed", container_id=eviction.container_id, error=str(err))
         self._book.record_eviction(owner, eviction.cause, record)
 
     def _note_error(self, err: Exception) -> None:

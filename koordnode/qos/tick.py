@@ -80,6 +80,9 @@ class StrategyRunner:
         """Whether an enabled strategy decides on early ticks (pressure/usage wake-ups serve it)."""
         return any(s.early and self.configs[s.name].enable for s in self.registry)
 
+    def confines_be_cpuset(self) -> bool:
+        return any(s.confines_be_cpuset(self.configs[s.name]) for s in self.registry)
+
     def run(self, snap: TickSnapshot, report: TickReport) -> None:
         cgroup_writes: list[tuple[Strategy, CgroupWrite]] = []
         sysctl_writes: list[tuple[Strategy, SysctlWrite]] = []

@@ -132,3 +132,7 @@ class Strategy(Protocol):
 
     def status(self, cfg: Any, state: Any) -> dict[str, Any]:
         """Extra fields for `koordnode status` (beside enabled/decision/last_write/writes)."""
+
+    def confines_be_cpuset(self, cfg: Any) -> bool:
+        """Whether, under `cfg`, it writes the BE tier's cpuset (then the hooks create BE
+        containers inside it: on cgroup v1 a child's cpuset must fit its parent's)."""

@@ -221,4 +221,7 @@ class BeEvict:
         return {}
 
 
+    def confines_be_cpuset(self, cfg: BeEvictConfig) -> bool:
+        return False
+
 STRATEGY = BeEvict()

@@ -234,4 +234,7 @@ class CpuBurst:
         return {}
 
 
+    def confines_be_cpuset(self, cfg: CpuBurstConfig) -> bool:
+        return False
+
 STRATEGY = CpuBurst()

@@ -287,4 +287,7 @@ class CpuSuppress:
         return {"policy": cfg.policy}
 
 
+    def confines_be_cpuset(self, cfg: CpuSuppressConfig) -> bool:
+        return cfg.enable and cfg.policy == "cpuset"
+
 STRATEGY = CpuSuppress()

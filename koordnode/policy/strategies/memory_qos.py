@@ -106,4 +106,7 @@ class MemoryQoS:
         return {}
 
 
+    def confines_be_cpuset(self, cfg: MemoryQoSConfig) -> bool:
+        return False
+
 STRATEGY = MemoryQoS()
