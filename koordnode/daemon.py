@@ -105,9 +105,8 @@ class Daemon:
                     config, self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.evict,
-                    # The engine's reconcile re-applies pod memory values; the manager keeps
-                    # the node watermarks only, so nothing is written twice.
-                    memory_plan=None,
+                    # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
+                    memory_plan=self.qos.memory_plan,
                     reserved_cpus=lambda: self.qos.allocator.reserved,
                 )
                 self.qos.be_cpuset_override = self.qos_manager.be_cpuset

@@ -54,6 +54,7 @@ from koordnode.hooks.policy import (
 )
 from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
+from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
 from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 
@@ -821,6 +822,45 @@ class QoSEngine:
             **{f: getattr(kubelet, f) for f in _RESOURCE_FIELDS}, unified=dict(kubelet.unified))
         apply_overrides(target, plan)
         return target
+
+    def memory_plan(self, view: NodeView | None = None) -> list[CgroupWrite]:
+        """The memory protection writes (memory.min/low/high, memory.wmark_*) the hooks decide
+        now for every ready pod and its running containers, for the QoS manager's memory_qos
+        strategy to keep applied. Allocates nothing: the CPUs do not change memory values."""
+        view = view if view is not None else self.state.view()
+        writes: list[CgroupWrite] = []
+        with self.lock:
+            for pod in view.pods.values():
+                if pod.state != POD_READY or skip_requested(pod.labels):
+                    continue
+                decision = self._decision(pod)
+                try:
+                    pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
+                except UnsafePathError:
+                    continue
+                config = self.config.qos.for_class(decision.qos_class)
+                memories = []
+                for c in view.containers_of(pod.sandbox_id):
+                    if c.state != CONTAINER_RUNNING:
+                        continue
+                    try:
+                        plan = plan_container(
+                            self.pod_input_from_record(pod),
+                            ContainerInput(name=c.name, resources=self._kubelet_resources(view, c.container_id),
+                                           id=c.container_id),
+                            decision=decision, config=config, features=self.features,
+                            cpuset=self.allocator.pool_for(decision.qos_class), node=self.config.node,
+                            container_cgroup=self._container_cgroup(pod.cgroup_parent, c.container_id))
+                    except UnsafePathError:
+                        continue
+                    writes.extend(plan.cri_mirror)  # what went through CRI (unified), as cgroup writes
+                    writes.extend(plan.writes)
+                    memories.append(plan.memory)
+                pod_level = self.pod_resources.get(pod.sandbox_id)
+                resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
+                writes.extend(resized.writes if resized is not None
+                              else plan_pod_memory(pod_cgroup, decision.qos_class, memories))
+        return [w for w in writes if w.resource in MEMORY_QOS_RESOURCES]
 
     def reconcile(self, force: bool = True, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files).
