@@ -71,11 +71,11 @@ def _config(enable: bool, **changes: Any) -> QoSSettings:
     return QoSSettings(WithBeShares(**fields, be_shares=BeSharesConfig(enable=enable, shares=77)), base.qos_manager)
 
 
-def _shares(node: FakeNode) -> int:
-    if node.version == "v1":
-        return int(read_cgroup_file(node.root, BESTEFFORT, "cpu.shares"))
-    weight = int(read_cgroup_file(node.root, BESTEFFORT, "cpu.weight"))
-    return weight  # converted by the executor; compared through the status below
+def _shares(fake: FakeNode) -> int:
+    """The BE tier's cpu.shares (v1) or cpu.weight (v2, converted by the executor)."""
+    if fake.version == "v1":
+        return int(read_cgroup_file(fake.root, BESTEFFORT, "cpu.shares"))
+    return int(read_cgroup_file(fake.root, BESTEFFORT, "cpu.weight"))
 
 
 def test_a_registered_strategy_is_decided_restored_and_in_status(node):  # noqa: F811 - the fixture

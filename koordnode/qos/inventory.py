@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
+from typing import Any
 
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
@@ -24,7 +25,7 @@ from koordnode.hooks.qos_class import (
     resolve_qos_class,
 )
 from koordnode.policy.strategies.base import NON_BE_CLASSES, ContainerView, Inventory, PodView
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+from koordnode.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
 __all__ = [
@@ -74,8 +75,8 @@ class InventoryBuilder:
                  driver: str = "auto") -> None:
         self.mapping = mapping
         self.driver = driver  # [cgroup] driver: the cgroup paths are the engine's (hooks/qos_engine.py)
-        self._pods: dict[str, tuple[tuple, tuple[str, QoSClass, str, int, object] | str]] = {}
-        self._containers: dict[str, tuple[tuple, ContainerView | str]] = {}
+        self._pods: dict[str, tuple[tuple[object, ...], tuple[str, QoSClass, str, int, Any] | str]] = {}
+        self._containers: dict[str, tuple[tuple[object, ...], ContainerView | str]] = {}
 
     def set_mapping(self, mapping: Mapping[KubeQoS, QoSClass]) -> None:
         if mapping != self.mapping:
@@ -88,7 +89,7 @@ class InventoryBuilder:
             self._pods.clear()
             self._containers.clear()
 
-    def _pod(self, pod) -> tuple[str, QoSClass, str, int, object] | str:  # type: ignore[no-untyped-def]
+    def _pod(self, pod: PodRecord) -> tuple[str, QoSClass, str, int, Any] | str:
         key = (pod.cgroup_parent, pod.qos_class, pod.updated_at)
         cached = self._pods.get(pod.sandbox_id)
         if cached is not None and cached[0] == key:
@@ -97,7 +98,7 @@ class InventoryBuilder:
         try:
             cgroup = pod_cgroup_path(pod.cgroup_parent, self.driver)
         except UnsafePathError as err:
-            value: tuple[str, QoSClass, str, int, object] | str = f"{label}: {err}"
+            value: tuple[str, QoSClass, str, int, Any] | str = f"{label}: {err}"
         else:
             qos = parse_qos_class(pod.qos_class) if pod.qos_class else None
             if qos is None:
@@ -107,7 +108,7 @@ class InventoryBuilder:
         self._pods[pod.sandbox_id] = (key, value)
         return value
 
-    def _container(self, c, cgroup_parent: str, label: str, annotations) -> ContainerView | str:  # type: ignore[no-untyped-def]
+    def _container(self, c: ContainerRecord, cgroup_parent: str, label: str, annotations: Any) -> ContainerView | str:
         key = (cgroup_parent, c.updated_at, id(annotations))
         cached = self._containers.get(c.container_id)
         if cached is not None and cached[0] == key:
@@ -134,7 +135,7 @@ class InventoryBuilder:
     def build(self, state: NodeState) -> Inventory:
         pods: list[PodView] = []
         skipped: list[str] = []
-        by_pod: dict[str, list] = {}
+        by_pod: dict[str, list[ContainerRecord]] = {}
         for c in state.containers.values():
             if c.state == CONTAINER_RUNNING:
                 by_pod.setdefault(c.sandbox_id, []).append(c)

@@ -41,7 +41,7 @@ from koordnode.qos.collect import Collector
 from koordnode.qos.config import QoSManagerConfig, StrategyConfig
 from koordnode.qos.history import History
 from koordnode.qos.inventory import InventoryBuilder
-from koordnode.qos.measure import MemoryPlanFn, Measurer, ReservedCpus, cgroup_driver, woken_early
+from koordnode.qos.measure import MemoryPlanFn, Measurer, ReservedCpus, cgroup_driver
 from koordnode.qos.psi import PressureWatch
 from koordnode.qos.status import StatusBook
 from koordnode.qos.tick import StrategyRunner, TickReport
@@ -449,7 +449,7 @@ class QoSManager:
             if self.on_tick is not None:
                 try:
                     self.on_tick(report)
-                except Exception as err:  # an observer must not break the loop
+                except Exception as err:  # noqa: BLE001 - an observer must not break the loop
                     self._note_error(err)
             self._book.record_tick(woken_by, report.duration_s, {
                 "at": report.at,

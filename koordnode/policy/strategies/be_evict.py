@@ -19,7 +19,7 @@ Pure: inputs, config and the previous state in; evictions, explanation and new s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -65,8 +65,10 @@ class BeEvictState:
     evicted_total: int = 0
 
 
-def _pick(candidates: list[EvictCandidate], amount: float, size) -> list[EvictCandidate]:  # type: ignore[no-untyped-def]
-    chosen, released = [], 0.0
+def _pick(candidates: list[EvictCandidate], amount: float,
+          size: Callable[[EvictCandidate], float]) -> list[EvictCandidate]:
+    chosen: list[EvictCandidate] = []
+    released = 0.0
     for candidate in candidates:
         if released >= amount:
             break
@@ -108,7 +110,7 @@ def decide_be_evict(inp: BeEvictInput, cfg: BeEvictConfig, state: BeEvictState) 
         "evicted_total": state.evicted_total,
     }
 
-    def result(decision: str, reason: str, evictions: tuple[Eviction, ...] = (), **changes) -> StrategyResult:  # type: ignore[no-untyped-def]
+    def result(decision: str, reason: str, evictions: tuple[Eviction, ...] = (), **changes: Any) -> StrategyResult:
         new_state = BeEvictState(
             last_round_at=changes.get("last_round_at", state.last_round_at),
             low_satisfaction_since=changes.get("since", since),
@@ -140,7 +142,7 @@ def decide_be_evict(inp: BeEvictInput, cfg: BeEvictConfig, state: BeEvictState) 
                 f"{release / _GIB:.2f} GiB; {c.pod} uses {c.memory_bytes / _GIB:.2f} GiB, priority {c.priority}"
             )
         inputs["memory_release_bytes"] = int(release)
-    if cpu_short and budget is not None:
+    if cpu_short and budget is not None and since is not None:
         release_cpus = request - budget / (floor / 100.0)
         order = sorted((c for c in free if c.container_id not in reasons),
                        key=lambda c: (c.priority, -c.cpu_request_cpus, c.container_id))

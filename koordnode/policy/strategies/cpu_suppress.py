@@ -157,7 +157,7 @@ def _decide_cpuset(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget
     pool = sorted(inp.online_cpus - inp.excluded_cpus)
     current = inp.current_be_cpus
     inputs.update(
-        pool=format_cpu_list(pool),
+        pool=format_cpu_list(frozenset(pool)),
         excluded=format_cpu_list(inp.excluded_cpus),
         current_cpus=format_cpu_list(current) if current is not None else None,
     )
