@@ -15,7 +15,7 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 from koordnode.config import Config, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.daemon import Daemon
-from koordnode.qos.fakeproc import make_procfs
+from support.fakeproc import make_procfs
 from koordnode.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, PodRecord
 
 GIB = 1 << 30

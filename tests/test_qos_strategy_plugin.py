@@ -12,12 +12,12 @@ from typing import Any
 from faketree import read_cgroup_file
 from test_qos_manager import BESTEFFORT, FakeNode, make_manager, node, settings  # noqa: F401 - fixture
 
-from koordnode.config import section, setting
+from koordnode.config.fields import section, setting
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.policy.strategies.registry import STRATEGIES
 from koordnode.qos import QoSSettings
-from koordnode.qos.config import StrategyConfig
+from koordnode.config.strategies import StrategyConfig
 from koordnode.executor.plan import CgroupWrite
 
 

@@ -38,7 +38,8 @@ from koordnode.policy.strategies.base import Inventory, Strategy
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
-from koordnode.qos.config import QoSManagerConfig, StrategyConfig
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.strategies import StrategyConfig
 from koordnode.qos.history import History
 from koordnode.qos.inventory import InventoryBuilder
 from koordnode.qos.measure import MemoryPlanFn, Measurer, ReservedCpus, cgroup_driver
@@ -102,7 +103,7 @@ class QoSManager:
         """
         config: the daemon's Config (uses .strategy, .qos_manager and, when present, .cgroup
             driver and be_idle_group, .node reserved_cpus, .sysfs root and .qos_mapping) or a
-            koordnode.qos.config.QoSSettings.
+            koordnode.config.QoSSettings.
         state: the NodeState kept by the proxy.
         executor: the CgroupExecutor every cgroup write goes through.
         procfs_root / cgroup_root: where statistics are read (cgroup_root defaults to the

@@ -20,7 +20,7 @@ from koordnode.hooks.cpuset_allocator import reserved_cpus_from_config
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
-from koordnode.qos.config import QoSManagerConfig
+from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.qos.history import History
 from koordnode.qos.inventory import tier_cgroups
 

@@ -27,7 +27,7 @@ from typing import Any
 from koordnode.hooks.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Eviction, Explanation, StrategyResult, rounded
-from koordnode.qos.config import BeEvictConfig
+from koordnode.config.strategies import BeEvictConfig
 
 NAME = "be_evict"
 _GIB = 1 << 30

@@ -26,7 +26,7 @@ from koordnode.executor.resources import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
 from koordnode.hooks.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
-from koordnode.qos.config import CpuBurstConfig
+from koordnode.config.strategies import CpuBurstConfig
 
 NAME = "cpu_burst"
 

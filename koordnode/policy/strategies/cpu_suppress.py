@@ -26,7 +26,7 @@ from koordnode.executor.resources import format_cpu_list, parse_cpu_list
 from koordnode.hooks.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
-from koordnode.qos.config import CpuSuppressConfig, PressureCurve
+from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
 
 NAME = "cpu_suppress"
 UNLIMITED = -1

@@ -21,7 +21,7 @@ from koordnode.executor.executor import SysctlWrite
 from koordnode.executor.plan import CgroupWrite
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult
-from koordnode.qos.config import MemoryQoSConfig
+from koordnode.config.strategies import MemoryQoSConfig
 
 NAME = "memory_qos"
 
