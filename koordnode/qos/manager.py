@@ -266,7 +266,7 @@ class QoSManager:
                         if self._usage is not None:
                             self._usage.set_targets(report.usage_targets)
                             self._usage.rearm()
-                        for owner, eviction in zip(report.eviction_owners, report.evictions):
+                        for owner, eviction in zip(report.eviction_owners, report.evictions, strict=True):
                             self._spawn_eviction(owner, eviction)
                     if now >= next_tick:
                         next_tick = max(next_tick + self._settings.tick_ms / 1000.0, self._clock())

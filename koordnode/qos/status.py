@@ -47,7 +47,7 @@ class StatusBook:
 
     def record_writes(self, owners: list[str], results: list[WriteResult], at: float) -> None:
         with self._lock:
-            for owner, result in zip(owners, results):
+            for owner, result in zip(owners, results, strict=True):
                 self._write_counts.setdefault(owner, Counter())[result.status.value] += 1
                 if result.status in (WriteStatus.WRITTEN, WriteStatus.FAILED, WriteStatus.WOULD_WRITE):
                     write = result.write

@@ -60,7 +60,7 @@ MODE_OFF = "off"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _attr(period_ns: int) -> ctypes.Array:
+def _attr(period_ns: int) -> ctypes.Array[ctypes.c_char]:
     # type, size, config, sample_period, sample_type, read_format, flags, wakeup_events, bp_type
     raw = struct.pack("IIQQQQQII", _PERF_TYPE_SOFTWARE, _ATTR_SIZE, _PERF_COUNT_SW_CPU_CLOCK, period_ns,
                       0, 0, _ATTR_DISABLED, 1, 0)

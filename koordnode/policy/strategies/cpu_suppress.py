@@ -60,7 +60,7 @@ def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> floa
     first_x, first_y = curve[0]
     if pressure_percent <= first_x:
         return first_y
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
         if pressure_percent <= x1:
             return y0 + (y1 - y0) * (pressure_percent - x0) / (x1 - x0)
     return curve[-1][1]
