@@ -105,6 +105,11 @@ def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
     # Ready and made idle by this process: the CRI path asks systemd nothing more.
     node.run_pod("batch2", parent=be_parent("u2"))
     assert systemd.started == [GROUP_SLICE]
+    # systemd rewrites a pod slice's cpu.idle at each realization: only the group's is koordnode's.
+    add_cgroup(node.root, slice_path(parent_of(node, pod)))
+    node.engine.reconcile()
+    assert read_cgroup_file(node.root, slice_path(parent_of(node, pod)), "cpu.idle").strip() == "0"
+    assert read_cgroup_file(node.root, GROUP, "cpu.idle").strip() == "1"
     # Burstable pods stay in kubelet's slices.
     ls = node.run_pod("web", parent="kubepods-burstable-podu3.slice")
     assert parent_of(node, ls) == "kubepods-burstable-podu3.slice"

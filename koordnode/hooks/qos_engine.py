@@ -690,6 +690,10 @@ class QoSEngine:
         if in_be_group(pod.cgroup_parent):
             # Re-asserted by every reconcile: the group's idleness is what protects LS.
             writes.insert(0, CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group"))
+            if systemd_group_slice(pod.cgroup_parent) is not None:
+                # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
+                # the slice (each container start): the group's idleness is what protects LS.
+                writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
         container_plans: dict[str, tuple[ContainerPlan, int]] = {}
         memories = []
         containers = view.containers_of(sandbox_id)
