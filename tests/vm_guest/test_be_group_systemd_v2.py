@@ -65,6 +65,7 @@ def be_pod(cri: Cri, bed, name: str) -> tuple[str, str, str, str]:
     return sid, cid, parent, cgroup_of(json.loads(info["info"])["pid"])
 
 
+@pytest.mark.containerd("1.7", "2.1")  # once per release (conftest.py)
 def test_be_pod_runs_in_the_idle_slice_and_kubelets_property_writes_succeed(systemd_bed, be_group_koordnode):
     kn = be_group_koordnode
     # koordnode made the group slice idle through systemd at start, before any BE pod.
