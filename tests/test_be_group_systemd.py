@@ -78,6 +78,13 @@ def systemd_node(tmp_path):
         node.close()
 
 
+def wait_until(check, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def parent_of(node: Node, pod) -> str:
     """The cgroup parent containerd got (the state records the forwarded request)."""
     return node.state.pods[pod.sandbox_id].cgroup_parent
@@ -97,9 +104,13 @@ def test_group_slice_of_kubelets_top_slice():
 
 def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
     node, systemd = systemd_node()
+    shutil.rmtree(node.root / "kubepods.slice", ignore_errors=True)
     node.engine.adopt()  # the daemon's start, once the state is rebuilt
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
-    assert systemd.started == [GROUP_SLICE]
+    time.sleep(0.2)
+    assert systemd.started == []  # kubelet has not made kubepods.slice yet: nothing is started
+    add_cgroup(node.root, "/kubepods.slice")
+    node.engine.reconcile()  # the next pass finds it
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
     pod = node.run_pod("batch", parent=be_parent("u1"))
     assert parent_of(node, pod) == "kubepods-koordnode_be-podu1.slice"
     # Ready and made idle by this process: the CRI path asks systemd nothing more.

@@ -419,7 +419,8 @@ class QoSEngine:
 
     def _systemd_be_groups(self, view: NodeView) -> dict[str, str]:
         """Group slice -> its cgroup, for the systemd driver: the one beside kubelet's tiers
-        (from [qos_manager] kubepods_cgroup or the driver) and those of recorded pods."""
+        (from [qos_manager] kubepods_cgroup or the driver, once kubelet has made that slice)
+        and those of recorded pods."""
         cg = self.config.cgroup
         if not (cg.be_idle_group and cg.be_idle_group_systemd) or self.executor.dry_run:
             return {}
@@ -429,7 +430,8 @@ class QoSEngine:
                 cg.driver == "systemd" or self.executor.cgroup_exists("/kubepods.slice")):
             kubepods = "/kubepods.slice"
         default = systemd_group_of_kubepods(kubepods) if cg.driver != "cgroupfs" else None
-        if default is not None:
+        # Only beside a kubepods slice kubelet made: starting the group would start its parents.
+        if default is not None and self.executor.cgroup_exists(kubepods):
             groups[default[0]] = default[1]
         for pod in view.pods.values():
             slice_name = systemd_group_slice(pod.cgroup_parent)
