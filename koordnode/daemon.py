@@ -17,7 +17,8 @@ from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
+from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
@@ -35,7 +36,7 @@ from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
 from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
-from koordnode.recovery import rebuild, rebuild_until_done
+from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")

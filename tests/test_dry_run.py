@@ -12,7 +12,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
 from koordnode.executor.plan import CgroupWrite
 from koordnode.executor.resctrl import ResctrlController
-from koordnode.hwqos_config import ResctrlClassConfig, ResctrlConfig
+from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig
 from koordnode.proxy.handler import message_changes
 from koordnode.qos.psi import PressureWatch
 
@@ -113,7 +113,7 @@ class _NoWritesNet:
 
 def test_network_qos_dry_run_plans_without_tc_or_nft() -> None:
     from koordnode.executor.netqos import NetQoSController
-    from koordnode.hwqos_config import NetQoSConfig
+    from koordnode.config.netqos import NetQoSConfig
     from koordnode.qos.net_policy import PodNetwork
 
     ctl = NetQoSController(NetQoSConfig(enable=True, interfaces=("eth0",)), executor=_NoWritesNet())

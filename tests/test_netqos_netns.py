@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from koordnode.executor.netqos import NetQoSController, NetQoSExecutor
-from koordnode.hwqos_config import NetQoSConfig
+from koordnode.config.netqos import NetQoSConfig
 from koordnode.qos.net_policy import NETWORK_QOS_ANNOTATION, PodNetwork
 
 pytestmark = pytest.mark.skipif(

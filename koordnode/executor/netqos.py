@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from koordnode.executor import rtnl
-from koordnode.hwqos_config import NetQoSConfig
+from koordnode.config.netqos import NetQoSConfig
 from koordnode.qos.net_policy import (
     HTB_MAJOR,
     NETWORK_QOS_ANNOTATION,

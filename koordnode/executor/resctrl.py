@@ -36,7 +36,7 @@ import structlog
 from koordnode.executor.cgroup import ConfinedRoot, read_file, write_file
 from koordnode.executor.executor import WriteStatus
 from koordnode.executor.paths import UnsafePathError
-from koordnode.hwqos_config import (
+from koordnode.config.resctrl import (
     RESCTRL_GROUP_CLASSES,
     ResctrlClassConfig,
     ResctrlConfig,

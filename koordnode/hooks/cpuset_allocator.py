@@ -22,7 +22,7 @@ from types import MappingProxyType
 from koordnode.hooks.cpu_topology import CpuTopology
 from koordnode.hooks.cpulist import CpuListError, format_cpu_list, parse_cpu_list
 from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, QoSClass
-from koordnode.hooks.qos_config import NodeConfig
+from koordnode.config.node import NodeConfig
 
 
 @dataclass(frozen=True)

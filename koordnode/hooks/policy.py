@@ -21,7 +21,8 @@ from koordnode.executor.plan import CgroupWrite
 from koordnode.hooks.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
 from koordnode.hooks.cpuset_allocator import CpusetAllocator, CpusetDecision, cpuset_owner_id
 from koordnode.hooks.qos_class import ClassDecision, KubeQoS, QoSClass
-from koordnode.hooks.qos_config import MAX_SHARES, MIN_SHARES, NodeConfig, QoSClassConfig
+from koordnode.config.classes import MAX_SHARES, MIN_SHARES, QoSClassConfig
+from koordnode.config.node import NodeConfig
 
 KUBELET_SHARES_PER_CPU = 1024
 DEFAULT_CFS_PERIOD_US = 100_000

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from koordnode.executor.paths import CgroupDriver, UnsafePathError, container_cgroup_path
-from koordnode.hwqos_config import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
+from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
 from koordnode.state import CONTAINER_EXITED, POD_READY, NodeState
 
 __all__ = [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from koordnode.executor.executor import SysctlWrite
 from koordnode.executor.plan import CgroupWrite
-from koordnode.qos.config import MemoryQoSConfig
+from koordnode.config.strategies import MemoryQoSConfig
 from koordnode.qos.strategies.common import Explanation, StrategyResult
 
 NAME = "memory_qos"
