@@ -149,6 +149,8 @@ def test_a_slice_systemd_does_not_make_idle_keeps_be_pods_in_kubelets_tier(syste
     pod = node.run_pod("batch", parent=be_parent("u1"))
     assert parent_of(node, pod) == be_parent("u1")
     assert any("252" in note for note in node.engine.notes), node.engine.notes
+    node.engine.reconcile()  # publishes the status
+    assert any("not idle" in note and "252" in note for note in node.engine.status()["notes"])
     # No systemctl per pod after a failure: the next attempt waits RETRY_AFTER_S.
     node.run_pod("batch2", parent=be_parent("u2"))
     assert systemd.started == [GROUP_SLICE]

@@ -976,6 +976,12 @@ class QoSEngine:
             "notes": notes,
         }
 
+    def _be_slice_notes(self) -> list[str]:
+        be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
+        problems = dict(be_slices.problems) if be_slices is not None else {}
+        return [f"BE group slice {name} not idle (BE pods stay in kubelet's slice): {problem}"
+                for name, problem in sorted(problems.items())]
+
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""
         self._published = PublishedStatus(
@@ -985,7 +991,7 @@ class QoSEngine:
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
-                "notes": list(self.notes),
+                "notes": list(self.notes) + self._be_slice_notes(),
             },
             pod_records=dict(self.pod_records),
             container_records=dict(self.container_records),
