@@ -154,7 +154,7 @@ def bench_fake_tick(version: str, ticks: int) -> dict:
         for name, config in (("default", QoSSettings()), ("all_strategies", all_enabled())):
             clock = [0.0]
             manager = QoSManager(config, layout.state, CgroupExecutor(layout.root), procfs_root=layout.proc,
-                                 memory_plan=lambda: layout.memory_plan, clock=lambda: clock[0])
+                                 memory_plan=lambda: layout.memory_plan, clock=lambda clock=clock: clock[0])
             counters = Counters(layout, version)
             manager.tick()  # warm-up: opens the descriptors, first reconcile pass
             out[name] = time_ticks(manager, counters, ticks, clock)
@@ -189,7 +189,7 @@ def bench_real_tick(ticks: int) -> dict:
                                  all_enabled(), qos_manager=QoSManagerConfig(kubepods_cgroup=kubepods)))):
             clock = [time.monotonic()]
             manager = QoSManager(config, state, CgroupExecutor(base), procfs_root="/proc",
-                                 memory_plan=lambda: plan, clock=lambda: clock[0])
+                                 memory_plan=lambda: plan, clock=lambda clock=clock: clock[0])
             manager.tick()
             out[name] = time_ticks(manager, None, ticks, clock)
             manager.collector.close()

@@ -222,7 +222,8 @@ def shares_to_weight(shares: int) -> int:
 class FileFormat(Protocol):
     """How one logical value maps onto one kernel file."""
 
-    filename: str
+    @property
+    def filename(self) -> str: ...  # read-only: the formats are frozen dataclasses
 
     def render(self, value: Any, current: str) -> str:
         """Text to write for `value`, given the file's current text."""

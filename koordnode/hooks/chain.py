@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -66,7 +67,7 @@ class RuntimeHook:
     def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
         pass
 
-    def post(self, call: CallContext) -> None:  # noqa: B027 - optional override
+    def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
         pass
 
 
@@ -92,10 +93,10 @@ class HookChain:
         self.failure_policy = failure_policy
         # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
-        self._pending_post: set[asyncio.Task] = set()
+        self._pending_post: set[asyncio.Task[Any]] = set()
         # The Post tasks a new call waits for: not those already late, or one stuck hook would
         # cost every later call the full timeout.
-        self._awaited_post: set[asyncio.Task] = set()
+        self._awaited_post: set[asyncio.Task[Any]] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
@@ -181,14 +182,14 @@ class HookChain:
                     try:
                         await asyncio.shield(work)
                     except Exception as exc:
-                        log.warning("late hook failed", hook=hook.name, phase=phase,
+                        log.warning("late_hook_failed", hook=hook.name, phase=phase,
                                     method=call.method, **call_ids(call), reason=repr(exc))
                     return False
                 work.result()
             else:
                 await asyncio.wait_for(work, timeout)
             return True
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)
@@ -200,7 +201,7 @@ class HookChain:
         self.failures[(hook.name, phase, kind)] += 1
         call.hook_failures.append(f"{hook.name}.{phase}: {reason}")
         log.warning(
-            "hook failed",
+            "hook_failed",
             hook=hook.name,
             phase=phase,
             method=call.method,

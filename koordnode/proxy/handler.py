@@ -61,7 +61,7 @@ class HookCallHandler:
         spec = SPECS_BY_PATH.get(path)
         if spec is None and not self._old_api_logged and path.startswith(OLD_API_PREFIX):
             self._old_api_logged = True
-            log.warning("client uses the old runtime.v1alpha2 CRI API; forwarding without hooks",
+            log.warning("old_cri_api_forwarded_without_hooks", detail="client uses the old runtime.v1alpha2 CRI API",
                         path=path)
         return spec
 
@@ -76,7 +76,7 @@ class HookCallHandler:
         if request is None:
             # Compressed or malformed: the runtime is the judge, we just stay out of the way.
             self.stats.unparsed_bodies += 1
-            log.warning("request body not parsed; forwarded unchanged", method=spec.name)
+            log.warning("request_body_not_parsed", detail="forwarded unchanged", method=spec.name)
             return BeforeResult(body=body, ctx=None)
         self.stats.intercepted_calls += 1
         call = CallContext(
@@ -87,7 +87,7 @@ class HookCallHandler:
         except HookFailed as exc:
             if self.dry_run:
                 self.stats.dry_run_would_fail += 1
-                log.warning("dry run: would fail the call (failure_policy = fail); forwarded",
+                log.warning("dry_run_would_fail_call", detail="failure_policy = fail; forwarded",
                             method=spec.name, error=str(exc))
                 return BeforeResult(body=body, ctx=(spec, call))
             self.stats.failed_by_policy += 1
@@ -116,7 +116,7 @@ class HookCallHandler:
             return
         self.stats.dry_run_changed_requests += 1
         self.last_dry_run_changes[method] = changes
-        log.info("dry run: request forwarded unchanged; the hooks would have changed it",
+        log.info("dry_run_request_forwarded_unchanged", detail="the hooks would have changed it",
                  method=method, **call_ids(call), would=changes)
 
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None:
@@ -133,7 +133,7 @@ class HookCallHandler:
                 except DecodeError:
                     call.response = None
         log.info(
-            "cri call",
+            "cri_call",
             method=spec.name,
             **call_ids(call),
             duration_ms=round((time.monotonic() - call.started) * 1000, 3),
