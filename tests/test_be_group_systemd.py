@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from faketree import add_cgroup, read_cgroup_file, write_cgroup_file
-from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.be_group import systemd_group_of_kubepods
 from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
