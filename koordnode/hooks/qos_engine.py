@@ -26,7 +26,6 @@ import structlog
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
-from koordnode.executor.systemd import set_slice_idle
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.plan import CgroupWrite
 from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
@@ -37,7 +36,10 @@ from koordnode.hooks.cpuset_allocator import (
     cpuset_owner_id,
 )
 from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
-from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.hooks.be_group import (
+    be_group_of, be_group_parent, in_be_group, systemd_group_of_kubepods, systemd_group_slice,
+)
+from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.policy import (
@@ -246,6 +248,8 @@ class QoSEngine:
         with self.lock:
             self._publish_status()
         self._be_groups: set[str] = set()  # cgroupfs BE groups seen, swept by the reconcile pass
+        # systemd driver: the group slices, made idle through systemd off the CRI path.
+        self.be_slices = SystemdBeGroup(lambda cgroup: self.executor.read(cgroup, "cpu.idle"))
 
     def _apply_config(self, config: Any) -> None:
         old = getattr(self, "allocator", None)
@@ -371,9 +375,11 @@ class QoSEngine:
             log.info("dry_run_would_make_be_group_idle", group=group)
             return None
         slice_name = systemd_group_slice(pod_parent)
-        if slice_name is not None and not self.executor.cgroup_exists(group):
-            # systemd owns the slice: it creates it with the pod's slice and must know it is idle.
-            return set_slice_idle(slice_name)
+        if slice_name is not None:
+            # systemd owns the slice (and starts it with the pod's): it must know it is idle.
+            # Half the hook's time bound at most: the call goes on without the move after that.
+            wait_s = self.config.proxy.hook_timeout_ms / 2000
+            return self.be_slices.ready(slice_name, group, wait_s)
         try:
             self.executor.make_cgroup(group, "cpu")
         except (OSError, UnsafePathError) as exc:
@@ -386,8 +392,11 @@ class QoSEngine:
     def remove_be_pod_cgroup(self, cgroup_parent: str) -> None:
         """After StopPodSandbox / RemovePodSandbox: kubelet removes its own pod cgroup, the one
         in the BE group is koordnode's to remove (runc never removes a parent)."""
-        if not in_be_group(cgroup_parent) or systemd_group_slice(cgroup_parent) is not None:
-            return  # systemd removes the slices it made once nothing is left in them
+        if not in_be_group(cgroup_parent):
+            return
+        if systemd_group_slice(cgroup_parent) is not None:
+            self._stop_be_pod_slice(cgroup_parent)
+            return
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
             problems = self.executor.remove_cgroup(pod_cgroup)
@@ -395,6 +404,47 @@ class QoSEngine:
             problems = [str(exc)]
         if problems:
             log.info("be_pod_cgroup_not_removed_yet", cgroup_parent=cgroup_parent, problems=problems)
+
+    def _stop_be_pod_slice(self, cgroup_parent: str) -> bool:
+        """systemd keeps a pod slice it started for a scope after the scope is gone: stop it
+        once empty (no scope left below it). True when a stop was requested."""
+        if self.executor.dry_run:
+            return False
+        try:
+            pod_cgroup = self._pod_cgroup(cgroup_parent)
+            if not self.executor.cgroup_exists(pod_cgroup) or self.executor.child_cgroups(pod_cgroup) \
+                    or self.executor.read_pids(pod_cgroup):
+                return False
+        except UnsafePathError:
+            return False
+        self.be_slices.stop_pod_slice(cgroup_parent.strip("/").rsplit("/", 1)[-1])
+        return True
+
+    def _systemd_be_groups(self, view: NodeView) -> dict[str, str]:
+        """Group slice -> its cgroup, for the systemd driver: the one beside kubelet's tiers
+        (from [qos_manager] kubepods_cgroup or the driver, once kubelet has made that slice)
+        and those of recorded pods."""
+        cg = self.config.cgroup
+        if not (cg.be_idle_group and cg.be_idle_group_systemd) or self.executor.dry_run:
+            return {}
+        groups: dict[str, str] = {}
+        kubepods = getattr(getattr(self.config, "qos_manager", None), "kubepods_cgroup", "") or ""
+        if not kubepods and cg.driver != "cgroupfs" and (
+                cg.driver == "systemd" or self.executor.cgroup_exists("/kubepods.slice")):
+            kubepods = "/kubepods.slice"
+        default = systemd_group_of_kubepods(kubepods) if cg.driver != "cgroupfs" else None
+        # Only beside a kubepods slice kubelet made: starting the group would start its parents.
+        if default is not None and self.executor.cgroup_exists(kubepods):
+            groups[default[0]] = default[1]
+        for pod in view.pods.values():
+            slice_name = systemd_group_slice(pod.cgroup_parent)
+            if slice_name is None:
+                continue
+            try:
+                groups[slice_name] = be_group_of(self._pod_cgroup(pod.cgroup_parent))
+            except UnsafePathError:
+                continue
+        return groups
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()
@@ -646,6 +696,10 @@ class QoSEngine:
         if in_be_group(pod.cgroup_parent):
             # Re-asserted by every reconcile: the group's idleness is what protects LS.
             writes.insert(0, CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group"))
+            if systemd_group_slice(pod.cgroup_parent) is not None:
+                # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
+                # the slice (each container start): the group's idleness is what protects LS.
+                writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
         container_plans: dict[str, tuple[ContainerPlan, int]] = {}
         memories = []
         containers = view.containers_of(sandbox_id)
@@ -763,6 +817,9 @@ class QoSEngine:
         (the annotation written at CreateContainer), never from cpusets found on containers.
         Returns the pods' classes, as reconcile does."""
         view = view if view is not None else self.state.view()
+        # Before the first BE pod arrives: its group slice made idle through systemd (worker).
+        for slice_name, group in self._systemd_be_groups(view).items():
+            self.be_slices.prepare(slice_name, group)
         with self.lock:
             self.resized.keep_only(set(view.containers))
             for c in view.containers.values():
@@ -873,6 +930,8 @@ class QoSEngine:
         view = view if view is not None else self.state.view()
         classes: dict[str, tuple[str, str]] = {}
         with self.lock:
+            # First, before this pass re-asserts cpu.idle itself: whether systemd still has it.
+            self._sweep_systemd_be_groups(view)
             for pod in view.pods.values():
                 if pod.state != POD_READY:
                     continue
@@ -912,6 +971,21 @@ class QoSEngine:
                 if not problems:
                     log.info("leftover_be_pod_cgroup_removed", cgroup=child)
 
+    def _sweep_systemd_be_groups(self, view: NodeView) -> None:
+        """systemd driver: a group slice that lost its idleness is made idle through systemd
+        again; pod slices of pods that are gone (koordnode stopped in between), empty and a
+        minute old, are stopped."""
+        live = {pod.cgroup_parent.strip("/").rsplit("/", 1)[-1] for pod in view.pods.values()}
+        stops = 0
+        for slice_name, group in self._systemd_be_groups(view).items():
+            self.be_slices.check(slice_name, group)
+            for child, age_s in self.executor.child_cgroups(group).items():
+                name = child.rsplit("/", 1)[-1]
+                if name in live or systemd_group_slice(name) is None or age_s < BE_GROUP_SWEEP_AGE_S:
+                    continue
+                if stops < MAX_STOPS_PER_PASS and self._stop_be_pod_slice(name):
+                    stops += 1
+
     # ---- views ----------------------------------------------------------------------------
 
     def _cpu_status(self) -> dict[str, Any]:
@@ -945,6 +1019,12 @@ class QoSEngine:
             "notes": notes,
         }
 
+    def _be_slice_notes(self) -> list[str]:
+        be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
+        problems = dict(be_slices.problems) if be_slices is not None else {}
+        return [f"BE group slice {name} not idle (BE pods stay in kubelet's slice): {problem}"
+                for name, problem in sorted(problems.items())]
+
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""
         self._published = PublishedStatus(
@@ -954,7 +1034,7 @@ class QoSEngine:
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
-                "notes": list(self.notes),
+                "notes": list(self.notes) + self._be_slice_notes(),
             },
             pod_records=dict(self.pod_records),
             container_records=dict(self.container_records),

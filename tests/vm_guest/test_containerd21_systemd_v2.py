@@ -22,7 +22,7 @@ def test_containerd_21_with_the_systemd_driver(tmp_path: Path) -> None:
     bed = SystemdBed(tmp_path / "bed", bin_dir=bin_dir)
     bed.start()
     # Its own QoS manager would fight the session koordnode over the BE tier: off here.
-    extra = '[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\n[strategy.cpu_suppress]\nenable = false\n'
+    extra = '[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\nbe_idle_group_systemd = false\n[strategy.cpu_suppress]\nenable = false\n'
     kn = GuestKoordnode(tmp_path / "kn", str(bed.socket), extra_toml=extra, kubepods="/" + KUBEPODS_SLICE,
                         metrics_listen=f"127.0.0.1:{free_port()}")
     created: list[str] = []
