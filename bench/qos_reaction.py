@@ -52,7 +52,7 @@ import structlog  # noqa: E402
 from koordnode.executor.executor import CgroupExecutor, WriteStatus  # noqa: E402
 from koordnode.qos import QoSManager  # noqa: E402
 from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
-from koordnode.state import NodeState, PodRecord  # noqa: E402
+from koordnode.model.state import NodeState, PodRecord  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")

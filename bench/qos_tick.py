@@ -40,7 +40,7 @@ from koordnode.executor.plan import CgroupWrite  # noqa: E402
 from koordnode.qos import QoSManager, QoSSettings  # noqa: E402
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
 from koordnode.qos.fakeproc import format_pressure, make_procfs, write_proc_stat  # noqa: E402
-from koordnode.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord  # noqa: E402
+from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord  # noqa: E402
 
 CPUS = 8
 PODS = {"LS": 50, "LSR": 10, "BE": 40}  # x 2 containers = 200 containers

@@ -30,7 +30,7 @@ import psutil  # noqa: E402
 
 from koordnode.admin.client import fetch_status  # noqa: E402
 from koordnode.cri import api_pb2 as pb  # noqa: E402
-from koordnode.hooks import annotations as annotations_module  # noqa: E402
+from koordnode.model import annotations as annotations_module  # noqa: E402
 from support.cri import Cri, container_config, remove_pod, sandbox_config, start_container  # noqa: E402
 from support.koordnode_runner import KoordnodeProcess  # noqa: E402
 from testbed.containerd_bed import ContainerdBed  # noqa: E402

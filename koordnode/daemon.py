@@ -16,6 +16,7 @@ import structlog
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
+from koordnode.hwqos_config import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
@@ -36,7 +37,7 @@ from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
 from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
 from koordnode.recovery import rebuild, rebuild_until_done
-from koordnode.state import POD_READY, NodeState
+from koordnode.model.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")
 
@@ -45,7 +46,6 @@ SHUTDOWN_GRACE_S = 5.0
 # waiting for it would make systemd kill and restart koordnode in a loop.
 READY_AT_THE_LATEST_S = 30.0
 BACKEND_PROBE_TIMEOUT_S = 1.0
-RESCTRL_CLASSES = ("LSR", "LS", "BE")
 
 
 class HardwareQoSHook(RuntimeHook):
@@ -368,7 +368,7 @@ class Daemon:
 
     @staticmethod
     def _resctrl_classes(config: Any) -> dict[str, Any]:
-        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_CLASSES}
+        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES}
 
     def _threads_of(self, cgroup: str) -> list[int] | None:
         if self.qos is None:

@@ -18,7 +18,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.cri_client import RUNTIME_SERVICE as RT
 from koordnode.cri_client import CriClient, CriError
 from koordnode.executor.netqos import pod_network_from_status
-from koordnode.state import (
+from koordnode.model.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
     CONTAINER_RUNNING,

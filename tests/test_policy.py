@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from koordnode.executor.plan import CgroupWrite
 from koordnode.executor.resources import get_resource
-from koordnode.hooks.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
-from koordnode.hooks.cpu_topology import CpuTopology
+from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
+from koordnode.model.cpu_topology import CpuTopology
 from koordnode.hooks.cpuset_allocator import CpusetAllocator
 from koordnode.hooks.policy import (
     ContainerInput,
@@ -29,7 +29,7 @@ from koordnode.hooks.policy import (
     plan_pod_sandbox,
     requested_cpus,
 )
-from koordnode.hooks.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
+from koordnode.model.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
 from koordnode.hooks.qos_config import MIB, NodeConfig, QoSConfig
 
 GIB = 1024 * MIB
@@ -584,7 +584,7 @@ def test_hostile_inputs_never_raise(labels, annotations, parent, shares, limit, 
 
 
 def test_allocate_cpuset_uses_request_and_scheduler_choice() -> None:
-    from koordnode.hooks.annotations import RESOURCE_STATUS
+    from koordnode.model.annotations import RESOURCE_STATUS
     from koordnode.hooks.cpuset_allocator import allocator_from_config
 
     allocator, notes = allocator_from_config(TOPOLOGY, NodeConfig(reserved_cpus=2, system_cpus="0,99"))

@@ -26,12 +26,12 @@ from koordnode.config import parse_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.qos_engine import KUBELET_RESOURCES_ANNOTATION, QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
-from koordnode.state import NodeState
+from koordnode.model.state import NodeState
 
 MIB = 1 << 20
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -82,7 +82,7 @@ class Node:
         state: NodeState | None = None,
         be_idle_group: bool = False,
     ) -> None:
-        # The BE group (hooks/be_group.py) moves BE pods away from the cgroup this fake runtime
+        # The BE group (model/be_group.py) moves BE pods away from the cgroup this fake runtime
         # creates their containers in: it is tested against the real runtime (test_e2e_be_group).
         self.be_idle_group = be_idle_group
         self.topology = topology or CpuTopology.describe(cores_per_numa=4, threads_per_core=2)
@@ -1102,7 +1102,7 @@ def test_reconcile_in_a_thread_while_the_loop_churns_the_state(make_node, monkey
     assert failures == []
 
 
-# --- the idle BE group (hooks/be_group.py); the real thing is in test_e2e_be_group.py ------------
+# --- the idle BE group (model/be_group.py); the real thing is in test_e2e_be_group.py ------------
 
 
 def test_be_group_rewrites_the_parent_of_besteffort_be_pods_and_their_containers(make_node):

@@ -16,12 +16,12 @@ from koordnode.config import from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.model.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, QoSManagerConfig, StrategyConfig
 from koordnode.qos.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
-from koordnode.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 4
 BURSTABLE = "/kubepods/burstable"

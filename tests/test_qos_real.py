@@ -18,7 +18,7 @@ import pytest
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig
-from koordnode.state import NodeState, PodRecord
+from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")

@@ -16,7 +16,7 @@ from koordnode.cri import api_pb2_grpc as pb_grpc
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.proxy.handler import HookCallHandler
 from koordnode.proxy.server import ProxyServer
-from koordnode.state import NodeState
+from koordnode.model.state import NodeState
 
 RS = "/runtime.v1.RuntimeService/"
 

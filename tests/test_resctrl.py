@@ -39,7 +39,7 @@ from koordnode.qos.resctrl_policy import (
     render_schemata,
     threads_to_move,
 )
-from koordnode.state import CONTAINER_EXITED, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_EXITED, ContainerRecord, NodeState, PodRecord
 
 
 class RecordingLogger:

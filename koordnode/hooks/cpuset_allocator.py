@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpulist import CpuListError, format_cpu_list, parse_cpu_list
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, QoSClass
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.cpulist import CpuListError, format_cpu_list, parse_cpu_list
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.hooks.qos_config import NodeConfig
 
 

@@ -18,16 +18,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
 from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
+from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
 from koordnode.hooks.cpuset_allocator import CpusetAllocator, CpusetDecision, cpuset_owner_id
-from koordnode.hooks.qos_class import ClassDecision, KubeQoS, QoSClass
-from koordnode.hooks.qos_config import MAX_SHARES, MIN_SHARES, NodeConfig, QoSClassConfig
+from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
+from koordnode.hooks.qos_config import NodeConfig, QoSClassConfig
+from koordnode.model.kernel import CFS_PERIOD_MAX_US, CFS_PERIOD_MIN_US, CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
+from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
+from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
+from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US, KUBELET_SHARES_PER_CPU
 
-KUBELET_SHARES_PER_CPU = 1024
-DEFAULT_CFS_PERIOD_US = 100_000
-MIN_CFS_QUOTA_US = 1000
-MAX_CFS_QUOTA_US = (1 << 44) - 1  # the kernel's largest CFS runtime
-CFS_PERIOD_RANGE_US = (1000, 1_000_000)  # what the kernel accepts
+MIN_CFS_QUOTA_US = CFS_QUOTA_MIN_US
+MAX_CFS_QUOTA_US = CFS_RUNTIME_MAX_US
+CFS_PERIOD_RANGE_US = (CFS_PERIOD_MIN_US, CFS_PERIOD_MAX_US)
 CGROUP_VERSIONS = ("v1", "v2")
 
 

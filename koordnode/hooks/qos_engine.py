@@ -29,17 +29,17 @@ from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.systemd import set_slice_idle
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
+from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.hooks.cpuset_allocator import (
     CpusetAllocator,
     CpusetDecision,
     allocator_from_config,
     cpuset_owner_id,
 )
-from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
-from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
+from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
 from koordnode.hooks.chain import skip_requested
-from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.policy import (
     ContainerInput,
     ContainerPlan,
@@ -54,8 +54,8 @@ from koordnode.hooks.policy import (
 )
 from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
-from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
+from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 
 log = structlog.get_logger("koordnode.qos")
 
@@ -317,7 +317,7 @@ class QoSEngine:
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
 
-    # ---- koordnode's BE group (hooks/be_group.py) ---------------------------------------------
+    # ---- koordnode's BE group (model/be_group.py) ---------------------------------------------
 
     def place_be_pod(self, cfg: pb.PodSandboxConfig, decision: ClassDecision) -> str | None:
         """RunPodSandbox: move a BestEffort pod of class BE into the idle BE group by rewriting

@@ -32,7 +32,7 @@ from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
 from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
 from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState
 
 log = structlog.get_logger("koordnode.nri")
 

@@ -12,7 +12,7 @@ from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
 from koordnode.proxy import h2wire
 from koordnode.proxy.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
 from koordnode.proxy.relay import BeforeResult
-from koordnode.state import NodeState
+from koordnode.model.state import NodeState
 
 log = structlog.get_logger("koordnode.proxy")
 

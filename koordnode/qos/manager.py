@@ -31,7 +31,7 @@ import structlog
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteResult, WriteStatus
 from koordnode.executor.plan import CgroupWrite
 from koordnode.executor.resources import RESOURCES, FileFormatError, InvalidValueError, parse_cpu_list
-from koordnode.hooks.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
+from koordnode.model.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
 from koordnode.qos.collect import Collector, NodeSample
 from koordnode.qos.config import QoSManagerConfig, StrategyConfig
 from koordnode.qos.history import History

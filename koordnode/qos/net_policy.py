@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordnode.hooks.annotations import QuantityError, quantity_to_int
+from koordnode.model.annotations import QuantityError, quantity_to_int
 from koordnode.hwqos_config import NET_CLASS_NAMES, NetQoSConfig
 
 __all__ = [

@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 from koordnode.executor.paths import CgroupDriver, UnsafePathError, container_cgroup_path
 from koordnode.hwqos_config import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
-from koordnode.state import CONTAINER_EXITED, POD_READY, NodeState
+from koordnode.model.state import CONTAINER_EXITED, POD_READY, NodeState
 
 __all__ = [
     "AMD_MB_UNLIMITED",
