@@ -21,7 +21,6 @@ from types import MappingProxyType
 from typing import Literal
 
 from koordnode.configfield import setting
-from koordnode.model.qos_class import CLASS_NAMES
 from koordnode.hooks.resctrl_class_config import (  # noqa: F401  (re-exported)
     ResctrlClassConfig,
     resctrl_class_defaults,
@@ -102,7 +101,7 @@ class ResctrlConfig:
 # ---------------------------------------------------------------------------------------------
 # network QoS
 
-NET_CLASS_NAMES = CLASS_NAMES
+NET_CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
 NetClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
 
 # Linux interface names: at most 15 bytes, no "/", no whitespace, not "." or "..".

@@ -28,10 +28,10 @@ from typing import Any, Literal
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
 from koordnode.model.qos_class import KubeQoS, QoSClass
 from koordnode.hooks.resctrl_class_config import ResctrlClassConfig
-from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
-from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
 
 MIB = 1024 * 1024
+MAX_SHARES = 262144
+MIN_SHARES = 2
 _INT64_MAX = 2**63 - 1
 
 # name -> (min, max, help). One table so the per-class subclasses repeat only defaults.
