@@ -23,6 +23,7 @@ from koordnode.executor.netqos import NetQoSController, pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
@@ -31,7 +32,7 @@ from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
-from koordnode.proxy.handler import HookCallHandler, ProxyStats
+from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.net_policy import PodNetwork
@@ -120,8 +121,8 @@ class Daemon:
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
-        self.handler = HookCallHandler(self.chain, self.state, self.stats)
-        self.handler.on_completed = lambda path, code, seconds: METRICS.observe_cri_call(path, code, seconds)
+        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for), self.stats,
+                                           on_completed=METRICS.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
         self.nri = None
