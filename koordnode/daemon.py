@@ -22,7 +22,8 @@ from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
 from koordnode.executor.netqos import NetQoSController, pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resctrl import ResctrlController
-from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.chain import HookChain, RuntimeHook
+from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
@@ -49,29 +50,6 @@ READY_AT_THE_LATEST_S = 30.0
 BACKEND_PROBE_TIMEOUT_S = 1.0
 
 
-class HardwareQoSHook(RuntimeHook):
-    """Post hooks for what needs the pod running: its IPs (tc classes), its threads (resctrl)."""
-
-    name = "hw-qos"
-    methods = frozenset({"RunPodSandbox", "StartContainer", "StopPodSandbox", "RemovePodSandbox"})
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-
-    async def post(self, call: CallContext) -> None:
-        if not call.succeeded or call.response is None:
-            return
-        if call.method == "RunPodSandbox":
-            if "pod_ips" in call.scratch:  # NRI mode: the runtime said; CRI does not know the pod yet
-                self.daemon.refresh_network_classes()
-            else:
-                await self.daemon.record_pod_network(call.response.pod_sandbox_id)
-        elif call.method == "StartContainer":
-            await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
-        else:  # a pod stopped or went away: its IPs leave the network classes now
-            self.daemon.refresh_network_classes()
-
-
 class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
@@ -94,7 +72,9 @@ class Daemon:
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("QoS hooks disabled; proxying without them", error=str(exc))
-        hooks.append(HardwareQoSHook(self))
+        hooks.append(HardwareQoSHook(record_pod_network=self.record_pod_network,
+                                     refresh_network_classes=self.refresh_network_classes,
+                                     place_container_resctrl=self.place_container_resctrl))
         self.resctrl = ResctrlController(
             config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
         )
