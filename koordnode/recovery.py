@@ -17,7 +17,7 @@ import structlog
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri_client import RUNTIME_SERVICE as RT
 from koordnode.cri_client import CriClient, CriError
-from koordnode.executor.netqos import pod_network_from_status
+from koordnode.model.network import pod_network_from_status
 from koordnode.model.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
