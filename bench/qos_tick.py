@@ -36,7 +36,7 @@ from faketree import add_cgroup, make_cgroup_tree, write_cgroup_file  # noqa: E4
 
 from koordnode.cri import api_pb2 as pb  # noqa: E402
 from koordnode.executor.executor import CgroupExecutor  # noqa: E402
-from koordnode.executor.plan import CgroupWrite  # noqa: E402
+from koordnode.policy.plan import CgroupWrite  # noqa: E402
 from koordnode.qos import QoSManager, QoSSettings  # noqa: E402
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
 from koordnode.qos.fakeproc import format_pressure, make_procfs, write_proc_stat  # noqa: E402

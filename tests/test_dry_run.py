@@ -10,7 +10,7 @@ from fake_resctrl import INTEL_XEON_2S, make_resctrl
 from faketree import make_cgroup_tree, make_procfs_tree, read_cgroup_file
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.qos.resctrl_control import ResctrlController
 from koordnode.hwqos_config import ResctrlClassConfig, ResctrlConfig
 from koordnode.proxy.handler import message_changes

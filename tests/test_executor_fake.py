@@ -22,7 +22,7 @@ from faketree import (
 from koordnode.executor.cgroup import write_file as real_write_file
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import parse_cpu_list
 
 POD = "/kubepods/besteffort/pod1"

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from koordnode import __version__
 from koordnode.config import ConfigError, from_dict
 from koordnode.executor.executor import SysctlWrite, WriteResult, WriteStatus
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.metrics import (
     Metrics,
     MetricsConfig,

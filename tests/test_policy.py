@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import get_resource
 from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
 from koordnode.model.cpu_topology import CpuTopology
-from koordnode.hooks.cpuset_allocator import CpusetAllocator
-from koordnode.hooks.policy import (
+from koordnode.policy.cpuset import CpusetAllocator
+from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerResources,
     CriOverrides,
@@ -585,7 +585,7 @@ def test_hostile_inputs_never_raise(labels, annotations, parent, shares, limit, 
 
 def test_allocate_cpuset_uses_request_and_scheduler_choice() -> None:
     from koordnode.model.annotations import RESOURCE_STATUS
-    from koordnode.hooks.cpuset_allocator import allocator_from_config
+    from koordnode.policy.cpuset import allocator_from_config
 
     allocator, notes = allocator_from_config(TOPOLOGY, NodeConfig(reserved_cpus=2, system_cpus="0,99"))
     assert allocator.reserved == {0, 8} and "99" in notes[0]

@@ -15,7 +15,7 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 from koordnode.config import from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, QoSManagerConfig, StrategyConfig

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
 from koordnode.qos.strategies import (
     BeEvictInput,

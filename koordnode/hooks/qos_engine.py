@@ -1,6 +1,6 @@
 """Applies the QoS policy to real pods: the glue between CRI calls, policy, allocator and executor.
 
-Policy (hooks/policy.py) is pure; this module owns the state that policy needs across calls
+Policy (policy/class_policy.py) is pure; this module owns the state that policy needs across calls
 (CPU allocations, kubelet's original resources, what was applied and verified) and hands the
 plans to the executor. Hook threads and the reconcile pass call it concurrently, so every entry
 point takes one lock: plans and writes for a node are cheap, and serialising them keeps the
@@ -28,9 +28,9 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.systemd import set_slice_idle
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpuset_allocator import (
+from koordnode.policy.cpuset import (
     CpusetAllocator,
     CpusetDecision,
     allocator_from_config,
@@ -40,7 +40,7 @@ from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotati
 from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
 from koordnode.hooks.chain import skip_requested
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.hooks.policy import (
+from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
     ContainerResources,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from koordnode.hooks.policy import ContainerResources
+from koordnode.policy.class_policy import ContainerResources
 
 log = structlog.get_logger("koordnode.resized")
 

@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteResult, WriteStatus
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import RESOURCES, FileFormatError, InvalidValueError, parse_cpu_list
 from koordnode.model.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
 from koordnode.qos.collect import Collector, NodeSample

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
 from koordnode.qos.config import CpuBurstConfig
 from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded

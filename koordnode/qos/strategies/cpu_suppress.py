@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import format_cpu_list
 from koordnode.qos.config import CpuSuppressConfig, PressureCurve
 from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.qos.config import MemoryQoSConfig
 from koordnode.qos.strategies.common import Explanation, StrategyResult
 

@@ -17,9 +17,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
-from koordnode.hooks.cpuset_allocator import CpusetAllocator, CpusetDecision, cpuset_owner_id
+from koordnode.policy.cpuset import CpusetAllocator, CpusetDecision, cpuset_owner_id
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 from koordnode.hooks.qos_config import NodeConfig, QoSClassConfig
 from koordnode.model.kernel import CFS_PERIOD_MAX_US, CFS_PERIOD_MIN_US, CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
