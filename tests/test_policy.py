@@ -591,11 +591,19 @@ def test_allocate_cpuset_uses_request_and_scheduler_choice() -> None:
     assert allocator.reserved == {0, 8} and "99" in notes[0]
     assert allocator.pool_for(QoSClass.SYSTEM).cpus == {0}
     lse = allocate_cpuset(allocator, pod_of(QoSClass.LSE), ContainerInput("main", TWO_CPUS_1G), QoSClass.LSE)
-    assert len(lse.cpus) == 2 and allocator.allocation_of(f"{UID}/main") is not None
+    # Pure: the allocation comes back to be recorded where the decision is applied.
+    assert len(lse.cpus) == 2 and allocator.allocation_of(f"{UID}/main") is None
+    assert lse.allocation is not None and lse.allocation.cpus == lse.cpus
+    again = allocate_cpuset(allocator, pod_of(QoSClass.LSE), ContainerInput("other", TWO_CPUS_1G), QoSClass.LSE,
+                            pending=[lse.allocation])
+    assert not again.cpus & lse.cpus  # pending allocations count as held
+    assert allocator.record(lse.allocation) is None and allocator.allocation_of(f"{UID}/main") is not None
     chosen = pod_of(QoSClass.LSR, annotations={RESOURCE_STATUS: '{"cpuset": "6-7"}'})
     for name in ("a", "b"):  # both containers share the pod's scheduler cpuset
         decision = allocate_cpuset(allocator, chosen, ContainerInput(name, TWO_CPUS_1G), QoSClass.LSR)
         assert decision.cpus == {6, 7}
+        if decision.allocation is not None:
+            assert allocator.record(decision.allocation) is None
     assert allocator.allocation_of(UID).cpus == {6, 7}
     ls = allocate_cpuset(allocator, pod_of(QoSClass.LS), ContainerInput("main", TWO_CPUS_1G), QoSClass.LS)
     assert ls.cpus == allocator.share_pool() and not ls.cpus & ({0, 8, 6, 7} | lse.cpus)

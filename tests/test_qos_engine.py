@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -964,13 +965,75 @@ def test_a_dropped_create_pre_hook_gives_its_cpus_back(make_node):
     assert node.allocations() == {"uid-a/app": parse_cpu_list(allocated.config.linux.resources.cpuset_cpus)}
     node.engine.container_created(req, "c" * 64)
     assert node.allocations() == {}
-    # A Pre hook that overran its timeout can even finish after the call's Post step.
-    scratch: dict = {}
-    node.engine.container_created(req, "d" * 64, scratch)
-    late = pb.CreateContainerRequest()
-    late.CopyFrom(req)
-    node.engine.container_create_pre(late, scratch)
+
+
+def _create_request(pod, cpus: int) -> pb.CreateContainerRequest:
+    return pb.CreateContainerRequest(
+        pod_sandbox_id=pod.sandbox_id, sandbox_config=pod.config,
+        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), image=pb.ImageSpec(image="busybox"),
+                                  linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(**lse_res(cpus)))))
+
+
+def test_a_create_pre_hook_that_times_out_holds_no_cpus_even_without_a_post_step(make_node):
+    # The chain gives up on a slow Pre hook and forwards the request without its changes; the
+    # hook finishes later. Its CPUs must be free again whether or not the call's Post step ever
+    # runs (a client that resets the stream never gets one): the chain releases what a dropped
+    # result reserved. On main the allocation stayed until a Post step released it.
+    node = make_node(version="v1", topology=FOUR)
+    pod = node.run_pod("a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    slow = threading.Event()
+    classify = node.engine.classify
+
+    def slow_classify(labels, cgroup_parent):
+        slow.wait(5)  # until the chain has given up
+        return classify(labels, cgroup_parent)
+
+    node.engine.classify = slow_classify
+    finished = threading.Event()
+
+    class Watched(QoSHook):
+        def pre(self, call):
+            try:
+                return super().pre(call)
+            finally:
+                finished.set()
+
+    chain = HookChain([Watched(node.engine)], timeout_s=0.05)
+    req = _create_request(pod, 2)
+    ctx = CallContext(method="CreateContainer", request=req)
+
+    async def body():
+        await chain.run_pre(ctx)
+        slow.set()
+        await asyncio.get_running_loop().run_in_executor(None, finished.wait, 5)
+        for _ in range(5):  # the late result is settled on the loop
+            await asyncio.sleep(0.01)
+
+    try:
+        node.loop.run_until_complete(body())
+    finally:
+        slow.set()
+        chain.close()
+    assert finished.is_set()
+    assert ctx.hook_failures
+    assert ctx.request.config.linux.resources.cpuset_cpus == ""  # the request went on unchanged
     assert node.allocations() == {}
+    assert node.engine.allocator.reservation_of("uid-a/app") is None
+    # ... and the CPUs are there for the next container.
+    _, cid = lse(node, "b", 3)
+    assert len(cpus_of(node.root, node.ccg(cid))) == 3
+
+
+def test_a_kept_create_pre_hook_result_commits_its_cpus(make_node):
+    # The other half: where the chain keeps the rewritten request, the reserved CPUs become the
+    # owner's before the call goes on (a concurrent CreateContainer cannot get them).
+    node = make_node(version="v1", topology=FOUR)
+    pod = node.run_pod("a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    ctx = CallContext(method="CreateContainer", request=_create_request(pod, 2))
+    node.loop.run_until_complete(node.chain.run_pre(ctx))
+    cpus = parse_cpu_list(ctx.request.config.linux.resources.cpuset_cpus)
+    assert len(cpus) == 2 and node.allocations() == {"uid-a/app": cpus}
+    assert node.engine.allocator.reservation_of("uid-a/app") is None
 
 
 def test_exclusive_cpus_leave_the_share_pool_at_least_one_cpu(make_node):

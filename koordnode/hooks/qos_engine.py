@@ -31,6 +31,7 @@ from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
+    Allocation,
     CpusetAllocator,
     CpusetDecision,
     allocator_from_config,
@@ -68,7 +69,6 @@ KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
 # (e.g. a fallback container's share-pool set) is never taken for an allocation.
 CPU_ALLOCATION_ANNOTATION = "koordnode.io/cpu-allocation"
 _MAX_ALLOCATION_RECORD_CHARS = 64 * 1024
-_CREATE_POST_DONE = "qos.create_post_done"  # CallContext.scratch key
 
 
 def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[int]) -> str:
@@ -202,6 +202,22 @@ class PublishedStatus:
     engine: Mapping[str, Any]
     pod_records: Mapping[str, Record]
     container_records: Mapping[str, Record]
+
+
+class CpuReservation:
+    """CPUs a CreateContainer Pre hook set aside for the request it rewrote (a PreEffect, see
+    hooks/chain.py): committed where the chain keeps the rewritten request, cancelled where it
+    drops it. Quick and lock-light: the event loop calls it."""
+
+    def __init__(self, allocator: CpusetAllocator, allocation: Allocation) -> None:
+        self._allocator = allocator
+        self.allocation = allocation
+
+    def commit(self) -> None:
+        self._allocator.commit(self.allocation)
+
+    def release(self) -> None:
+        self._allocator.cancel(self.allocation)
 
 
 class QoSEngine:
@@ -399,14 +415,19 @@ class QoSEngine:
             self._apply_pod(view, sandbox_id, self.pod_input(cfg), force=False)
             self._publish_status()
 
-    def container_create_pre(self, req: pb.CreateContainerRequest,
-                             scratch: dict[str, Any] | None = None) -> ContainerPlan:
-        """Rewrite the CreateContainer request in place; returns the plan for the record.
+    def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
+        """plan_create with the CPUs it reserved committed at once: for callers that forward
+        the request as rewritten."""
+        plan, reservation = self.plan_create(req)
+        if reservation is not None:
+            reservation.commit()
+        return plan
 
-        `scratch`: the call's scratch dict, shared with container_created. A Pre hook that
-        overran its timeout may still finish after the call's Post step: then the CPUs it
-        took were never forwarded, and it gives them back itself."""
-        scratch = scratch if scratch is not None else {}
+    def plan_create(self, req: pb.CreateContainerRequest) -> tuple[ContainerPlan, CpuReservation | None]:
+        """Rewrite the CreateContainer request in place; returns the plan for the record and the
+        CPUs reserved for it (None if none). The caller commits the reservation where the
+        rewritten request is kept and cancels it where it is dropped: the hook chain does
+        (hooks/chain.py PreEffect), also for a hook that finishes after its timeout."""
         pod = self.pod_input(req.sandbox_config)
         decision = self.classify(pod.labels, pod.cgroup_parent)
         kubelet = resources_from_pb(req.config.linux.resources)
@@ -414,18 +435,34 @@ class QoSEngine:
         # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
         req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
         owner = self._owner_id(pod, container.name)
+        reservation: CpuReservation | None = None
         with self.lock:
-            held_before = self.allocator.allocation_of(owner) is not None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
+            if cpuset.allocation is not None:
+                problem = self.allocator.reserve(cpuset.allocation)
+                if problem is None:
+                    reservation = CpuReservation(self.allocator, cpuset.allocation)
+                else:  # cannot happen: decisions count reservations as held
+                    cpuset = dataclasses.replace(self.allocator.pool_for(QoSClass.LS), fallback=True,
+                                                 reason=f"{decision.qos_class.value}: {problem}")
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
-            allocation = self.allocator.allocation_of(owner) if cpuset.exclusive else None
-            if scratch.get(_CREATE_POST_DONE) and not held_before and owner not in self.cpu_owner.values():
-                self.allocator.release(owner)  # too late: the call went on without these CPUs
-                allocation = None
-                self._refresh_pools(self.state.view())
+            allocation = None
+            if cpuset.exclusive:
+                allocation = (cpuset.allocation or self.allocator.allocation_of(owner)
+                              or self.allocator.reservation_of(owner))
             self._publish_status()
+        try:
+            self._rewrite_create(req, plan, kubelet, owner, allocation, cpuset, pod, container)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()  # the hook fails: nothing of it may stay
+            raise
+        return plan, reservation
+
+    def _rewrite_create(self, req: pb.CreateContainerRequest, plan: ContainerPlan, kubelet: ContainerResources,
+                        owner: str, allocation: Any, cpuset: Any, pod: PodInput, container: ContainerInput) -> None:
         apply_overrides(req.config.linux.resources, plan)
         req.config.annotations[KUBELET_RESOURCES_ANNOTATION] = resources_to_annotation(kubelet)
         if allocation is not None:
@@ -436,15 +473,13 @@ class QoSEngine:
         if cpuset.fallback:
             log.warning("not enough free CPUs; container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
-        return plan
 
     @staticmethod
     def _owner_id(pod: PodInput | PodRecord, container_name: str) -> str:
         return cpuset_owner_id(pod.uid, container_name,
                                parse_pod_annotations(pod.annotations).has_scheduler_cpuset)
 
-    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
-                          scratch: dict[str, Any] | None = None) -> None:
+    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None) -> None:
         """After CreateContainer: remember the container, or undo the allocation if the call
         failed or went on without it (a Pre hook that failed or timed out has its request
         changes dropped: then the runtime never saw the CPUs, and they go back)."""
@@ -454,8 +489,6 @@ class QoSEngine:
         forwarded = record is not None and record[0] == owner
         view = self.state.view()
         with self.lock:
-            if scratch is not None:
-                scratch[_CREATE_POST_DONE] = True
             if container_id:
                 self.container_pod[container_id] = req.pod_sandbox_id
                 self.kubelet_resources[container_id] = resources_from_annotation(
@@ -576,6 +609,8 @@ class QoSEngine:
             # Its recorded allocation was refused at restore (e.g. CPUs gone offline): ask again.
             cpuset = allocate_cpuset(self.allocator, self.pod_input_from_record(pod),
                                      ContainerInput(name=name, resources=kubelet), decision.qos_class)
+            if cpuset.allocation is not None and self.allocator.record(cpuset.allocation) is not None:
+                cpuset = self.allocator.pool_for(QoSClass.LS)  # taken meanwhile: ask again next pass
             owner = self._owner_id(pod, name)
             if cpuset.exclusive and self.allocator.allocation_of(owner) is not None:
                 self.cpu_owner[container_id] = owner
@@ -872,7 +907,7 @@ class QoSEngine:
     # ---- views ----------------------------------------------------------------------------
 
     def _cpu_status(self) -> dict[str, Any]:
-        """CPU pools and allocations as containers really get them (called under the lock)."""
+        """CPU pools and allocations as containers really get them (reads only the allocator)."""
         allocator = self.allocator
         share_pool, be_pool = allocator.share_pool(), allocator.be_pool()
         ls_runs_on = allocator.pool_for(QoSClass.LS).cpus
@@ -920,7 +955,9 @@ class QoSEngine:
     def status(self) -> dict[str, Any]:
         """Never takes the lock: the event loop calls it while workers may hold it."""
         published = self._published
-        return {**published.engine, "unsupported": dict(self.executor.unsupported)}
+        # CPUs live: the allocator is safe to read from any thread, and the loop commits and
+        # cancels reservations without the lock (CpuReservation).
+        return {**published.engine, "cpus": self._cpu_status(), "unsupported": dict(self.executor.unsupported)}
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
