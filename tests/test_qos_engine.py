@@ -170,6 +170,7 @@ class Node:
             "StopPodSandbox": pb.StopPodSandboxResponse,
             "RemovePodSandbox": pb.RemovePodSandboxResponse,
             "UpdateContainerResources": pb.UpdateContainerResourcesResponse,
+            "UpdatePodSandboxResources": pb.UpdatePodSandboxResourcesResponse,
         }[method]()
 
     # --- kubelet's side ----------------------------------------------------------------------
@@ -1218,3 +1219,17 @@ def test_be_group_in_a_dry_run_creates_nothing_and_writes_nothing(make_node):
     assert not any("koordnode_be" in str(path) for path in node.root.rglob("*"))
     assert node.engine.executor.remove_cgroup("/kubepods/besteffort/podbe1") == []
     assert snapshot_tree(node.root) == before
+
+
+def test_pod_level_resize_applies_the_class_values_to_the_pod_cgroup_at_once(make_node):
+    # UpdatePodSandboxResources (CRI v1.33): kubelet resized the pod cgroup (2 CPUs = 2048
+    # shares) before the call; the Post step writes the class's shares right away, not only at
+    # the next reconcile pass (on main it raised a TypeError, leaving it to the reconcile).
+    node = make_node(version="v1")
+    pod = node.run_pod("r", parent="/kubepods/podr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, pod.cgroup, "cpu.shares", "2048")
+    ctx = node.call("UpdatePodSandboxResources", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=pod.sandbox_id,
+        resources=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000)))
+    assert ctx.request.resources.cpu_shares == 2 * 65536  # the request carries the class value
+    assert node.read(pod.cgroup, "cpu.shares") == str(2 * 65536)  # and the pod cgroup has it

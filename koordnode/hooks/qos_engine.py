@@ -546,10 +546,12 @@ class QoSEngine:
 
     def pod_resources_updated(self, sandbox_id: str) -> None:
         """After UpdatePodSandboxResources: apply the pod's recomputed values to its cgroup."""
+        view = self.state.view()
         with self.lock:
-            pod = self.state.pods.get(sandbox_id)
+            pod = view.pods.get(sandbox_id)
             if pod is not None:
-                self._apply_pod(sandbox_id, self.pod_input_from_record(pod), force=False)
+                self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
+                self._publish_status()
 
     def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources):
         try:
