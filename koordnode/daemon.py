@@ -68,7 +68,7 @@ class Daemon:
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            self.qos = QoSEngine(config, self.state, resized=resized)
+            self.qos = QoSEngine(config, self.state, resized=resized, be_cpuset=self._be_cpuset)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -92,8 +92,7 @@ class Daemon:
                     memory_plan=None,
                     reserved_cpus=lambda: self.qos.allocator.reserved,
                 )
-                self.qos.be_cpuset_override = self.qos_manager.be_cpuset
-                self.qos_manager.on_tick = self._on_qos_tick
+                self.qos_manager.on_tick = self._on_qos_tick  # arch-manager: a constructor argument
             except Exception as exc:
                 log.error("QoS manager disabled", error=str(exc))
                 self.qos_error = f"QoS manager disabled: {exc}"
@@ -122,6 +121,10 @@ class Daemon:
         self._background: set[asyncio.Task] = set()
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
+
+    def _be_cpuset(self) -> frozenset[int] | None:
+        """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
+        return self.qos_manager.be_cpuset() if self.qos_manager is not None else None
 
     def _set_dry_run(self, dry_run: bool) -> None:
         """Dry run on or off for every part that writes to the kernel or changes CRI calls."""

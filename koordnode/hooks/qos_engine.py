@@ -18,7 +18,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,9 @@ class CpuReservation:
 
 class QoSEngine:
     def __init__(self, config: Any, state: NodeState, *, executor: CgroupExecutor | None = None,
-                 topology: CpuTopology | None = None, resized: ResizedResources | None = None) -> None:
+                 topology: CpuTopology | None = None, resized: ResizedResources | None = None,
+                 be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
@@ -247,7 +249,7 @@ class QoSEngine:
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
-        self.be_cpuset_override = None  # Callable[[], frozenset[int] | None] | None
+        self.be_cpuset_override = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
         self.pool_update_sink = None  # Callable[[dict[str, str]], None] | None
