@@ -1233,3 +1233,29 @@ def test_pod_level_resize_applies_the_class_values_to_the_pod_cgroup_at_once(mak
         resources=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000)))
     assert ctx.request.resources.cpu_shares == 2 * 65536  # the request carries the class value
     assert node.read(pod.cgroup, "cpu.shares") == str(2 * 65536)  # and the pod cgroup has it
+
+
+def test_node_state_refuses_changes_from_a_worker_thread():
+    # The thread rule made structural: only the thread that changes the state first (the event
+    # loop's) may change it; workers read view() snapshots and hand results back.
+    import threading
+
+    from koordnode.model.state import PodRecord
+
+    state = NodeState()
+    state.put_pod(PodRecord(sandbox_id="a", uid="u", name="n", namespace="d", labels={}, annotations={},
+                            cgroup_parent="/kubepods/poda"))
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            state.set_pod_class("a", "LS", "worker")
+        except RuntimeError as exc:
+            errors.append(exc)
+        state.view().pods["a"]  # reading stays fine from any thread
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert errors and "event loop" in str(errors[0])
+    assert state.pods["a"].qos_class is None
