@@ -11,7 +11,7 @@ usage events). Setups:
     tier       BE pods left in kubelet's besteffort tier (be_idle_group = false): pressure polling
     nousage    the BE group without usage events (usage_wake_cpu_ms = 0): pressure polling
 
-    python3 bench/daemon_cpu.py [--pods 20] [--seconds 60] [--setups default,tier]
+    python3 -m bench.daemon_cpu [--pods 20] [--seconds 60] [--setups default,tier]
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 SETUPS = {
     "default": "",
@@ -41,8 +38,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def make_pods(bed, cri, n: int) -> list[str]:
-    from support.cri import container_config, run_pod, sandbox_config, start_container
-    from support.kubelet_tiers import kubelet_ensure_pod_cgroup
+    from tests.support.cri import container_config, run_pod, sandbox_config, start_container
+    from tests.support.kubelet_tiers import kubelet_ensure_pod_cgroup
 
     sids = []
     for i in range(n):
@@ -59,8 +56,8 @@ def make_pods(bed, cri, n: int) -> list[str]:
 
 
 def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: float) -> dict:
-    from support.cri import Cri, remove_pod
-    from support.koordnode_runner import KoordnodeProcess
+    from tests.support.cri import Cri, remove_pod
+    from tests.support.koordnode_runner import KoordnodeProcess
 
     kn = KoordnodeProcess(work / f"kn-{setup}", str(bed.socket), kubepods=bed.kubepods_cgroup,
                           extra_toml=SETUPS[setup]).start()
@@ -103,8 +100,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 2
-    from support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
-    from testbed.containerd_bed import ContainerdBed
+    from tests.support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
+    from tests.testbed.containerd_bed import ContainerdBed
 
     load = os.getloadavg()[0]
     rows = []

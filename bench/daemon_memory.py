@@ -9,9 +9,9 @@ at start, every --every seconds and after --ticks ticks, then the import breakdo
 each module adds while what `koordnode run` imports is imported in a fresh interpreter
 (self = the module's own share, without the modules it imports).
 
-    sudo python3 bench/daemon_memory.py [--ticks 3600] [--tick-ms 50] [--json out.json]
-    python3 bench/daemon_memory.py --imports-only      # no root, no containerd needed
-    sudo python3 bench/daemon_memory.py --no-bed       # backend missing: no ticks, start-up only
+    sudo python3 -m bench.daemon_memory [--ticks 3600] [--tick-ms 50] [--json out.json]
+    python3 -m bench.daemon_memory --imports-only      # no root, no containerd needed
+    sudo python3 -m bench.daemon_memory --no-bed       # backend missing: no ticks, start-up only
 
 Without the bed (--no-bed, or not root) the backend is a socket nobody serves: the daemon
 serves and retries the rebuild, but the QoS manager waits for the rebuild and never ticks.
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 MIB = 2**20
 
@@ -159,7 +158,7 @@ def ticks_of(status: dict) -> int:
 
 
 def make_pods(bed, cri, n_ls: int, n_be: int) -> list[str]:
-    from support.cri import container_config, run_pod, sandbox_config, start_container
+    from tests.support.cri import container_config, run_pod, sandbox_config, start_container
 
     pods = []
     for i in range(n_ls):
@@ -234,10 +233,10 @@ def _row(s: dict) -> str:
 
 
 def run_with_bed(args: argparse.Namespace, work: Path) -> dict:
-    from support.cri import Cri, remove_pod
-    from support.koordnode_runner import KoordnodeProcess
-    from support.kubelet_tiers import prepare_qos_tiers
-    from testbed.containerd_bed import ContainerdBed
+    from tests.support.cri import Cri, remove_pod
+    from tests.support.koordnode_runner import KoordnodeProcess
+    from tests.support.kubelet_tiers import prepare_qos_tiers
+    from tests.testbed.containerd_bed import ContainerdBed
 
     samples: list[dict] = []
     with ContainerdBed(work / "bed") as bed:
@@ -277,7 +276,7 @@ def run_with_bed(args: argparse.Namespace, work: Path) -> dict:
 
 
 def run_without_bed(args: argparse.Namespace, work: Path) -> dict:
-    from support.koordnode_runner import KoordnodeProcess
+    from tests.support.koordnode_runner import KoordnodeProcess
 
     samples: list[dict] = []
     metrics = f"127.0.0.1:{free_port()}" if args.metrics else ""
@@ -329,7 +328,7 @@ def main() -> int:
     if not args.imports_only:
         use_bed = not args.no_bed
         if use_bed:
-            from testbed.containerd_bed import missing_prerequisites
+            from tests.testbed.containerd_bed import missing_prerequisites
 
             problems = missing_prerequisites()
             if problems:

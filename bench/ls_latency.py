@@ -17,7 +17,7 @@ cpu.shares 2), each pod's cgroup with its cpu.shares / quota before RunPodSandbo
 LS = Burstable requesting 1 CPU, LSR and LSE = Guaranteed 1 CPU, BE = BestEffort. The bed
 uses its own cgroup prefix (never the real /kubepods).
 
-    python3 bench/ls_latency.py [--quick] [--classes LS,LSR,LSE]
+    python3 -m bench.ls_latency [--quick] [--classes LS,LSR,LSE]
                                 [--setups kubelet,koordnode-tier,koordnode,koordnode-nosuppress]
                                 [--rounds 8000] [--repeat 1] [--koordnode-toml FILE] [--json]
 
@@ -39,7 +39,6 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 CG = Path("/sys/fs/cgroup")
 PORT = 7411
@@ -80,7 +79,7 @@ def usage_ns(cgroup: str) -> int:
 
 class Bench:
     def __init__(self, bed, probe: Path, args: argparse.Namespace, work: Path) -> None:
-        from support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
+        from tests.support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
 
         self.bed, self.probe, self.args, self.work = bed, probe, args, work
         prepare_qos_tiers(bed.kubepods_cgroup)
@@ -90,8 +89,8 @@ class Bench:
 
     def pod(self, cri, name: str, cls: str, cmd: list[str]) -> tuple[str, str]:
         from koordnode.cri import api_pb2 as pb
-        from support.cri import container_config, run_pod, sandbox_config, start_container
-        from support.kubelet_tiers import kubelet_ensure_pod_cgroup
+        from tests.support.cri import container_config, run_pod, sandbox_config, start_container
+        from tests.support.kubelet_tiers import kubelet_ensure_pod_cgroup
 
         uid = uuid.uuid4().hex
         kube = {"LS": ("burstable", 1024, -1, {"cpu_shares": 1024}),
@@ -109,7 +108,7 @@ class Bench:
         return sid, cid
 
     def remove(self, cri, sid: str) -> None:
-        from support.cri import remove_pod
+        from tests.support.cri import remove_pod
 
         remove_pod(cri, sid)
 
@@ -158,8 +157,8 @@ class Bench:
 
     def run_setup(self, setup: str) -> dict:
         from koordnode.cri import api_pb2 as pb
-        from support.cri import Cri
-        from support.koordnode_runner import KoordnodeProcess
+        from tests.support.cri import Cri
+        from tests.support.koordnode_runner import KoordnodeProcess
 
         # A quota an earlier setup's suppression left on the BE tier or group must not carry over.
         for tier in ("besteffort", "koordnode_be"):
@@ -268,7 +267,7 @@ def main() -> int:
     if os.geteuid() != 0 or not (CG / "cpuacct").is_dir() or shutil.which("gcc") is None:
         print("needs root, cgroup v1 (cpu, cpuacct) and gcc", file=sys.stderr)
         return 2
-    from testbed.containerd_bed import ContainerdBed
+    from tests.testbed.containerd_bed import ContainerdBed
 
     load_before = os.getloadavg()
     results: list[dict] = []

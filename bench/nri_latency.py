@@ -10,7 +10,7 @@ returns; pods are removed between batches (not timed). The modes take turns in r
 going first in turn, so they see the same machine state. CRI call latency compares direct calls without and with the
 NRI plugin registered (NRI mode puts nothing in the path of these calls).
 
-    sudo python3 bench/nri_latency.py [--rounds 3] [--pods 10] [--iterations 2000] [--json out.json]
+    sudo python3 -m bench.nri_latency [--rounds 3] [--pods 10] [--iterations 2000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,17 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import grpc
 
-import grpc  # noqa: E402
-
-from koordnode.cri import api_pb2 as pb  # noqa: E402
-from support.cri import Cri, container_config, remove_pod, sandbox_config  # noqa: E402
-from support.koordnode_runner import KoordnodeProcess, short_socket_dir  # noqa: E402
-from support.kubelet_tiers import prepare_qos_tiers  # noqa: E402
-from testbed.containerd_bed import ContainerdBed  # noqa: E402
-from testbed.containerd_dist import containerd_bin_dir, containerd_version  # noqa: E402
+from koordnode.cri import api_pb2 as pb
+from tests.support.cri import Cri, container_config, remove_pod, sandbox_config
+from tests.support.koordnode_runner import KoordnodeProcess, short_socket_dir
+from tests.support.kubelet_tiers import prepare_qos_tiers
+from tests.testbed.containerd_bed import ContainerdBed
+from tests.testbed.containerd_dist import containerd_bin_dir, containerd_version
 
 
 def percentile(samples: list[float], q: float) -> float:

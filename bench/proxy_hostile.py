@@ -9,7 +9,7 @@ Starts a private containerd (the test bed) and `koordnode run` in front of it, t
   (EAGAIN) and calls failed, through koordnode and directly against containerd;
 - RSS and /metrics size after `--methods` calls to made-up method names (metric labels).
 
-    sudo python3 bench/proxy_hostile.py [--hostile 10] [--burst 500] [--methods 20000] [--json out.json]
+    sudo python3 -m bench.proxy_hostile [--hostile 10] [--burst 500] [--methods 20000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from koordnode.proxy import h2wire as w  # noqa: E402
-from support.h2raw import RS, RawConnection, frame_header, request_headers  # noqa: E402
-from support.koordnode_runner import KoordnodeProcess  # noqa: E402
-from testbed.containerd_bed import ContainerdBed  # noqa: E402
+from koordnode.proxy import h2wire as w
+from tests.support.h2raw import RS, RawConnection, frame_header, request_headers
+from tests.support.koordnode_runner import KoordnodeProcess
+from tests.testbed.containerd_bed import ContainerdBed
 
 MiB = 1024 * 1024
 

@@ -6,7 +6,7 @@ it as its own process, then issues the same calls directly and through koordnode
 (alternating which goes first) so both see the same machine state. Reports p50/p99 per call,
 the p50 ratio and the added milliseconds.
 
-    sudo python3 bench/proxy_overhead.py [--iterations 2000] [--containers 50] [--json out.json]
+    sudo python3 -m bench.proxy_overhead [--iterations 2000] [--containers 50] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,16 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import grpc
+import psutil
 
-import grpc  # noqa: E402
-import psutil  # noqa: E402
-
-from koordnode.cri import api_pb2 as pb  # noqa: E402
-from support.cri import Cri, container_config, sandbox_config  # noqa: E402
-from support.koordnode_runner import KoordnodeProcess  # noqa: E402
-from testbed.containerd_bed import ContainerdBed  # noqa: E402
+from koordnode.cri import api_pb2 as pb
+from tests.support.cri import Cri, container_config, sandbox_config
+from tests.support.koordnode_runner import KoordnodeProcess
+from tests.testbed.containerd_bed import ContainerdBed
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -23,7 +23,7 @@ With --be-group (the default) the BE pod lives where koordnode puts BestEffort p
 idle group /koordnode-bench-<id>/kubepods/koordnode_be (cpu.idle = 1), and that group's quota
 is what the manager sets; --no-be-group keeps it in kubelet's besteffort tier.
 
-    python3 bench/qos_reaction.py [--steps 5] [--modes usage,usage+poll,psi-poll,ticks-only]
+    python3 -m bench.qos_reaction [--steps 5] [--modes usage,usage+poll,psi-poll,ticks-only]
                                   [--be-shares 2] [--threshold 65] [--no-be-group] [--json]
 """
 
@@ -44,15 +44,14 @@ import types
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO)]
 
-import structlog  # noqa: E402
+import structlog
 
-from koordnode.executor.executor import CgroupExecutor, WriteStatus  # noqa: E402
-from koordnode.qos import QoSManager  # noqa: E402
-from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
-from koordnode.model.state import NodeState, PodRecord  # noqa: E402
+from koordnode.executor.executor import CgroupExecutor, WriteStatus
+from koordnode.qos import QoSManager
+from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")

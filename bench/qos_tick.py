@@ -9,7 +9,7 @@
 3. rss: RSS while 3600 ticks (an hour at the default period) run back to back, sampled
    every 600 ticks (target <= 40 MB, flat).
 
-    python3 bench/qos_tick.py [--json] [--real] [--cpu-seconds 30] [--only tick,cpu,rss]
+    python3 -m bench.qos_tick [--json] [--real] [--cpu-seconds 30] [--only tick,cpu,rss]
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import psutil
+import structlog
 
-import psutil  # noqa: E402
-import structlog  # noqa: E402
-from faketree import add_cgroup, make_cgroup_tree, write_cgroup_file  # noqa: E402
-
-from koordnode.cri import api_pb2 as pb  # noqa: E402
-from koordnode.executor.executor import CgroupExecutor  # noqa: E402
-from koordnode.policy.plan import CgroupWrite  # noqa: E402
-from koordnode.qos import QoSManager, QoSSettings  # noqa: E402
-from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, QoSManagerConfig, StrategyConfig  # noqa: E402
-from koordnode.qos.fakeproc import format_pressure, make_procfs, write_proc_stat  # noqa: E402
-from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord  # noqa: E402
+from faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
+from koordnode.cri import api_pb2 as pb
+from koordnode.executor.executor import CgroupExecutor
+from koordnode.policy.plan import CgroupWrite
+from koordnode.qos import QoSManager, QoSSettings
+from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyConfig
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.qos.fakeproc import format_pressure, make_procfs, write_proc_stat
+from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 8
 PODS = {"LS": 50, "LSR": 10, "BE": 40}  # x 2 containers = 200 containers

@@ -8,7 +8,7 @@
    created and started, and koordnode's CPU time over the next seconds (reconcile every 1 s).
 3. `koordnode status` latency while reconcile passes run (40 containers, reconcile every 1 s).
 
-    sudo python3 bench/reliability.py [--seconds 10] [--json out.json]
+    sudo python3 -m bench.reliability [--seconds 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,17 +23,14 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import psutil
 
-import psutil  # noqa: E402
-
-from koordnode.admin.client import fetch_status  # noqa: E402
-from koordnode.cri import api_pb2 as pb  # noqa: E402
-from koordnode.model import annotations as annotations_module  # noqa: E402
-from support.cri import Cri, container_config, remove_pod, sandbox_config, start_container  # noqa: E402
-from support.koordnode_runner import KoordnodeProcess  # noqa: E402
-from testbed.containerd_bed import ContainerdBed  # noqa: E402
+from koordnode.admin.client import fetch_status
+from koordnode.cri import api_pb2 as pb
+from koordnode.model import annotations as annotations_module
+from support.cri import Cri, container_config, remove_pod, sandbox_config, start_container
+from support.koordnode_runner import KoordnodeProcess
+from testbed.containerd_bed import ContainerdBed
 
 RESOURCE_STATUS = annotations_module.RESOURCE_STATUS
 ISSUE_ANNOTATION = json.dumps({"cpuset": ",".join(["0-65535"] * ((64 * 1024 - 20) // 8))})

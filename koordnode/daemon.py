@@ -16,9 +16,11 @@ import structlog
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
-from koordnode.hwqos_config import RESCTRL_GROUP_CLASSES
+from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri_client import RUNTIME_SERVICE, CriClient, CriError
+from koordnode.cri.client import RUNTIME_SERVICE, CriClient, CriError
+from koordnode.qos.net_control import NetQoSController
+from koordnode.model.network import pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
@@ -35,11 +37,9 @@ from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.policy.net import PodNetwork
-from koordnode.model.network import pod_network_from_status
 from koordnode.policy.resctrl import group_of_class
-from koordnode.qos.net_control import NetQoSController
 from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
-from koordnode.recovery import rebuild, rebuild_until_done
+from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.model.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")

@@ -300,7 +300,8 @@ def _check_runtime(report: Report, config: Any, timeout_s: float) -> dict[str, s
 
 async def _runtime_version(backend: str, timeout_s: float) -> dict[str, str]:
     from koordnode.cri import api_pb2 as pb
-    from koordnode.cri_client import RUNTIME_SERVICE, CriClient
+    from koordnode.cri.client import CriClient
+    from koordnode.cri.methods import RUNTIME_SERVICE
 
     client = CriClient(backend)
     try:

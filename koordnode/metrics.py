@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import platform
 import re
 import socket
@@ -70,9 +69,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from koordnode import __version__
+from koordnode.config.metrics import DEFAULT_LISTEN, MetricsConfig, normalize_listen, parse_listen
 from koordnode.cri import api_pb2 as _cri
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
+from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -86,79 +87,6 @@ __all__ = [
     "start",
 ]
 
-DEFAULT_LISTEN = "127.0.0.1:9316"
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration: [metrics]
-
-
-def normalize_listen(value: str) -> str:
-    """Check a ``host:port`` listen address; ``""`` (off) stays ``""``.
-
-    Accepted: ``127.0.0.1:9316``, ``[::1]:9316``, ``localhost:9316``, ``:9316`` (all IPv4
-    interfaces, normalised to ``0.0.0.0:9316``). Port 0 binds a free port.
-    """
-    if value == "":
-        return ""
-    if value.startswith(":"):
-        value = "0.0.0.0" + value
-    host, port = _split_host_port(value)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def parse_listen(value: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a listen address, or None when the endpoint is off (``""``)."""
-    normalized = normalize_listen(value)
-    if not normalized:
-        return None
-    return _split_host_port(normalized)
-
-
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-
-
-def _split_host_port(value: str) -> tuple[str, int]:
-    expected = 'expected "host:port" (e.g. "127.0.0.1:9316" or "[::1]:9316"), or "" for off'
-    if value.startswith("["):
-        host, sep, port_text = value[1:].partition("]:")
-        if not sep:
-            raise ValueError(f"{expected}; got {value!r}")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address") from None
-    else:
-        host, sep, port_text = value.rpartition(":")
-        if not sep or not host:
-            raise ValueError(f"{expected}; got {value!r}")
-        if ":" in host:
-            raise ValueError(f"an IPv6 address needs brackets, e.g. \"[{host}]:{port_text}\"")
-        if not _HOSTNAME.match(host):
-            raise ValueError(f"{host!r} is neither an IP address nor a host name")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"port must be a number in [0, 65535], got {port_text!r}")
-    return host, int(port_text)
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    # Plain field metadata (the keys koordnode.config.setting() fills) rather than setting():
-    # koordnode.config imports this module to build Config, so importing it back would be a cycle.
-    listen: str = dataclasses.field(
-        default=DEFAULT_LISTEN,
-        metadata={
-            "doc": 'host:port serving Prometheus metrics at /metrics ("[::1]:9316" for IPv6); '
-            '"" turns the endpoint off',
-            "min": None,
-            "max": None,
-            "normalize": normalize_listen,
-            "check": None,
-        },
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # The metrics
 
@@ -166,11 +94,6 @@ class MetricsConfig:
 _CRI_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0, 30.0, 60.0)
 
-# gRPC status codes by number (the wire value of grpc-status).
-_GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-               "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-               "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-               "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 # The call ended without a grpc-status (stream reset, connection lost).
 NO_STATUS = "NO_STATUS"
 # The `method` label of a call to a method CRI does not define: the client writes the :path,
@@ -488,10 +411,10 @@ def _code_name(code: int | str | None) -> str:
     if code is None:
         return NO_STATUS
     if isinstance(code, int) and not isinstance(code, bool):
-        return _GRPC_CODES[code] if 0 <= code < len(_GRPC_CODES) else "UNKNOWN"
+        return status_name(code)
     name = getattr(code, "name", None)  # grpc.StatusCode
     name = str(name if name is not None else code).upper()
-    return name if name in _GRPC_CODES or name == NO_STATUS else "UNKNOWN"
+    return name if name in STATUS_NAMES or name == NO_STATUS else "UNKNOWN"
 
 
 _SHORT_REASON = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

@@ -17,13 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container  # noqa: E402
-from support.koordnode_runner import KoordnodeProcess  # noqa: E402
-from support.kubelet_tiers import prepare_qos_tiers  # noqa: E402
-from testbed.containerd_bed import ContainerdBed  # noqa: E402
+from tests.support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
+from tests.support.koordnode_runner import KoordnodeProcess
+from tests.support.kubelet_tiers import prepare_qos_tiers
+from tests.testbed.containerd_bed import ContainerdBed
 
 CG = Path("/sys/fs/cgroup")
 

@@ -9,4 +9,4 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 bash scripts/install-deps.sh >/dev/null
-exec python3 scripts/demo.py "$@"
+exec python3 -m scripts.demo "$@"

@@ -16,7 +16,7 @@ import structlog
 
 from koordnode import __version__
 from koordnode import cli
-from koordnode import config as config_module
+from koordnode.config import loader as config_module
 from koordnode import logsetup
 from koordnode.config import Config
 

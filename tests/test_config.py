@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pytest
 
-from koordnode import config as config_module
+from koordnode.config import loader as config_module
 from koordnode.config import (
     DEFAULTS_SOURCE,
     Config,

@@ -9,10 +9,11 @@ from pathlib import Path
 from fake_resctrl import INTEL_XEON_2S, make_resctrl
 from faketree import make_cgroup_tree, make_procfs_tree, read_cgroup_file
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
 from koordnode.qos.resctrl_control import ResctrlController
-from koordnode.hwqos_config import ResctrlClassConfig, ResctrlConfig
+from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig
 from koordnode.proxy.handler import message_changes
 from koordnode.qos.psi import PressureWatch
 
@@ -113,7 +114,7 @@ class _NoWritesNet:
 
 def test_network_qos_dry_run_plans_without_tc_or_nft() -> None:
     from koordnode.qos.net_control import NetQoSController
-    from koordnode.hwqos_config import NetQoSConfig
+    from koordnode.config.netqos import NetQoSConfig
     from koordnode.policy.net import PodNetwork
 
     ctl = NetQoSController(NetQoSConfig(enable=True, interfaces=("eth0",)), executor=_NoWritesNet())

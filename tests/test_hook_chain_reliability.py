@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
 from koordnode.hooks.qos_hook import QoSHook
-from koordnode.proxy.methods import INTERCEPTED_METHODS
+from koordnode.cri.methods import INTERCEPTED_METHODS
 from test_relay import RS, Env, create_request, run
 
 

@@ -37,19 +37,8 @@ LAYERS: dict[str, int] = {
     "koordnode.cli": 9,
     "koordnode.__main__": 9,
 }
-# Modules whose place is not their folder's (exact names; they win over LAYERS). Until the
-# other #10 branches are merged, the config modules still outside config/ and the CRI modules
-# still outside cri/ are listed here with the layer they belong to.
-PLACED: dict[str, int] = {
-    "koordnode.configfield": 1,
-    "koordnode.hwqos_config": 1,
-    "koordnode.hooks.qos_config": 1,
-    "koordnode.hooks.resctrl_class_config": 1,
-    "koordnode.qos.config": 1,
-    "koordnode.cri_client": 4,
-    "koordnode.recovery": 4,
-    "koordnode.proxy.methods": 4,  # the CRI method table (moves to cri/)
-}
+# Modules whose place is not their folder's (exact names; they win over LAYERS).
+PLACED: dict[str, int] = {}
 # Leaves: anyone may import them; they import nothing of koordnode but generated protobuf code.
 LEAVES = frozenset({"koordnode", "koordnode.logsetup", "koordnode.sdnotify", "koordnode.nodelock"})
 # proxy/ is an adapter over CRI: besides itself and the leaves it may use cri/ only (its
@@ -71,12 +60,8 @@ WRITE_ALLOWED: dict[tuple[str, str], str] = {
 }
 # Pending until the other #10 branches are merged (each names who removes it). A pending entry
 # that is not needed any more fails test_pending_entries_are_still_needed: delete it then.
-PENDING_IMPORTS: dict[tuple[str, str], str] = {
-    ("koordnode.config", "koordnode.metrics"): "arch-config: MetricsConfig moves to config/",
-}
-PENDING_WRITES: dict[tuple[str, str], str] = {
-    ("koordnode.qos.fakeproc", "*"): "arch-config: the test fixture moves to tests/support/",
-}
+PENDING_IMPORTS: dict[tuple[str, str], str] = {}
+PENDING_WRITES: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int | None:

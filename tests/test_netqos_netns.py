@@ -28,7 +28,7 @@ import pytest
 
 from koordnode.executor.netqos import NetQoSExecutor
 from koordnode.qos.net_control import NetQoSController
-from koordnode.hwqos_config import NetQoSConfig
+from koordnode.config.netqos import NetQoSConfig
 from koordnode.policy.net import NETWORK_QOS_ANNOTATION, PodNetwork
 
 pytestmark = pytest.mark.skipif(

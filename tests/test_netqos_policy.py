@@ -9,7 +9,7 @@ import pytest
 from koordnode.config import ConfigError, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.model.network import pod_network_from_status
-from koordnode.hwqos_config import NetQoSConfig
+from koordnode.config.netqos import NetQoSConfig
 from koordnode.policy.net import (
     NETWORK_QOS_ANNOTATION,
     HtbClass,

@@ -30,7 +30,8 @@ from koordnode.policy.class_policy import (
     requested_cpus,
 )
 from koordnode.model.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
-from koordnode.hooks.qos_config import MIB, NodeConfig, QoSConfig
+from koordnode.config.classes import MIB, QoSConfig
+from koordnode.config.node import NodeConfig
 
 GIB = 1024 * MIB
 UID = "1234"

@@ -14,17 +14,14 @@ from koordnode.model.qos_class import (
     pod_uid_from_cgroup_parent,
     resolve_qos_class,
 )
-from koordnode.hooks.qos_config import (
-    DEFAULT_QOS_CLASSES,
+from koordnode.config.classes import (
     MIB,
     BEClassConfig,
     KubeQoSMapping,
-    NodeConfig,
     QoSClassConfig,
     QoSConfig,
-    class_config_from_table,
-    default_class_config,
 )
+from koordnode.config.node import NodeConfig
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 SYSTEMD_UID = UID.replace("-", "_")
@@ -177,11 +174,9 @@ TABLE = {
 
 @pytest.mark.parametrize("qos_class", list(QoSClass))
 def test_class_defaults_match_the_issue_table(qos_class: QoSClass) -> None:
-    config = default_class_config(qos_class)
+    config = QoSConfig().for_class(qos_class)
     for name, value in TABLE[qos_class].items():
         assert getattr(config, name) == value, name
-    assert DEFAULT_QOS_CLASSES[qos_class] == config
-    assert QoSConfig().for_class(qos_class) == config
     if qos_class is not QoSClass.BE:
         assert config.cpu_shares_fixed == 0
         assert config.cpu_idle == 0 and config.blkio_read_bps == 0
@@ -215,15 +210,17 @@ def test_class_config_validation(changes: dict) -> None:
         QoSClassConfig(**changes)
 
 
-def test_class_config_from_table_keeps_class_defaults() -> None:
-    config = class_config_from_table(QoSClass.BE, {"oom_score_adj": 999})
+def test_a_class_table_keeps_the_class_defaults() -> None:
+    from koordnode.config import ConfigError, parse_config
+
+    config = parse_config("[qos.BE]\noom_score_adj = 999\n").qos.BE
     assert isinstance(config, BEClassConfig)
     assert config.oom_score_adj == 999
     assert config.cpu_shares_fixed == 2  # BE's default, not LS's
-    with pytest.raises(ValueError, match="unknown key"):
-        class_config_from_table(QoSClass.LS, {"cpu_share": 3})
-    with pytest.raises(ValueError, match="qos.LS"):
-        class_config_from_table(QoSClass.LS, {"oom_score_adj": 5000})
+    with pytest.raises(ConfigError, match="qos.LS.cpu_share: unknown key"):
+        parse_config("[qos.LS]\ncpu_share = 3\n")
+    with pytest.raises(ConfigError, match="qos.LS.oom_score_adj"):
+        parse_config("[qos.LS]\noom_score_adj = 5000\n")
 
 
 def test_node_config() -> None:

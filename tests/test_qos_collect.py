@@ -11,7 +11,7 @@ import pytest
 from faketree import make_cgroup_tree, write_cgroup_file
 
 from koordnode.qos.collect import Collector, StatReader
-from koordnode.qos.fakeproc import format_meminfo, format_pressure, format_proc_stat, make_procfs
+from support.fakeproc import format_meminfo, format_pressure, format_proc_stat, make_procfs
 from koordnode.qos.parse import (
     ParseError,
     parse_cpu_max,

@@ -18,8 +18,9 @@ from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
-from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, QoSManagerConfig, StrategyConfig
-from koordnode.qos.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
+from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
 from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 

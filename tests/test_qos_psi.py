@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from koordnode.qos.fakeproc import format_pressure
+from support.fakeproc import format_pressure
 from koordnode.qos.psi import MODE_TRIGGER, PressureWatch, PsiTrigger, TriggerFileMissing, TriggerRefused
 
 UNIFIED = Path("/sys/fs/cgroup/unified")

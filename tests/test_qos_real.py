@@ -17,7 +17,8 @@ import pytest
 
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.qos import QoSManager, QoSSettings
-from koordnode.qos.config import CpuSuppressConfig, QoSManagerConfig, StrategyConfig
+from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
+from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")

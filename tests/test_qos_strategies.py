@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from koordnode.policy.plan import CgroupWrite
-from koordnode.qos.config import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
+from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
 from koordnode.qos.strategies import (
     BeEvictInput,
     BeEvictState,

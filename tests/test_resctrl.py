@@ -25,7 +25,7 @@ from koordnode.executor.resctrl import (
     ResctrlUnsupported,
     detect_resctrl,
 )
-from koordnode.hwqos_config import ResctrlClassConfig, ResctrlConfig, resctrl_class_defaults
+from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig, resctrl_class_defaults
 from koordnode.policy.resctrl import (
     CacheInfo,
     MemBandwidthInfo,

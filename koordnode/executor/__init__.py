@@ -3,13 +3,8 @@
 Policy builds lists of CgroupWrite (koordnode.policy.plan); CgroupExecutor applies them.
 """
 
-from koordnode.executor.executor import (
-    CgroupExecutor,
-    ProcfsExecutor,
-    SysctlWrite,
-    WriteResult,
-    WriteStatus,
-)
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult, WriteStatus
+from koordnode.policy.plan import SysctlWrite
 from koordnode.executor.paths import (
     CgroupDriver,
     CgroupRootError,

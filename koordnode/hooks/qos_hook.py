@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from koordnode.hooks.chain import CallContext, RuntimeHook
-from koordnode.proxy.methods import INTERCEPTED_METHODS
+from koordnode.cri.methods import INTERCEPTED_METHODS
 from koordnode.hooks.qos_engine import CpuReservation, QoSEngine
 
 UNIMPLEMENTED = 12  # grpc status code

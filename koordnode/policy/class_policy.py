@@ -21,11 +21,16 @@ from koordnode.policy.plan import CgroupWrite
 from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
 from koordnode.policy.cpuset import Allocation, CpusetAllocator, CpusetDecision, cpuset_owner_id
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
-from koordnode.hooks.qos_config import NodeConfig, QoSClassConfig
-from koordnode.model.kernel import CFS_PERIOD_MAX_US, CFS_PERIOD_MIN_US, CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
-from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
-from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
-from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US, KUBELET_SHARES_PER_CPU
+from koordnode.config.node import NodeConfig
+from koordnode.config.classes import QoSClassConfig, MAX_SHARES, MIN_SHARES
+from koordnode.model.kernel import (
+    CFS_PERIOD_MAX_US,
+    CFS_PERIOD_MIN_US,
+    CFS_QUOTA_MIN_US,
+    CFS_RUNTIME_MAX_US,
+    DEFAULT_CFS_PERIOD_US,
+    KUBELET_SHARES_PER_CPU,
+)
 
 MIN_CFS_QUOTA_US = CFS_QUOTA_MIN_US
 MAX_CFS_QUOTA_US = CFS_RUNTIME_MAX_US

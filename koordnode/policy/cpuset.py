@@ -23,7 +23,7 @@ from types import MappingProxyType
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import CpuListError, format_cpu_list, parse_cpu_list
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
-from koordnode.hooks.qos_config import NodeConfig
+from koordnode.config.node import NodeConfig
 
 
 @dataclass(frozen=True)

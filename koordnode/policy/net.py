@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from koordnode.model.annotations import QuantityError, quantity_to_int
-from koordnode.hwqos_config import NET_CLASS_NAMES, NetQoSConfig
+from koordnode.config.netqos import NET_CLASS_NAMES, NetQoSConfig
 
 __all__ = [
     "HTB_MAJOR",

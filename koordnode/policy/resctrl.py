@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordnode.hwqos_config import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
+from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
 
 __all__ = [
     "AMD_MB_UNLIMITED",

@@ -1,15 +1,24 @@
-"""HTTP/2 and gRPC wire helpers used by the relay.
+"""HTTP/2 wire helpers used by the relay.
 
-Only what the relay needs: frame header constants, building the few frames the proxy itself
-emits, and gRPC length-prefixed message framing. Header blocks the proxy emits are encoded as
-literals *without indexing* so that they never touch the peer's HPACK dynamic table, which
-belongs to the real endpoint on the other side of the relay.
+Only what the relay needs: frame header constants and building the few frames the proxy itself
+emits. Header blocks the proxy emits are encoded as literals *without indexing* so that they
+never touch the peer's HPACK dynamic table, which belongs to the real endpoint on the other side
+of the relay. gRPC itself (status codes, message framing) is koordnode.cri.grpc_wire, shared with
+the client; its framing functions are re-exported here for the proxy's call handler.
 """
 
 from __future__ import annotations
 
 import struct
-import urllib.parse
+
+from koordnode.cri.grpc_wire import (
+    Status,
+    decode_grpc_message,
+    encode_grpc_message,
+    escape_grpc_message,
+)
+
+__all__ = ["GRPC_INTERNAL", "GRPC_OK", "decode_grpc_message", "encode_grpc_message"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER_LEN = 9
@@ -44,8 +53,8 @@ ERROR_PROTOCOL = 0x1
 ERROR_FRAME_SIZE = 0x6
 ERROR_CANCEL = 0x8
 
-GRPC_OK = 0
-GRPC_INTERNAL = 13
+GRPC_OK = Status.OK
+GRPC_INTERNAL = Status.INTERNAL
 
 
 def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -131,22 +140,9 @@ def grpc_error_trailers(stream_id: int, code: int, message: str) -> bytes:
         [
             (":status", "200"),
             ("content-type", "application/grpc"),
-            ("grpc-status", str(code)),
-            ("grpc-message", urllib.parse.quote(message, safe=" !#$&'()*+,/:;=?@[]~")),
+            ("grpc-status", str(int(code))),
+            ("grpc-message", escape_grpc_message(message)),
         ]
     )
     return frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream_id, block)
 
-
-def decode_grpc_message(body: bytes) -> bytes | None:
-    """The single uncompressed message of a unary gRPC body, or None if it is not exactly that."""
-    if len(body) < 5 or body[0] != 0:
-        return None
-    (length,) = struct.unpack_from(">L", body, 1)
-    if len(body) != 5 + length:
-        return None
-    return body[5:]
-
-
-def encode_grpc_message(message: bytes) -> bytes:
-    return b"\x00" + struct.pack(">L", len(message)) + message

@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from koordnode.proxy import h2wire
 from koordnode.proxy.interceptor import Interceptor
-from koordnode.proxy.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
+from koordnode.cri.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
 from koordnode.proxy.relay import BeforeResult
 
 log = structlog.get_logger("koordnode.proxy")

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import hpack
 import structlog
 
+from koordnode.cri.grpc_wire import Status, unescape_grpc_message
 from koordnode.proxy import h2wire as w
 
 log = structlog.get_logger("koordnode.proxy")
@@ -44,7 +45,6 @@ MAX_HELD_PER_CONNECTION = 2 * MAX_INTERCEPTED_BODY
 # larger block is relayed undecoded (the runtime judges it) and the connection stops being
 # intercepted, rather than collecting an unbounded block.
 MAX_HEADER_BLOCK = 1024 * 1024
-GRPC_RESOURCE_EXHAUSTED = 8
 
 
 @dataclasses.dataclass
@@ -455,7 +455,7 @@ class Relay:
         self._drop_intercepted(st)
         self._to_backend(w.rst_stream(st.sid))
         self._to_client(w.grpc_error_trailers(
-            st.sid, GRPC_RESOURCE_EXHAUSTED,
+            st.sid, Status.RESOURCE_EXHAUSTED,
             f"grpc: received message larger than max ({size} vs. {MAX_INTERCEPTED_BODY})",
         ) + w.rst_stream(st.sid, w.ERROR_NO_ERROR))
         log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"),
@@ -658,7 +658,7 @@ class Relay:
         self._call_done(block.sid, status)
         st = self.streams.get(block.sid)
         if st is not None:
-            self._finish_response(st, status, _percent_decode(message))
+            self._finish_response(st, status, unescape_grpc_message(message))
 
     def _call_done(self, sid: int, status: int | None) -> None:
         call = self.open_streams.pop(sid, None)
@@ -688,14 +688,6 @@ def _declared_length(chunks: list[bytes]) -> int:
         if len(head) == 5:
             break
     return int.from_bytes(head[1:5], "big")
-
-
-def _percent_decode(value: str) -> str:
-    if "%" not in value:
-        return value
-    import urllib.parse
-
-    return urllib.parse.unquote(value, errors="replace")
 
 
 class _ClientProtocol(asyncio.Protocol):

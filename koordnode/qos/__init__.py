@@ -1,6 +1,6 @@
 """The QoS manager: collectors, bounded history, PSI triggers, strategies and the loop.
 
-Entry points: `QoSManager` (manager.py), the config sections (config.py), the pure
+Entry points: `QoSManager` (manager.py), the config sections (re-exported from koordnode.config), the pure
 strategy functions (strategies/). The manager is imported lazily, so the policy modules
 living next to it (net_policy, resctrl_policy) can be imported by the executor without
 pulling the manager (and the executor) in.
@@ -8,13 +8,12 @@ pulling the manager (and the executor) in.
 
 from typing import TYPE_CHECKING, Any
 
-from koordnode.qos.config import (
+from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
+from koordnode.config.strategies import (
     BeEvictConfig,
     CpuBurstConfig,
     CpuSuppressConfig,
     MemoryQoSConfig,
-    QoSManagerConfig,
-    QoSSettings,
     StrategyConfig,
 )
 

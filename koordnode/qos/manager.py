@@ -28,12 +28,14 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteResult, WriteStatus
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult, WriteStatus
+from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import RESOURCES, FileFormatError, InvalidValueError, parse_cpu_list
 from koordnode.model.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
 from koordnode.qos.collect import Collector, NodeSample
-from koordnode.qos.config import QoSManagerConfig, StrategyConfig
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.strategies import StrategyConfig
 from koordnode.qos.history import History
 from koordnode.qos.inventory import CPU_OWNING_CLASSES, NON_BE_CLASSES, Inventory, InventoryBuilder, tier_cgroups
 from koordnode.qos.psi import PressureWatch
@@ -132,7 +134,7 @@ class QoSManager:
     ) -> None:
         """
         config: the daemon's Config (uses .strategy, .qos_manager and, when present, .node
-            reserved_cpus and .qos_mapping) or a koordnode.qos.config.QoSSettings.
+            reserved_cpus and .qos_mapping) or a koordnode.config.QoSSettings.
         state: the NodeState kept by the proxy.
         executor: the CgroupExecutor every cgroup write goes through.
         procfs_root / cgroup_root: where statistics are read (cgroup_root defaults to the

@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from koordnode.executor.netqos import NetQoSExecutor, NetReport, netlink_errors, tc_id
-from koordnode.hwqos_config import NetQoSConfig
+from koordnode.config.netqos import NetQoSConfig
 from koordnode.policy.net import HTB_MAJOR, NETWORK_QOS_ANNOTATION, NFT_FAMILY, NFT_TABLE, NetPlan, PodNetwork, plan_network
 
 __all__ = ["NetQoSController"]

@@ -19,7 +19,7 @@ from koordnode.executor.resctrl import (
     ResctrlUnsupported,
     detect_resctrl,
 )
-from koordnode.hwqos_config import (
+from koordnode.config.resctrl import (
     RESCTRL_GROUP_CLASSES,
     ResctrlClassConfig,
     ResctrlConfig,

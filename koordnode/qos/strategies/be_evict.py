@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordnode.qos.config import BeEvictConfig
+from koordnode.config.strategies import BeEvictConfig
 from koordnode.qos.strategies.common import Eviction, Explanation, StrategyResult, rounded
 
 NAME = "be_evict"

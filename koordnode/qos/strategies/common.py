@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from koordnode.executor.executor import SysctlWrite
+from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
 
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
-from koordnode.qos.config import CpuBurstConfig
+from koordnode.config.strategies import CpuBurstConfig
 from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded
 
 NAME = "cpu_burst"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import format_cpu_list
-from koordnode.qos.config import CpuSuppressConfig, PressureCurve
+from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
 from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded
 
 NAME = "cpu_suppress"

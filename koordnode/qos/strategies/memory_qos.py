@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from koordnode.executor.executor import SysctlWrite
+from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
-from koordnode.qos.config import MemoryQoSConfig
+from koordnode.config.strategies import MemoryQoSConfig
 from koordnode.qos.strategies.common import Explanation, StrategyResult
 
 NAME = "memory_qos"

@@ -1,7 +1,5 @@
-"""The CRI methods whose requests the proxy hands to the runtime hooks.
-
-Everything not listed here is relayed as bytes without being parsed.
-"""
+"""The CRI method table: service paths, and the methods whose requests the proxy hands to the
+runtime hooks (everything else is relayed as bytes without being parsed)."""
 
 from __future__ import annotations
 
@@ -9,7 +7,10 @@ import dataclasses
 
 from koordnode.cri import api_pb2 as pb
 
+# Method paths are these prefixes and the method name: RUNTIME_SERVICE + "Version".
 RUNTIME_SERVICE = "/runtime.v1.RuntimeService/"
+IMAGE_SERVICE = "/runtime.v1.ImageService/"
+# CRI v1alpha2 (removed in containerd 2.0): relayed, never intercepted.
 OLD_API_PREFIX = "/runtime.v1alpha2."
 
 

@@ -9,8 +9,6 @@ concurrent calls and re-opened on demand once it is gone.
 from __future__ import annotations
 
 import asyncio
-import struct
-import urllib.parse
 from typing import TypeVar
 
 import h2.config
@@ -21,28 +19,34 @@ import h2.exceptions
 import h2.settings
 from google.protobuf.message import DecodeError, Message
 
-# Method paths are these prefixes and the method name: RUNTIME_SERVICE + "Version".
-RUNTIME_SERVICE = "/runtime.v1.RuntimeService/"
-IMAGE_SERVICE = "/runtime.v1.ImageService/"
+from koordnode.cri.grpc_wire import (
+    GrpcFramingError,
+    Status,
+    encode_grpc_message,
+    grpc_timeout,
+    status_name,
+    unescape_grpc_message,
+    unframe_grpc_message,
+)
+from koordnode.cri.methods import IMAGE_SERVICE, RUNTIME_SERVICE
 
-# gRPC status codes (the wire value of grpc-status) by name.
-STATUS_NAMES = {
-    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
-OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = 0, 1, 2, 4, 13, 14
+__all__ = ["IMAGE_SERVICE", "RUNTIME_SERVICE", "CriClient", "CriError", "grpc_timeout"]
+
+OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = (
+    Status.OK, Status.CANCELLED, Status.UNKNOWN, Status.DEADLINE_EXCEEDED, Status.INTERNAL,
+    Status.UNAVAILABLE,
+)
 
 # What a stream reset by the server means for the call (gRPC's HTTP/2 error mapping).
-_RESET_STATUS = {
+_RESET_STATUS: dict[int, int] = {
     h2.errors.ErrorCodes.REFUSED_STREAM: UNAVAILABLE,
     h2.errors.ErrorCodes.CANCEL: CANCELLED,
-    h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: 8,
-    h2.errors.ErrorCodes.INADEQUATE_SECURITY: 7,
+    h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
+    h2.errors.ErrorCodes.INADEQUATE_SECURITY: Status.PERMISSION_DENIED,
 }
 # An HTTP status other than 200 (a server that is not speaking gRPC), as gRPC maps it.
-_HTTP_STATUS = {400: INTERNAL, 401: 16, 403: 7, 404: 12, 429: UNAVAILABLE, 502: UNAVAILABLE,
+_HTTP_STATUS: dict[int, int] = {400: INTERNAL, 401: Status.UNAUTHENTICATED, 403: Status.PERMISSION_DENIED,
+                404: Status.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
                 503: UNAVAILABLE, 504: UNAVAILABLE}
 
 # Large receive windows: a ListContainers answer of a busy node arrives without waiting for
@@ -64,15 +68,7 @@ class CriError(Exception):
 
     @classmethod
     def of(cls, code: int, details: str) -> CriError:
-        return cls(code, STATUS_NAMES.get(code, "UNKNOWN"), details)
-
-
-def grpc_timeout(seconds: float) -> str:
-    """The grpc-timeout header value: at most 8 digits and a unit."""
-    millis = max(1, int(seconds * 1000 + 0.999))
-    if millis < 100_000_000:
-        return f"{millis}m"
-    return f"{min(int(seconds + 0.999), 99_999_999)}S"
+        return cls(int(code), status_name(code), details)
 
 
 class _Call:
@@ -274,7 +270,7 @@ class CriClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         payload = request.SerializeToString()
-        body = b"\x00" + struct.pack(">L", len(payload)) + payload
+        body = encode_grpc_message(payload)
         headers = [
             (b":method", b"POST"),
             (b":scheme", b"http"),
@@ -324,17 +320,13 @@ def _response(call: _Call, response_cls: type[M]) -> M:
     except ValueError:
         raise CriError.of(UNKNOWN, f"malformed grpc-status {raw_status!r}") from None
     if code != OK:
-        message = urllib.parse.unquote(status_headers.get(b"grpc-message", b"").decode("utf-8", "replace"))
+        message = unescape_grpc_message(status_headers.get(b"grpc-message", b"").decode("utf-8", "replace"))
         raise CriError.of(code, message)
-    body = bytes(call.body)
-    if len(body) < 5:
-        raise CriError.of(INTERNAL, "the runtime's answer carries no message")
-    compressed, length = body[0], struct.unpack_from(">L", body, 1)[0]
-    if compressed:
-        raise CriError.of(INTERNAL, "compressed answer, but no compression was offered")
-    if len(body) != 5 + length:
-        raise CriError.of(INTERNAL, "the runtime's answer is not exactly one message")
     try:
-        return response_cls.FromString(body[5:])
+        message_bytes = unframe_grpc_message(bytes(call.body))
+    except GrpcFramingError as exc:
+        raise CriError.of(INTERNAL, f"the runtime's answer {exc}") from None
+    try:
+        return response_cls.FromString(message_bytes)
     except DecodeError as exc:
         raise CriError.of(INTERNAL, f"cannot parse the answer: {exc}") from None

@@ -1,37 +1,26 @@
-"""Configuration of the QoS policy: per-class numbers, node CPU reservation, class mapping.
+"""``[qos.<CLASS>]`` (the per-class numbers) and ``[qos_mapping]`` (class of unlabelled pods).
 
-Plain frozen dataclasses with defaults; every numeric field carries its accepted range in
-`field(metadata={"min": .., "max": ..})` for the generic TOML loader, and __post_init__
-re-checks so a dataclass built in code is validated too.
-
-TOML layout (the lead plugs these into the root Config):
-    [qos.LS]                      -> QoSConfig.LS   (a LSClassConfig)
-    cpu_shares_per_cpu = 1024
-    [node]                        -> NodeConfig
-    reserved_cpus = "0-1"         # or a count: reserved_cpus = 2
-    [qos_mapping]                 -> KubeQoSMapping
-    burstable = "LS"
-
-Each class has its own subclass so that a loader constructing `BEClassConfig(**table)`
-fills the fields the user left out with BE's defaults, not LS's.
+Plain frozen dataclasses with defaults; every numeric field carries its accepted range in its
+metadata (min/max) for the generic loader, and __post_init__ re-checks so a dataclass built in
+code is validated too. Each class has its own subclass so that the loader fills the fields the
+user left out with that class's defaults (``[qos.BE] cpu_shares_fixed = 4`` keeps BE's other
+numbers), not LS's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from koordnode.model.cpulist import CpuListError, parse_cpu_list
 from koordnode.model.qos_class import KubeQoS, QoSClass
-from koordnode.hooks.resctrl_class_config import ResctrlClassConfig
+from koordnode.config.resctrl import ResctrlClassConfig
+from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
+from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
 
 MIB = 1024 * 1024
-MAX_SHARES = 262144
-MIN_SHARES = 2
 _INT64_MAX = 2**63 - 1
 
 # name -> (min, max, help). One table so the per-class subclasses repeat only defaults.
@@ -160,37 +149,6 @@ class BEClassConfig(QoSClassConfig):
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", -1)
 
 
-CLASS_CONFIG_TYPES: Mapping[QoSClass, type[QoSClassConfig]] = MappingProxyType(
-    {
-        QoSClass.SYSTEM: SystemClassConfig,
-        QoSClass.LSE: LSEClassConfig,
-        QoSClass.LSR: LSRClassConfig,
-        QoSClass.LS: LSClassConfig,
-        QoSClass.BE: BEClassConfig,
-    }
-)
-
-
-def default_class_config(qos_class: QoSClass) -> QoSClassConfig:
-    return CLASS_CONFIG_TYPES[qos_class]()
-
-
-def class_config_from_table(qos_class: QoSClass, table: Mapping[str, Any]) -> QoSClassConfig:
-    """Build one class's config from a TOML table, the class's defaults filling the gaps.
-
-    For a loader that keeps `qos` as a dict; raises ValueError on unknown keys or bad values.
-    """
-    config_type = CLASS_CONFIG_TYPES[qos_class]
-    known = {spec.name for spec in dataclasses.fields(config_type)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ValueError(f"qos.{qos_class.value}: unknown key(s) {', '.join(unknown)}")
-    try:
-        return config_type(**table)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"qos.{qos_class.value}: {error}") from None
-
-
 @dataclass(frozen=True)
 class QoSConfig:
     """All classes; TOML `[qos.<CLASS>]` tables map onto the upper-case fields."""
@@ -202,69 +160,12 @@ class QoSConfig:
     BE: BEClassConfig = field(default_factory=BEClassConfig)
 
     def for_class(self, qos_class: QoSClass) -> QoSClassConfig:
-        return getattr(self, qos_class.value)
+        config: QoSClassConfig = getattr(self, qos_class.value)
+        return config
 
     def as_dict(self) -> dict[QoSClass, QoSClassConfig]:
         return {qos_class: self.for_class(qos_class) for qos_class in QoSClass}
 
-
-DEFAULT_QOS_CLASSES: Mapping[QoSClass, QoSClassConfig] = MappingProxyType(QoSConfig().as_dict())
-
-_DEVICE = re.compile(r"^\d+:\d+$")
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """[node]: CPUs kept away from pods and devices the blkio policy applies to."""
-
-    # A CPU list string ("0-1") or a count (int: that many CPUs, lowest-numbered whole cores
-    # first). "" or 0: nothing reserved. Reserved CPUs are in neither the LS nor the BE pool.
-    reserved_cpus: str | int = field(default="", metadata={"doc": 'CPUs kept away from every pod pool: a CPU list ("0-1") or a count (lowest-numbered whole cores); "" = none'})
-    # CPU list for SYSTEM pods; "" = they use the LS share pool.
-    system_cpus: str = field(default="", metadata={"doc": 'CPU list for SYSTEM pods; "" = they use the LS share pool'})
-    # Exclusive allocations never take the last CPUs of the share pool: LS, BE and fallback
-    # containers need somewhere to run that is not someone else's exclusive core.
-    min_shared_cpus: int = field(default=1, metadata={"doc": "CPUs the LS share pool always keeps: an LSE/LSR allocation that would leave fewer falls back to the share pool (0 = exclusive CPUs may take the whole node)", "min": 0, "max": 8192})
-    # Block devices ("MAJ:MIN") for blkio throttling (BE read/write bps).
-    blkio_devices: tuple[str, ...] = field(default=(), metadata={"doc": 'block devices ("MAJ:MIN") the per-class disk throttles apply to'})
-    # Also set cpuset_mems to the NUMA nodes of the CPUs handed out (off: memory may come
-    # from any node, which avoids OOM when the local node is full).
-    cpuset_mems_follow_cpus: bool = field(default=False, metadata={"doc": "also pin memory to the NUMA nodes of the CPUs handed out"})
-
-    def __post_init__(self) -> None:
-        reserved = self.reserved_cpus
-        if isinstance(reserved, bool) or not isinstance(reserved, (str, int)):
-            raise ValueError(f"reserved_cpus must be a CPU list string or a count, got {reserved!r}")
-        if isinstance(reserved, int) and reserved < 0:
-            raise ValueError(f"reserved_cpus = {reserved}: a count must be >= 0")
-        if isinstance(reserved, str):
-            try:
-                parse_cpu_list(reserved)
-            except CpuListError as error:
-                raise ValueError(f"reserved_cpus: {error}") from None
-        if not isinstance(self.system_cpus, str):
-            raise ValueError(f"system_cpus must be a CPU list string, got {self.system_cpus!r}")
-        try:
-            parse_cpu_list(self.system_cpus)
-        except CpuListError as error:
-            raise ValueError(f"system_cpus: {error}") from None
-        if isinstance(self.min_shared_cpus, bool) or not isinstance(self.min_shared_cpus, int) \
-                or not 0 <= self.min_shared_cpus <= 8192:
-            raise ValueError(f"min_shared_cpus must be an integer in [0, 8192], got {self.min_shared_cpus!r}")
-        devices = self.blkio_devices
-        if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
-            raise ValueError(f'blkio_devices must be a list of "MAJ:MIN", got {devices!r}')
-        for device in devices:
-            if not isinstance(device, str) or not _DEVICE.match(device):
-                raise ValueError(f'blkio_devices: {device!r} is not "MAJ:MIN"')
-        # TOML gives a list; keep the dataclass hashable.
-        object.__setattr__(self, "blkio_devices", tuple(devices))
-        if not isinstance(self.cpuset_mems_follow_cpus, bool):
-            raise ValueError("cpuset_mems_follow_cpus must be true or false")
-
-    @property
-    def system_cpu_set(self) -> frozenset[int]:
-        return parse_cpu_list(self.system_cpus)
 
 
 _CLASS_NAMES = tuple(qos_class.value for qos_class in QoSClass)

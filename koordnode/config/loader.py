@@ -1,16 +1,10 @@
-"""koordnode configuration: TOML parsed into typed, validated, frozen dataclasses.
+"""The generic loader: TOML -> the section dataclasses of koordnode.config, validated.
 
-The schema *is* the dataclasses below. A small generic loader walks their fields and type
-hints, converts the TOML values, checks them, and collects every error (not only the first)
-with its full key path, e.g. ``proxy.hook_timeout_ms: expected an integer in [1, 60000],
-got "fast"``. Keys missing from the file keep their defaults; unknown keys are errors.
-
-Adding a section
-----------------
-Declare a frozen dataclass whose fields use :func:`setting` (or plain defaults), then add one
-field to :class:`Config` with :func:`section`. Nothing else: loading, validation, error
-paths, ``check-config`` output and :func:`describe_settings` pick it up. Also list the new
-keys with their defaults in ``packaging/koordnode.toml`` (a test checks it covers every key).
+It walks the dataclasses' fields and type hints, converts the TOML values, checks them, and
+collects every error (not only the first) with its full key path, e.g.
+``proxy.hook_timeout_ms: expected an integer in [1, 60000], got "fast"``. Keys missing from
+the file keep their defaults; unknown keys are errors. The sections themselves live in one
+module each (koordnode.config.runtime, .cgroup, ...); the root is koordnode.config.root.Config.
 
 Supported field types: ``str``, ``int``, ``float`` (an int is accepted for a float),
 ``bool`` (never accepted for an int), ``Literal[...]`` (enumerations), ``list[X]`` and
@@ -31,7 +25,6 @@ messages as ``"key: message"`` relative to the section.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import json
 import math
@@ -40,34 +33,23 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from koordnode.configfield import section, setting
-from koordnode.hooks.qos_config import KubeQoSMapping, NodeConfig, QoSConfig
-from koordnode.hwqos_config import NetQoSConfig, ResctrlConfig
-from koordnode.metrics import MetricsConfig
-from koordnode.qos.config import QoSManagerConfig, StrategyConfig
+from koordnode.config.fields import show_value
+from koordnode.config.root import DEFAULTS_SOURCE, Config
 
 __all__ = [
-    "AdminConfig",
-    "Config",
     "ConfigError",
-    "DaemonConfig",
     "DEFAULT_CONFIG_PATH",
-    "DEFAULTS_SOURCE",
-    "LogConfig",
-    "ProxyConfig",
     "Setting",
     "describe_settings",
     "from_dict",
     "load_config",
     "parse_config",
     "reload_config",
-    "section",
-    "setting",
     "to_dict",
     "to_toml",
 ]
@@ -75,8 +57,6 @@ __all__ = [
 _T = TypeVar("_T")
 
 DEFAULT_CONFIG_PATH = "/etc/koordnode/koordnode.toml"
-# Config.source when the default file does not exist and built-in defaults are in use.
-DEFAULTS_SOURCE = "<defaults>"
 
 
 class ConfigError(Exception):
@@ -92,241 +72,6 @@ class ConfigError(Exception):
         noun = "error" if count == 1 else "errors"
         return "\n".join([f"invalid configuration in {self.source} ({count} {noun}):"]
                          + [f"  {error}" for error in self.errors])
-
-
-# ---------------------------------------------------------------------------------------------
-# Field helpers
-
-
-def _internal(default: Any) -> Any:
-    # Not a TOML key: bookkeeping the loader fills in; ignored by ==.
-    return field(default=default, compare=False, repr=False, metadata={"internal": True})
-
-
-# ---------------------------------------------------------------------------------------------
-# Value checks shared by sections
-
-# sun_path is 108 bytes including the terminating NUL.
-_MAX_UNIX_SOCKET_PATH = 107
-
-
-def unix_socket_path(value: str) -> str:
-    """Normalise ``/path``, ``unix:///path`` or ``unix:/path`` to an absolute path."""
-    path = value
-    if path.startswith("unix://"):
-        path = path[len("unix://"):]
-    elif path.startswith("unix:"):
-        path = path[len("unix:"):]
-    elif "://" in path:
-        raise ValueError(f"only unix sockets are supported, got {_show(value)}")
-    if not path:
-        raise ValueError("expected a unix socket path, got an empty string")
-    if "\0" in path:
-        raise ValueError("a socket path cannot contain a NUL character")
-    if not path.startswith("/"):
-        raise ValueError(f"expected an absolute path, got {_show(value)}")
-    path = os.path.normpath(path)
-    size = len(path.encode())
-    if size > _MAX_UNIX_SOCKET_PATH:
-        raise ValueError(
-            f"socket path is {size} bytes long; the kernel limit is {_MAX_UNIX_SOCKET_PATH}"
-        )
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# The schema. Keep packaging/koordnode.toml in step with it.
-
-
-FailurePolicy = Literal["ignore", "fail"]
-LogLevel = Literal["debug", "info", "warning", "error"]
-LogFormat = Literal["json", "console"]
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    listen: str = setting(
-        "/var/run/koordnode/koordnode.sock",
-        doc="CRI socket koordnode serves; point kubelet's --container-runtime-endpoint here",
-        normalize=unix_socket_path,
-    )
-    backend: str = setting(
-        "/run/containerd/containerd.sock",
-        doc="CRI socket of the container runtime calls are forwarded to (path or unix://path)",
-        normalize=unix_socket_path,
-    )
-    hook_timeout_ms: int = setting(
-        200,
-        min=1,
-        max=60000,
-        doc="milliseconds a runtime hook may take before the call goes on without it",
-    )
-    failure_policy: FailurePolicy = setting(
-        "ignore",
-        doc='when a hook fails or times out: "ignore" forwards the original request '
-        '(fail-open), "fail" fails the CRI call',
-    )
-
-    @property
-    def hook_timeout_s(self) -> float:
-        return self.hook_timeout_ms / 1000
-
-    def validate(self) -> list[str]:
-        if self.listen == self.backend:
-            return ["listen: is the same socket as backend; koordnode would call itself"]
-        return []
-
-
-RuntimeMode = Literal["proxy", "nri"]
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    mode: RuntimeMode = setting(
-        "proxy",
-        doc='how koordnode hooks into pod and container creation: "proxy" (kubelet talks to '
-        'koordnode\'s CRI socket) or "nri" (containerd calls koordnode as an NRI plugin)',
-    )
-
-
-def _plugin_index(value: str) -> str:
-    if not re.fullmatch(r"[0-9]{2}", value):
-        raise ValueError(f"expected two digits (\"00\" to \"99\"), got {_show(value)}")
-    return value
-
-
-def _plugin_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
-        raise ValueError(f"expected letters, digits, '.', '_' or '-' (at most 63), got {_show(value)}")
-    return value
-
-
-@dataclass(frozen=True)
-class NriConfig:
-    socket: str = setting(
-        "/var/run/nri/nri.sock",
-        doc="the runtime's NRI socket koordnode connects to in NRI mode",
-        normalize=unix_socket_path,
-    )
-    plugin_name: str = setting(
-        "koordnode", doc="name koordnode registers under as an NRI plugin", normalize=_plugin_name
-    )
-    plugin_index: str = setting(
-        "00",
-        doc='two-digit NRI plugin index: plugins are called in ascending order ("00" first)',
-        normalize=_plugin_index,
-    )
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    level: LogLevel = setting("info", doc="lowest level logged")
-    format: LogFormat = setting(
-        "json", doc='"json": one JSON object per line; "console": human-readable'
-    )
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    dry_run: bool = setting(
-        False,
-        doc="decide, log, count and report everything, but write nothing to the kernel "
-        "(cgroups, sysctls, resctrl, tc/nftables, PSI triggers), evict nothing, and forward "
-        "every CRI request unchanged",
-    )
-
-
-@dataclass(frozen=True)
-class AdminConfig:
-    socket: str = setting(
-        "/var/run/koordnode/admin.sock",
-        doc="root-only unix socket answering `koordnode status`",
-        normalize=unix_socket_path,
-    )
-
-
-CgroupDriverName = Literal["auto", "cgroupfs", "systemd"]
-
-
-@dataclass(frozen=True)
-class CgroupConfig:
-    root: str = setting(
-        "/sys/fs/cgroup",
-        doc="where the cgroup hierarchies are mounted; every cgroup write stays under it",
-    )
-    driver: CgroupDriverName = setting(
-        "auto",
-        doc='kubelet\'s cgroup driver: "auto" (systemd when the parent is a .slice), '
-        '"cgroupfs" or "systemd"',
-    )
-    reconcile_interval_s: float = setting(
-        10.0,
-        min=0,
-        max=3600,
-        doc="seconds between passes re-applying every running pod's values (0 = never)",
-    )
-    be_idle_group: bool = setting(
-        True,
-        doc="run BestEffort pods of class BE in koordnode's idle cgroup beside kubelet's QoS tiers "
-        '("<kubepods>/koordnode_be", systemd "kubepods-koordnode_be.slice", cpu.idle = 1) so they '
-        "yield to LS at once; false: they stay in kubelet's besteffort tier",
-    )
-    be_idle_group_systemd: bool = setting(
-        False,
-        doc="also with the systemd driver (the slice made idle with systemctl set-property CPUWeight=idle); "
-        "not yet verified on a systemd host, hence off",
-    )
-
-
-@dataclass(frozen=True)
-class ProcfsConfig:
-    root: str = setting("/proc", doc="procfs mount; node memory watermarks are written under it")
-
-
-@dataclass(frozen=True)
-class SysfsConfig:
-    root: str = setting("/sys", doc="sysfs mount the CPU topology is read from")
-
-
-@dataclass(frozen=True)
-class Config:
-    runtime: RuntimeConfig = section(RuntimeConfig, doc="proxy or NRI mode")
-    proxy: ProxyConfig = section(ProxyConfig, doc="the CRI proxy between kubelet and runtime")
-    nri: NriConfig = section(NriConfig, doc="NRI mode: the runtime's NRI socket and the plugin's registration")
-    log: LogConfig = section(LogConfig, doc="logging to stderr")
-    daemon: DaemonConfig = section(DaemonConfig, doc="how the daemon acts: dry-run")
-    admin: AdminConfig = section(AdminConfig, doc="local admin endpoint")
-    cgroup: CgroupConfig = section(CgroupConfig, doc="cgroup hierarchy and reconcile period")
-    procfs: ProcfsConfig = section(ProcfsConfig, doc="procfs root")
-    sysfs: SysfsConfig = section(SysfsConfig, doc="sysfs root")
-    node: NodeConfig = section(NodeConfig, doc="node CPU reservation and block devices")
-    qos_mapping: KubeQoSMapping = section(
-        KubeQoSMapping, doc="class of pods without a valid koordinator.sh/qosClass label"
-    )
-    qos: QoSConfig = section(QoSConfig, doc="per-class numbers, [qos.<CLASS>]")
-    metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics endpoint")
-    resctrl: ResctrlConfig = section(ResctrlConfig, doc="L3 cache and memory bandwidth per class (resctrl)")
-    net: NetQoSConfig = section(NetQoSConfig, doc="egress shaping per class (tc HTB + nftables)")
-    qos_manager: QoSManagerConfig = section(QoSManagerConfig, doc="the QoS manager loop: ticks and PSI wake-ups")
-    strategy: StrategyConfig = section(StrategyConfig, doc="QoS manager strategies, [strategy.<name>]")
-
-    # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
-    source: str = _internal(DEFAULTS_SOURCE)
-    # What load_config was called with, so reload_config can repeat it.
-    path: str | None = _internal(None)
-    overrides: Mapping[str, Any] | None = _internal(None)
-
-    @property
-    def uses_defaults(self) -> bool:
-        """True when no config file was found and only built-in defaults (+ overrides) apply."""
-        return self.source == DEFAULTS_SOURCE
-
-    def validate(self) -> list[str]:
-        if self.admin.socket in (self.proxy.listen, self.proxy.backend):
-            return ["admin.socket: must differ from proxy.listen and proxy.backend"]
-        if self.runtime.mode == "nri" and self.nri.socket in (self.proxy.listen, self.proxy.backend, self.admin.socket):
-            return ["nri.socket: must differ from proxy.listen, proxy.backend and admin.socket"]
-        return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +99,7 @@ def load_config(
     were not given can be passed as they are. An explicitly given path must exist.
     """
     explicit = path is not None
-    file_path = os.fspath(path) if explicit else DEFAULT_CONFIG_PATH
+    file_path = os.fspath(path) if path is not None else DEFAULT_CONFIG_PATH
     try:
         data = Path(file_path).read_bytes()
     except FileNotFoundError:
@@ -375,7 +120,7 @@ def load_config(
 def from_dict(cls: type[_T], data: Mapping[str, Any], source: str = "<dict>") -> _T:
     """Build any schema dataclass from already-parsed data; raise ConfigError on problems."""
     errors: list[str] = []
-    result = _Loader(errors).section(cls, dict(data), "", None)
+    result: _T = _Loader(errors).section(cls, dict(data), "", None)
     if errors:
         raise ConfigError(errors, source)
     return result
@@ -388,7 +133,8 @@ def reload_config(current: Config) -> Config:
 
 def to_dict(config: Any) -> dict[str, Any]:
     """The TOML keys of a config (or section) as plain dicts, lists and scalars."""
-    return _plain(config)
+    plain: dict[str, Any] = _plain(config)
+    return plain
 
 
 def to_toml(config: Any) -> str:
@@ -471,7 +217,8 @@ def _has_default(f: dataclasses.Field[Any]) -> bool:
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    factory: Callable[[], Any] = f.default_factory  # type: ignore[assignment]
+    return factory()
 
 
 class _Loader:
@@ -484,7 +231,7 @@ class _Loader:
     def section(self, cls: type, raw: Any, path: str, base: Any) -> Any:
         """Build section ``cls`` from ``raw``; keys not in ``raw`` come from ``base``/defaults."""
         if not isinstance(raw, dict):
-            self.error(path, f"expected a table, got {_show(raw)}")
+            self.error(path, f"expected a table, got {show_value(raw)}")
             return _INVALID
         hints = _hints(cls)
         keys = _keys(cls)
@@ -549,7 +296,7 @@ class _Loader:
 
     def value(self, tp: Any, raw: Any, path: str, base: Any, meta: Mapping[str, Any]) -> Any:
         origin = typing.get_origin(tp)
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self.section(tp, raw, path, base)
         if origin is typing.Union or origin is types.UnionType:
             return self.union(tp, raw, path, base, meta)
@@ -559,7 +306,7 @@ class _Loader:
             return self.sequence(tp, raw, path, meta)
         if _accepts(tp, raw, meta):
             return float(raw) if tp is float else raw
-        self.error(path, f"expected {_expected(tp, meta)}, got {_show(raw)}")
+        self.error(path, f"expected {_expected(tp, meta)}, got {show_value(raw)}")
         return _INVALID
 
     def union(self, tp: Any, raw: Any, path: str, base: Any, meta: Mapping[str, Any]) -> Any:
@@ -573,12 +320,12 @@ class _Loader:
             value = trial.value(member, raw, path, base, meta)
             if value is not _INVALID:
                 return value
-        self.error(path, f"expected {_expected(tp, meta)}, got {_show(raw)}")
+        self.error(path, f"expected {_expected(tp, meta)}, got {show_value(raw)}")
         return _INVALID
 
     def table(self, tp: Any, raw: Any, path: str, base: Any, meta: Mapping[str, Any]) -> Any:
         if not isinstance(raw, dict):
-            self.error(path, f"expected a table, got {_show(raw)}")
+            self.error(path, f"expected a table, got {show_value(raw)}")
             return _INVALID
         key_type, value_type = typing.get_args(tp)
         choices = typing.get_args(key_type) if typing.get_origin(key_type) is Literal else None
@@ -588,7 +335,7 @@ class _Loader:
             item_path = _join(path, key)
             if choices is not None and key not in choices:
                 self.error(item_path, "unknown key (expected one of "
-                           + ", ".join(_show(c) for c in choices) + ")")
+                           + ", ".join(show_value(c) for c in choices) + ")")
                 ok = False
                 continue
             item_base = result.get(key)
@@ -605,7 +352,7 @@ class _Loader:
         if typing.get_origin(tp) is tuple and (len(args) != 2 or args[1] is not Ellipsis):
             raise TypeError(f"config type {tp!r}: only tuple[X, ...] is supported")
         if not isinstance(raw, list):
-            self.error(path, f"expected {_expected(tp, meta)}, got {_show(raw)}")
+            self.error(path, f"expected {_expected(tp, meta)}, got {show_value(raw)}")
             return _INVALID
         items = [self.value(item_type, item, f"{path}[{i}]", None, meta)
                  for i, item in enumerate(raw)]
@@ -655,7 +402,7 @@ def _expected(tp: Any, meta: Mapping[str, Any], plural: bool = False) -> str:
     if dataclasses.is_dataclass(tp) or origin is dict:
         return "tables" if plural else "a table"
     if origin is Literal:
-        return "one of " + ", ".join(_show(c) for c in typing.get_args(tp))
+        return "one of " + ", ".join(show_value(c) for c in typing.get_args(tp))
     if origin is typing.Union or origin is types.UnionType:
         members = [m for m in typing.get_args(tp) if m is not type(None)]
         return " or ".join(_expected(m, meta, plural) for m in members)
@@ -672,27 +419,6 @@ def _expected(tp: Any, meta: Mapping[str, Any], plural: bool = False) -> str:
         raise TypeError(f"config type {tp!r} is not supported by the loader")
     text = names[tp][1] if plural else names[tp][0]
     return text + (_range(meta) if tp in (int, float) else "")
-
-
-def _show(value: Any) -> str:
-    """A value as TOML would spell it, shortened for error messages."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-    elif isinstance(value, (datetime.date, datetime.time)):
-        text = value.isoformat()
-    elif isinstance(value, (list, tuple)):
-        text = "[" + ", ".join(_show(v) for v in value) + "]"
-    elif isinstance(value, Mapping):
-        return "a table"
-    elif value is None:
-        return "nothing"
-    else:
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -763,7 +489,7 @@ def _describe_section(cls: type, instance: Any, path: str, out: list[Setting]) -
     for f in _keys(cls):
         tp, value, key_path = hints[f.name], getattr(instance, f.name), _join(path, f.name)
         doc = f.metadata.get("doc", "")
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             _describe_section(tp, value, key_path, out)
         elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
             entry_type = typing.get_args(tp)[1]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri_client import RUNTIME_SERVICE as RT
-from koordnode.cri_client import CriClient, CriError
+from koordnode.cri.client import RUNTIME_SERVICE as RT, CriClient, CriError
 from koordnode.model.network import pod_network_from_status
 from koordnode.model.state import (
     CONTAINER_CREATED,
@@ -157,14 +157,14 @@ async def rebuild(state: NodeState, cri: CriClient, *, timeout_s: float = 10.0) 
     containers: list[ContainerRecord] = []
     for c in listed.containers:
         try:
-            st = await cri.call(RT + "ContainerStatus",
+            cst = await cri.call(RT + "ContainerStatus",
                                 pb.ContainerStatusRequest(container_id=c.id, verbose=True),
                                 pb.ContainerStatusResponse, timeout_s)
         except CriError as exc:
             if exc.code_name == "NOT_FOUND":
                 continue
             raise
-        doc = _info_doc(st.info)
+        doc = _info_doc(cst.info)
         containers.append(
             ContainerRecord(
                 container_id=c.id,
@@ -183,7 +183,7 @@ async def rebuild(state: NodeState, cri: CriClient, *, timeout_s: float = 10.0) 
 
 
 async def rebuild_until_done(state: NodeState, backend: str, *, max_backoff_s: float = 10.0,
-                             on_done=None) -> None:
+                             on_done: Callable[[], Awaitable[None]] | None = None) -> None:
     """Keep trying until the runtime answers (it may be down when koordnode starts)."""
     backoff = 0.5
     cri = CriClient(backend)

@@ -1,15 +1,4 @@
-"""Configuration of hardware isolation: resctrl (L3 cache, memory bandwidth) and network QoS.
-
-Sections for the root :class:`koordnode.config.Config` (declared with ``setting``, loaded by
-the generic TOML loader):
-
-    [resctrl]                  -> ResctrlConfig
-    [qos.<CLASS>.resctrl]      -> ResctrlClassConfig, nested into each per-class QoS config;
-                                  class defaults: resctrl_class_defaults(class name)
-    [net]                      -> NetQoSConfig
-
-Everything is off by default: ``[resctrl] enable`` and ``[net] enable`` are false.
-"""
+"""``[net]``: egress shaping per class (tc HTB + nftables). Off by default (``enable = false``)."""
 
 from __future__ import annotations
 
@@ -20,88 +9,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from koordnode.configfield import setting
-from koordnode.hooks.resctrl_class_config import (  # noqa: F401  (re-exported)
-    ResctrlClassConfig,
-    resctrl_class_defaults,
-)
+from koordnode.config.fields import setting
+from koordnode.model.qos_class import CLASS_NAMES
 
-__all__ = [
-    "NET_CLASS_NAMES",
-    "NetQoSConfig",
-    "RESCTRL_GROUP_CLASSES",
-    "ResctrlClassConfig",
-    "ResctrlConfig",
-    "resctrl_class_defaults",
-]
+__all__ = ["NET_CLASS_NAMES", "NetClassName", "NetQoSConfig"]
 
-# ---------------------------------------------------------------------------------------------
-# resctrl
-
-ResctrlVendor = Literal["auto", "intel", "amd"]
-
-# Classes that own a resctrl group; LSE pods share the LSR group, SYSTEM pods stay in the
-# root (default) group, which keeps the whole cache and full bandwidth.
-RESCTRL_GROUP_CLASSES = ("LSR", "LS", "BE")
-
-_GROUP_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,40}\Z")
-
-
-def _check_group_prefix(value: str) -> str | None:
-    if not _GROUP_PREFIX.match(value) or value in (".", ".."):
-        return ('expected 1-40 characters of letters, digits, "_", "." or "-" '
-                f"(a directory name prefix), got {value!r}")
-    if value in ("info", "mon_groups", "mon_data"):
-        return f"{value!r} is a name the resctrl filesystem reserves"
-    return None
-
-
-def _check_absolute(value: str) -> str | None:
-    if not value.startswith("/") or "\0" in value:
-        return f"expected an absolute path, got {value!r}"
-    return None
-
-
-@dataclass(frozen=True)
-class ResctrlConfig:
-    enable: bool = setting(
-        False,
-        doc="put pods into one resctrl group per class (LSR and LSE, LS, BE) with the L3 "
-        "cache ways and memory bandwidth of [qos.<CLASS>.resctrl]; false removes the groups",
-    )
-    vendor: ResctrlVendor = setting(
-        "auto",
-        doc='CPU vendor deciding the memory bandwidth format: "auto" (from /proc/cpuinfo), '
-        '"intel" (percent) or "amd" (absolute, 1/8 GB/s units)',
-    )
-    root: str = setting(
-        "/sys/fs/resctrl",
-        doc="where the resctrl filesystem is mounted (koordnode never mounts it)",
-        check=_check_absolute,
-    )
-    procfs_root: str = setting(
-        "/proc", doc="procfs mount read for cpuinfo (vendor_id, cat_l3 and mba flags)",
-        check=_check_absolute,
-    )
-    group_prefix: str = setting(
-        "koordnode-",
-        doc="name prefix of the resctrl groups koordnode owns (<prefix>LSR, <prefix>LS, "
-        "<prefix>BE); directories with other names are never touched",
-        check=_check_group_prefix,
-    )
-    amd_max_bandwidth_gbps: float = setting(
-        32.0,
-        min=0.125,
-        max=256.0,
-        doc="AMD only: memory bandwidth in GB/s one L3 domain can draw, i.e. what "
-        "mba_percent = 100 means; a lower percent is written as that share of it",
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# network QoS
-
-NET_CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
+NET_CLASS_NAMES = CLASS_NAMES
 NetClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
 
 # Linux interface names: at most 15 bytes, no "/", no whitespace, not "." or "..".
@@ -189,4 +102,7 @@ class NetQoSConfig:
         return errors
 
     def priority_of(self, class_name: str) -> int:
-        return self.priorities.get(class_name, _DEFAULT_PRIORITIES[class_name])  # type: ignore[index]
+        for name, priority in self.priorities.items():
+            if name == class_name:
+                return priority
+        return _DEFAULT_PRIORITIES[class_name]
