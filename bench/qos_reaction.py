@@ -49,8 +49,8 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
 from koordnode.qos import QoSManager
-from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")

@@ -30,15 +30,15 @@ from pathlib import Path
 import psutil
 import structlog
 
-from faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyConfig
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.qos import QoSManager, QoSSettings
-from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyConfig
-from koordnode.config.qos_manager import QoSManagerConfig
-from koordnode.qos.fakeproc import format_pressure, make_procfs, write_proc_stat
 from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
+from tests.faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
+from tests.support.fakeproc import format_pressure, make_procfs, write_proc_stat
 
 CPUS = 8
 PODS = {"LS": 50, "LSR": 10, "BE": 40}  # x 2 containers = 200 containers
@@ -154,7 +154,7 @@ def bench_fake_tick(version: str, ticks: int) -> dict:
         for name, config in (("default", QoSSettings()), ("all_strategies", all_enabled())):
             clock = [0.0]
             manager = QoSManager(config, layout.state, CgroupExecutor(layout.root), procfs_root=layout.proc,
-                                 memory_plan=lambda: layout.memory_plan, clock=lambda: clock[0])
+                                 memory_plan=lambda: layout.memory_plan, clock=lambda clock=clock: clock[0])
             counters = Counters(layout, version)
             manager.tick()  # warm-up: opens the descriptors, first reconcile pass
             out[name] = time_ticks(manager, counters, ticks, clock)
@@ -189,7 +189,7 @@ def bench_real_tick(ticks: int) -> dict:
                                  all_enabled(), qos_manager=QoSManagerConfig(kubepods_cgroup=kubepods)))):
             clock = [time.monotonic()]
             manager = QoSManager(config, state, CgroupExecutor(base), procfs_root="/proc",
-                                 memory_plan=lambda: plan, clock=lambda: clock[0])
+                                 memory_plan=lambda: plan, clock=lambda clock=clock: clock[0])
             manager.tick()
             out[name] = time_ticks(manager, None, ticks, clock)
             manager.collector.close()

@@ -28,9 +28,9 @@ import psutil
 from koordnode.admin.client import fetch_status
 from koordnode.cri import api_pb2 as pb
 from koordnode.model import annotations as annotations_module
-from support.cri import Cri, container_config, remove_pod, sandbox_config, start_container
-from support.koordnode_runner import KoordnodeProcess
-from testbed.containerd_bed import ContainerdBed
+from tests.support.cri import Cri, container_config, remove_pod, sandbox_config, start_container
+from tests.support.koordnode_runner import KoordnodeProcess
+from tests.testbed.containerd_bed import ContainerdBed
 
 RESOURCE_STATUS = annotations_module.RESOURCE_STATUS
 ISSUE_ANNOTATION = json.dumps({"cpuset": ",".join(["0-65535"] * ((64 * 1024 - 20) // 8))})

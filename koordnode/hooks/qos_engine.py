@@ -209,15 +209,19 @@ class CpuReservation:
     hooks/chain.py): committed where the chain keeps the rewritten request, cancelled where it
     drops it. Quick and lock-light: the event loop calls it."""
 
-    def __init__(self, allocator: CpusetAllocator, allocation: Allocation) -> None:
+    def __init__(self, allocator: CpusetAllocator, allocation: Allocation,
+                 on_settled: Callable[[], None]) -> None:
         self._allocator = allocator
         self.allocation = allocation
+        self._on_settled = on_settled
 
     def commit(self) -> None:
         self._allocator.commit(self.allocation)
+        self._on_settled()
 
     def release(self) -> None:
         self._allocator.cancel(self.allocation)
+        self._on_settled()
 
 
 class QoSEngine:
@@ -444,7 +448,7 @@ class QoSEngine:
             if cpuset.allocation is not None:
                 problem = self.allocator.reserve(cpuset.allocation)
                 if problem is None:
-                    reservation = CpuReservation(self.allocator, cpuset.allocation)
+                    reservation = CpuReservation(self.allocator, cpuset.allocation, self._republish_cpus)
                 else:  # cannot happen: decisions count reservations as held
                     cpuset = dataclasses.replace(self.allocator.pool_for(QoSClass.LS), fallback=True,
                                                  reason=f"{decision.qos_class.value}: {problem}")
@@ -923,13 +927,16 @@ class QoSEngine:
         if not be_pool:
             notes.append(f"the BE pool is empty: BE containers run on CPUs {format_cpu_list(be_runs_on)}")
         allocations = {}
-        for owner, a in allocator.allocations().items():
+        held = {**{o: a for o, a in allocator.reservations().items()}, **allocator.allocations()}
+        for owner, a in held.items():
             # LSR cores are shared with BE by design; LSE cores with nobody.
             shared_with = ls_runs_on | (be_runs_on if a.qos_class is QoSClass.LSE else frozenset())
             overlap = a.cpus & shared_with
             allocations[owner] = {"class": a.qos_class.value, "cpus": sorted(a.cpus),
                                   "exclusive": not overlap,
-                                  **({"shared_cpus": sorted(overlap)} if overlap else {})}
+                                  **({"shared_cpus": sorted(overlap)} if overlap else {}),
+                                  # held for a CreateContainer not forwarded yet
+                                  **({"reserved": True} if allocator.allocation_of(owner) is None else {})}
         return {
             "share_pool": sorted(share_pool),
             "be_pool": sorted(be_pool),
@@ -940,6 +947,13 @@ class QoSEngine:
             "allocations": allocations,
             "notes": notes,
         }
+
+    def _republish_cpus(self) -> None:
+        """After a reservation was committed or cancelled (on the loop, without the lock): the CPU
+        part of the status again. A worker's publish racing with it can only show a reservation
+        a moment longer; the next publish corrects it."""
+        published = self._published
+        self._published = dataclasses.replace(published, engine={**published.engine, "cpus": self._cpu_status()})
 
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""
@@ -959,9 +973,7 @@ class QoSEngine:
     def status(self) -> dict[str, Any]:
         """Never takes the lock: the event loop calls it while workers may hold it."""
         published = self._published
-        # CPUs live: the allocator is safe to read from any thread, and the loop commits and
-        # cancels reservations without the lock (CpuReservation).
-        return {**published.engine, "cpus": self._cpu_status(), "unsupported": dict(self.executor.unsupported)}
+        return {**published.engine, "unsupported": dict(self.executor.unsupported)}
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""

@@ -310,6 +310,9 @@ class CpusetAllocator:
     def reservation_of(self, owner_id: str) -> Allocation | None:
         return self._reservations.get(owner_id)
 
+    def reservations(self) -> Mapping[str, Allocation]:
+        return MappingProxyType(dict(self._reservations))
+
     def _decide(
         self,
         owner_id: str,
