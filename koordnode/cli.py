@@ -240,7 +240,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     configure_logging(config.log.level, config.log.format)
     get_logger("koordnode.cli").info(
-        "config loaded", source=config.source, listen=config.proxy.listen,
+        "config_loaded", source=config.source, listen=config.proxy.listen,
         backend=config.proxy.backend,
     )
     daemon = _optional_module("koordnode.daemon")

@@ -72,7 +72,7 @@ class Daemon:
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
-            log.error("QoS hooks disabled; proxying without them", error=str(exc))
+            log.error("qos_hooks_disabled", detail="proxying without them", error=str(exc))
         hooks.append(HardwareQoSHook(record_pod_network=self.record_pod_network,
                                      refresh_network_classes=self.refresh_network_classes,
                                      place_container_resctrl=self.place_container_resctrl))
@@ -94,7 +94,7 @@ class Daemon:
                 )
                 self.qos_manager.on_tick = self._on_qos_tick  # arch-manager: a constructor argument
             except Exception as exc:
-                log.error("QoS manager disabled", error=str(exc))
+                log.error("qos_manager_disabled", error=str(exc))
                 self.qos_error = f"QoS manager disabled: {exc}"
         self.chain = HookChain(
             hooks,
@@ -129,8 +129,11 @@ class Daemon:
     def _set_dry_run(self, dry_run: bool) -> None:
         """Dry run on or off for every part that writes to the kernel or changes CRI calls."""
         if dry_run != self.dry_run:
-            log.warning("dry run: nothing is written to the kernel, CRI requests are forwarded "
-                        "unchanged" if dry_run else "dry run off: decisions are applied")
+            if dry_run:
+                log.warning("dry_run_on",
+                            detail="nothing is written to the kernel, CRI requests are forwarded unchanged")
+            else:
+                log.warning("dry_run_off", detail="decisions are applied")
         self.dry_run = dry_run
         self.handler.dry_run = dry_run
         if self.qos is not None:
@@ -190,15 +193,16 @@ class Daemon:
         try:
             await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
             self.nri.kubelet_view = kubelet_view
-        except (CriError, asyncio.TimeoutError, OSError) as exc:
-            log.warning("kubelet's container resources not read from CRI; the runtime's are used",
+        except (TimeoutError, CriError, OSError) as exc:
+            log.warning("kubelet_resources_not_read",
+                        detail="kubelet's container resources not read from CRI; the runtime's are used",
                         backend=self.config.proxy.backend, error=str(exc) or type(exc).__name__)
         finally:
             await cri.close()
         try:
             await self.nri.run(self._stop)
         except Exception:
-            log.exception("NRI plugin stopped on an error")
+            log.exception("nri_plugin_failed")
 
     async def _adopted_from_nri(self) -> None:
         # Allocations were restored during Synchronize; one full pass writes the cgroup-level
@@ -211,7 +215,7 @@ class Daemon:
         try:
             await self.qos_manager.run(self._stop)
         except Exception:
-            log.exception("QoS manager stopped on an error")
+            log.exception("qos_manager_failed")
 
     def _on_qos_tick(self, report: Any) -> None:
         METRICS.record_writes(report.writes)
@@ -262,9 +266,9 @@ class Daemon:
     async def evict(self, container_id: str, reason: str) -> None:
         """Stop a BE container through the runtime (BE eviction strategy)."""
         if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
-            log.warning("dry run: would evict BE container", container_id=container_id, reason=reason)
+            log.warning("dry_run_would_evict_be_container", container_id=container_id, reason=reason)
             return
-        log.warning("evicting BE container", container_id=container_id, reason=reason)
+        log.warning("evicting_be_container", container_id=container_id, reason=reason)
         METRICS.record_eviction(reason)
         await self._backend().call(
             RUNTIME_SERVICE + "StopContainer",
@@ -276,7 +280,7 @@ class Daemon:
         try:
             self.metrics_server = start_metrics(self.config.metrics)
         except MetricsStartError as exc:
-            log.error("metrics endpoint not started", error=str(exc))
+            log.error("metrics_endpoint_not_started", error=str(exc))
             self.metrics_server = None
 
     async def _notify_ready(self) -> None:
@@ -285,7 +289,7 @@ class Daemon:
         try:
             await asyncio.wait_for(self._rebuilt.wait(), READY_AT_THE_LATEST_S)
             sdnotify.ready(f"{serving}{self._dry_run_note()}")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             sdnotify.ready(f"{serving}; runtime not answering yet{self._dry_run_note()}")
 
     def _dry_run_note(self) -> str:
@@ -339,15 +343,15 @@ class Daemon:
                 classes = await asyncio.to_thread(self.qos.reconcile, True, self.state.view())
                 self._record_classes(classes)
             except Exception:
-                log.exception("reconcile pass failed")
+                log.exception("reconcile_pass_failed")
         try:
             await asyncio.to_thread(self.resctrl.reconcile, containers_by_group(self.state, self.config.cgroup.driver))
         except Exception:
-            log.exception("resctrl reconcile failed")
+            log.exception("resctrl_reconcile_failed")
         try:
             await asyncio.to_thread(self.netqos.reconcile, self._pod_networks())
         except Exception:
-            log.exception("network QoS reconcile failed")
+            log.exception("net_qos_reconcile_failed")
 
     # ---- hardware QoS helpers -------------------------------------------------------------
 
@@ -381,7 +385,7 @@ class Daemon:
                 pb.PodSandboxStatusResponse, timeout=2,
             )
         except CriError as exc:
-            log.warning("cannot read the pod's network status", sandbox_id=sandbox_id, error=str(exc))
+            log.warning("pod_network_status_unreadable", sandbox_id=sandbox_id, error=str(exc))
             return
         ips, host_network = pod_network_from_status(resp.status)
         self.state.set_pod_network(sandbox_id, ips, host_network)
@@ -413,7 +417,7 @@ class Daemon:
             new = config_for_mode(reload_config(self.config))
         except ConfigError as exc:
             for error in exc.errors:
-                log.error("config reload rejected; keeping the running config", error=error)
+                log.error("config_reload_rejected", detail="keeping the running config", error=error)
             self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
             METRICS.record_config_reload(False)
             sdnotify.ready()
@@ -427,10 +431,12 @@ class Daemon:
             await self._backend_client.close()
             self._backend_client = None
         if new.runtime != old.runtime or new.nri != old.nri:
-            log.warning("[runtime] and [nri] take effect at the next restart",
+            log.warning("runtime_mode_change_needs_restart",
+                        detail="[runtime] and [nri] take effect at the next restart",
                         mode=old.runtime.mode, nri_socket=old.nri.socket)
         if new.proxy.listen != old.proxy.listen or new.admin.socket != old.admin.socket:
-            log.warning("socket paths changed; they take effect at the next restart",
+            log.warning("socket_paths_change_needs_restart",
+                        detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
         if self.qos is not None:
             await asyncio.to_thread(self.qos.reconfigure, new)
@@ -446,7 +452,7 @@ class Daemon:
             self._start_metrics()
         self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
         METRICS.record_config_reload(True)
-        log.info("config reloaded", source=new.source)
+        log.info("config_reloaded", source=new.source)
         await self.reconcile_once()
         sdnotify.ready()
 
@@ -530,7 +536,7 @@ async def _main(config: Any) -> int:
     try:
         await daemon.start()
     except (SocketInUseError, NodeLockError, OSError) as exc:
-        log.error("cannot start", error=str(exc))
+        log.error("cannot_start", error=str(exc))
         return 1
     # Everything allocated so far lives as long as the daemon: keep the collector from walking
     # it again and again (full collections of those objects are the relay's latency spikes).
@@ -541,15 +547,15 @@ async def _main(config: Any) -> int:
     # at most one switch interval (5 ms by default) for them: keep that wait short.
     sys.setswitchinterval(0.0005)
     if daemon.mode == "nri":
-        log.info("koordnode started", version=__version__, mode="nri", nri_socket=config.nri.socket,
+        log.info("koordnode_started", version=__version__, mode="nri", nri_socket=config.nri.socket,
                  backend=config.proxy.backend, dry_run=config.daemon.dry_run)
     else:
-        log.info("koordnode started", version=__version__, mode="proxy", listen=config.proxy.listen,
+        log.info("koordnode_started", version=__version__, mode="proxy", listen=config.proxy.listen,
                  backend=config.proxy.backend, dry_run=config.daemon.dry_run)
     await daemon.serve_forever()
-    log.info("shutting down")
+    log.info("shutting_down")
     await daemon.stop()
-    log.info("koordnode stopped")
+    log.info("koordnode_stopped")
     return 0
 
 
@@ -592,5 +598,6 @@ def config_for_mode(config: Any) -> Any:
     sandbox exists before any plugin is asked): BE pods stay in kubelet's besteffort tier there."""
     if config.runtime.mode != "nri" or not config.cgroup.be_idle_group:
         return config
-    log.info("[cgroup] be_idle_group needs the proxy: in NRI mode BE pods stay in kubelet's besteffort tier")
+    log.info("be_idle_group_needs_proxy",
+             detail="[cgroup] be_idle_group needs the proxy: in NRI mode BE pods stay in kubelet's besteffort tier")
     return dataclasses.replace(config, cgroup=dataclasses.replace(config.cgroup, be_idle_group=False))

@@ -29,15 +29,35 @@ LEVELS = {
 FORMATS = ("json", "console")
 
 
-def _logger_key(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    # get_logger() cannot bind "logger" directly (structlog reserves that keyword).
-    name = event_dict.pop("logger_name", None)
+def _logger_key(logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    # structlog reserves the "logger" keyword, so get_logger(logger_name=...) binds another key;
+    # a module's structlog.get_logger("koordnode.x") leaves its name on the _NamedWriteLogger.
+    name = event_dict.pop("logger_name", None) or getattr(logger, "name", None)
     if name is not None:
-        event_dict["logger"] = name
+        event_dict.setdefault("logger", name)
     return event_dict
 
 
-class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _NamedWriteLogger(structlog.WriteLogger):
+    """A WriteLogger that keeps the name given to ``structlog.get_logger(name)``."""
+
+    def __init__(self, file: TextIO, name: str | None) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+class _NamedWriteLoggerFactory:
+    """Like structlog's WriteLoggerFactory, which drops the positional name; this one keeps it."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> _NamedWriteLogger:
+        name = args[0] if args and isinstance(args[0], str) else None
+        return _NamedWriteLogger(self._file, name)
+
+
+class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Marks the root handler we installed, so reconfiguring replaces only ours."""
 
 
@@ -69,7 +89,7 @@ def configure_logging(level: str = "info", fmt: str = "json", *, stream: TextIO 
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=_NamedWriteLoggerFactory(out),
         context_class=dict,
         cache_logger_on_first_use=False,
     )
@@ -89,5 +109,5 @@ def configure_logging(level: str = "info", fmt: str = "json", *, stream: TextIO 
 
 
 def get_logger(name: str) -> Any:
-    """A structlog logger whose events carry ``logger=<name>``."""
-    return structlog.get_logger(logger_name=name)
+    """A structlog logger whose events carry ``logger=<name>`` (as ``structlog.get_logger(name)``)."""
+    return structlog.get_logger(name)

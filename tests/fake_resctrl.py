@@ -396,10 +396,10 @@ class FakeResctrlKernel:
                     continue
                 dom_text, eq, value_text = item.partition("=")
                 if not eq or not dom_text.strip().isdigit():
-                    self._fail(f"Missing '=' or non-numeric domain id")
+                    self._fail("Missing '=' or non-numeric domain id")
                 dom = int(dom_text)
                 if dom not in staged[resource]:
-                    self._fail(f"Missing '=' or non-numeric domain id")
+                    self._fail("Missing '=' or non-numeric domain id")
                 staged[resource][dom] = self._parse_value(resource, value_text.strip())
         self.values[group] = staged
         self._sync_files(group)
@@ -425,7 +425,7 @@ class FakeResctrlKernel:
         m = self.machine
         assert m.cbm_mask is not None
         if mask & ~m.cbm_mask:
-            self._fail(f"Mask out of range")
+            self._fail("Mask out of range")
         if mask == 0 and m.min_cbm_bits > 0:
             self._fail(f"Mask {text} has too few bits")
         if mask:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
+import pkgutil
 import subprocess
 import sys
 import types
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 import structlog
 
+import koordnode
 from koordnode import __version__
 from koordnode import cli
 from koordnode.config import loader as config_module
@@ -269,6 +272,31 @@ def test_json_logs_from_structlog_and_stdlib(log_stream: io.StringIO) -> None:
     assert theirs["logger"] == "grpc.test"
 
 
+def test_module_loggers_name_their_component(log_stream: io.StringIO) -> None:
+    # Modules log through structlog.get_logger("koordnode.x"); every line must say which one.
+    module_logs = []
+    for info in pkgutil.walk_packages(koordnode.__path__, "koordnode."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        log = getattr(module, "log", None)
+        if isinstance(log, structlog._config.BoundLoggerLazyProxy):
+            module_logs.append(log)
+    assert len(module_logs) >= 5
+    for fmt in ("json", "console"):
+        logsetup.configure_logging("info", fmt, stream=log_stream)
+        for log in module_logs:
+            log.info("probe_event")
+            log.bind(pod="p1").info("probe_event")
+    lines = log_stream.getvalue().splitlines()
+    assert len(lines) == 4 * len(module_logs)
+    names = [log._logger_factory_args[0] for log in module_logs]
+    json_lines, console_lines = lines[: 2 * len(names)], lines[2 * len(names) :]
+    assert [json.loads(line)["logger"] for line in json_lines] == [n for n in names for _ in (0, 1)]
+    for line, name in zip(console_lines, [n for n in names for _ in (0, 1)], strict=True):
+        assert f"[{name}]" in line
+
+
 def test_reconfiguring_changes_level_and_format(log_stream: io.StringIO) -> None:
     log = logsetup.get_logger("koordnode.test")
     logsetup.configure_logging("warning", "json", stream=log_stream)
@@ -286,7 +314,7 @@ def test_exceptions_are_rendered_in_json(log_stream: io.StringIO) -> None:
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        logsetup.get_logger("koordnode.test").exception("hook failed")
+        logsetup.get_logger("koordnode.test").exception("hook_failed")
     record = json.loads(log_stream.getvalue())
     assert "RuntimeError: boom" in record["exception"]
 

@@ -15,7 +15,7 @@ import pytest
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri.client import CriClient, CriError
 from koordnode.cri.methods import IMAGE_SERVICE, RUNTIME_SERVICE
-from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config
+from support.cri import container_config, remove_pod, run_pod, sandbox_config
 
 pytestmark = pytest.mark.e2e
 

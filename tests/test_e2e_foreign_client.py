@@ -115,7 +115,7 @@ def js() -> ForeignClient:
 
 
 def assert_same(calls: list[Call], direct: list[Result], proxied: list[Result]) -> None:
-    for c, d, p in zip(calls, direct, proxied):
+    for c, d, p in zip(calls, direct, proxied, strict=True):
         if c.decoded_as is not None and d.code == OK:
             assert p.decode(c.decoded_as) == d.decode(c.decoded_as), f"{c.path}: koordnode answered differently"
             p, d = dataclasses.replace(p, response=None), dataclasses.replace(d, response=None)
@@ -166,7 +166,7 @@ def test_stable_answers_are_identical_byte_for_byte(js, containerd_bed, koordnod
     assert status_verbose.decode(pb.StatusResponse).info
     assert bed.busybox_image in image.decode(pb.ImageStatusResponse).image.repo_tags
     assert not no_image.decode(pb.ImageStatusResponse).HasField("image")
-    by_path = dict(zip((c.path for c in calls[5:]), rest))
+    by_path = dict(zip((c.path for c in calls[5:]), rest, strict=True))
     assert by_path[RT + "ContainerStatus"].code == NOT_FOUND
     assert "does-not-exist" in by_path[RT + "ContainerStatus"].details
     assert by_path[RT + "StartContainer"].code == NOT_FOUND

@@ -8,6 +8,7 @@ import socket
 import time
 import urllib.request
 
+import grpc
 import pytest
 
 from koordnode.cri import api_pb2 as pb
@@ -68,7 +69,7 @@ def test_metrics_count_cri_calls_by_method_and_code(containerd_bed, tmp_path):
     try:
         for _ in range(3):
             cri.rt.Version(pb.VersionRequest(), timeout=10)
-        with pytest.raises(Exception):
+        with pytest.raises(grpc.RpcError):
             cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id="nope"), timeout=10)
         body = wait_for(lambda: (b := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
                                  .read().decode()) and "Version" in b and b, what="metrics")
@@ -107,7 +108,7 @@ def test_notify_ready_and_stopping_over_notify_socket(containerd_bed, tmp_path, 
         try:
             while True:
                 rest.append(receiver.recv(4096).decode())
-        except socket.timeout:
+        except TimeoutError:
             pass
         assert any("STOPPING=1" in m for m in rest)
     finally:

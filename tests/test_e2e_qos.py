@@ -193,7 +193,7 @@ def _busy_pair(bed, cri: Cri, pods: Pods, cpu: str, through_koordnode: bool) -> 
     t0 = time.monotonic()
     time.sleep(3)
     elapsed = time.monotonic() - t0
-    used = [int(cg_read("cpuacct", cg, "cpuacct.usage")) - s for cg, s in zip(cgroups, start)]
+    used = [int(cg_read("cpuacct", cg, "cpuacct.usage")) - s for cg, s in zip(cgroups, start, strict=True)]
     pods.remove(ls_sid)
     pods.remove(be_sid)
     return tuple(u / 1e9 / elapsed for u in used)  # type: ignore[return-value]

@@ -3,7 +3,7 @@ the chain's own scheduling, which containerd cannot show):
 
 - Post hooks keep books (state, CPU release): each runs exactly once whatever the timeout;
 - under failure_policy = "fail" only a hook that can change the call's request can fail it;
-- "hook failed" log lines name the pod and container.
+- "hook_failed" log lines name the pod and container.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def test_hook_failed_log_lines_name_the_pod_and_container():
             run(body())
     finally:
         chain.close()
-    failed = [e for e in logs if e["event"] == "hook failed"]
+    failed = [e for e in logs if e["event"] == "hook_failed"]
     assert len(failed) == 2
     create, stop = failed
     assert create["pod"] == "team/pod" and create["container"] == "app" and create["pod_sandbox_id"] == "sb-1"

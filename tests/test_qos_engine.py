@@ -379,7 +379,7 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     assert kubelet["cpu_shares"] == 512 and kubelet["unified"] == {"memory.min": str(128 * MIB)}
 
     # --- the files after StartContainer ---
-    for cls, (pod, cids, _) in pods.items():
+    for cls, (_pod, cids, _) in pods.items():
         for i, cid in enumerate(cids):
             shares = {"LS": (512, 256)[i]}.get(cls, expected_shares.get(cls))
             assert node.read(node.ccg(cid), "cpu.weight") == str(weight(shares)), cls
@@ -516,7 +516,7 @@ def test_plain_v1_skips_anolis_files_and_says_why(make_node):
     assert node.read(node.ccg(ls_cid), "cpu.shares") == "512"
     assert not (node.root / "cpu" / be.cgroup.lstrip("/") / "cpu.bvt_warp_ns").exists()
 
-    for pod, cid in ((be, be_cid), (ls, ls_cid)):
+    for pod, _cid in ((be, be_cid), (ls, ls_cid)):
         entry = node.status_pod(pod)
         pod_skips = " | ".join(entry["skipped"])
         for name in ("memory.wmark_ratio", "memory.wmark_scale_factor", "memory.wmark_min_adj"):
@@ -787,7 +787,7 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
         (be.cgroup, "cpu.idle"): "1",
         (node.ccg(be_cid), "cpuset.cpus"): format_cpu_list(node.topology.online),
     }
-    for (cgroup, name), value in want.items():
+    for (cgroup, name), _value in want.items():
         write_cgroup_file(node.root, cgroup, name, {"cpu.idle": "0", "cpuset.cpus": "3"}.get(name, "1000"))
     node.engine.reconcile(force=True)
     for (cgroup, name), value in want.items():
@@ -795,6 +795,16 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     # Forced: an unchanged file is written again and says so in the status.
     node.engine.reconcile(force=True)
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
+
+
+def test_pod_resize_notification_writes_the_pods_values_again(make_node):
+    # After UpdatePodSandboxResources kubelet has rewritten the pod cgroup; the hook re-applies.
+    node = make_node(version="v2")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    node.run_container(be, cpu_shares=2)
+    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "0")
+    node.engine.pod_resources_updated(be.sandbox_id)
+    assert node.read(be.cgroup, "cpu.idle") == "1"
 
 
 # --- hostile input --------------------------------------------------------------------------------

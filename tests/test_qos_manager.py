@@ -321,8 +321,8 @@ def test_be_eviction_calls_the_runtime(tmp_path):
 
 def test_run_ticks_and_wakes_on_pressure(tmp_path):
     node = FakeNode(tmp_path, "v1")
-    ls = node.add_pod("ls1", "LS", BURSTABLE)
-    be = node.add_pod("be1", "BE", BESTEFFORT)
+    node.add_pod("ls1", "LS", BURSTABLE)
+    node.add_pod("be1", "BE", BESTEFFORT)
     # A long tick: any tick after the first ones must have been woken by pressure.
     config = settings(tick_ms=30_000, psi_poll_ms=20)
     manager = QoSManager(config, node.state, CgroupExecutor(node.root), procfs_root=node.proc)

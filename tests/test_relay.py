@@ -248,7 +248,7 @@ def test_flow_control_survives_requests_that_change_size(tmp_path, size):
 
     async def body():
         async with Env(tmp_path, [Grow(size)], timeout_s=2) as env:
-            for i in range(12):
+            for _i in range(12):
                 req = create_request(annotations={"orig": "y" * 20_000})
                 await asyncio.wait_for(env.rt.CreateContainer(req), 10)
                 sent = pb.CreateContainerRequest.FromString(env.backend.received[-1][1])

@@ -58,7 +58,7 @@ def _read_archive(path: Path) -> dict[str, bytes]:
 def test_image_archives_are_deterministic(tmp_path: Path) -> None:
     first = build_test_images(tmp_path / "a")
     second = build_test_images(tmp_path / "b")
-    for one, two in zip(first, second):
+    for one, two in zip(first, second, strict=True):
         assert one.archive.read_bytes() == two.archive.read_bytes()
         assert one.config_digest == two.config_digest
 

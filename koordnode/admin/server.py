@@ -51,7 +51,7 @@ class AdminServer:
             writer.write(json.dumps(body, default=str).encode() + b"\n")
             await writer.drain()
         except Exception as exc:  # never let a bad admin client hurt the daemon
-            log.warning("admin request failed", error=repr(exc))
+            log.warning("admin_request_failed", error=repr(exc))
         finally:
             writer.close()
 

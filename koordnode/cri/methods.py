@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from google.protobuf.message import Message
+
 from koordnode.cri import api_pb2 as pb
 
 # Method paths are these prefixes and the method name: RUNTIME_SERVICE + "Version".
@@ -18,8 +20,8 @@ OLD_API_PREFIX = "/runtime.v1alpha2."
 class MethodSpec:
     name: str
     path: str
-    request_cls: type
-    response_cls: type
+    request_cls: type[Message]
+    response_cls: type[Message]
 
 
 def _spec(name: str) -> MethodSpec:

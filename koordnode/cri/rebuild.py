@@ -179,7 +179,7 @@ async def rebuild(state: NodeState, cri: CriClient, *, timeout_s: float = 10.0) 
             )
         )
     state.replace_all(pods, containers)
-    log.info("state rebuilt from runtime", pods=len(pods), containers=len(containers))
+    log.info("state_rebuilt_from_runtime", pods=len(pods), containers=len(containers))
 
 
 async def rebuild_until_done(state: NodeState, backend: str, *, max_backoff_s: float = 10.0,
@@ -196,7 +196,7 @@ async def rebuild_until_done(state: NodeState, backend: str, *, max_backoff_s: f
                 return
             except CriError as exc:
                 state.rebuild_error = f"{exc.code_name}: {exc.details}"
-                log.warning("cannot rebuild state from runtime yet; will retry",
+                log.warning("state_rebuild_failed", detail="will retry",
                             backend=backend, error=state.rebuild_error, retry_in_s=backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)

@@ -64,6 +64,13 @@ class WriteResult:
     overwritten: bool = False
 
     @property
+    def cgroup_write(self) -> CgroupWrite:
+        """The write of a CgroupExecutor result (which is always a CgroupWrite)."""
+        if not isinstance(self.write, CgroupWrite):
+            raise TypeError(f"not a cgroup write: {self.write!r}")
+        return self.write
+
+    @property
     def ok(self) -> bool:
         """Nothing went wrong (in a dry run: the write would have been made)."""
         return self.status in (WriteStatus.WRITTEN, WriteStatus.UNCHANGED, WriteStatus.WOULD_WRITE)
@@ -526,7 +533,7 @@ class CgroupExecutor(_Converger):
             except _Outcome as outcome:
                 results[index] = outcome.result
                 continue
-            targets.append((index, target, cgroup_depth(target.write.cgroup)))
+            targets.append((index, target, cgroup_depth(plan[index].cgroup)))
 
         original_old: dict[int, str] = {}
         if not self._fs.is_v2:  # v2 does not enforce the subset rule on writes
@@ -552,9 +559,10 @@ class CgroupExecutor(_Converger):
         except OSError:
             return None  # let the final converge step report it
         current = target.fmt.extract(current_text, target.value)
-        if not isinstance(current, frozenset) or target.expected <= current:
+        expected = target.expected
+        if not isinstance(current, frozenset) or not isinstance(expected, frozenset) or expected <= current:
             return None
-        union = current | target.expected
+        union = current | expected
         if union == target.expected:
             # Pure widening: this parents-first pass is the right moment for the final value.
             return self._converge(target, force)

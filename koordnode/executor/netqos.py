@@ -379,7 +379,7 @@ def _htb_params(spec: HtbClass) -> dict[str, int]:
 
 
 def _netlink_error(err: Exception) -> str:
-    return f"{err.code}: {err.args[1] if len(err.args) > 1 else err}"
+    return f"{getattr(err, 'code', None)}: {err.args[1] if len(err.args) > 1 else err}"
 
 
 def _pyroute2() -> Any:

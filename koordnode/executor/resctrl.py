@@ -91,7 +91,7 @@ class ResctrlIO:
 def _read_cpuinfo(procfs_root: Path | str) -> tuple[str, frozenset[str]]:
     """vendor_id and flags of the first processor in cpuinfo."""
     path = ConfinedRoot(procfs_root).file("cpuinfo")
-    vendor, flags = "", frozenset()
+    vendor, flags = "", frozenset[str]()
     for line in read_file(path).splitlines():
         key, _, value = line.partition(":")
         key = key.strip()

@@ -181,7 +181,8 @@ def _parse_device_limit(value: object, resource: str) -> DeviceLimit:
 class FileFormat(Protocol):
     """How one logical value maps onto one kernel file."""
 
-    filename: str
+    @property
+    def filename(self) -> str: ...  # read-only: the formats are frozen dataclasses
 
     def render(self, value: Any, current: str) -> str:
         """Text to write for `value`, given the file's current text."""

@@ -16,6 +16,7 @@ import inspect
 import time
 from collections import Counter
 from typing import Any, Protocol
+from collections.abc import Awaitable
 
 import structlog
 
@@ -79,7 +80,7 @@ class RuntimeHook:
     def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
         pass
 
-    def post(self, call: CallContext) -> None:  # noqa: B027 - optional override
+    def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
         pass
 
 
@@ -105,10 +106,10 @@ class HookChain:
         self.failure_policy = failure_policy
         # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
-        self._pending_post: set[asyncio.Task] = set()
+        self._pending_post: set[asyncio.Task[Any]] = set()
         # The Post tasks a new call waits for: not those already late, or one stuck hook would
         # cost every later call the full timeout.
-        self._awaited_post: set[asyncio.Task] = set()
+        self._awaited_post: set[asyncio.Task[Any]] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
@@ -199,7 +200,7 @@ class HookChain:
                     try:
                         await asyncio.shield(work)
                     except Exception as exc:
-                        log.warning("late hook failed", hook=hook.name, phase=phase,
+                        log.warning("late_hook_failed", hook=hook.name, phase=phase,
                                     method=call.method, **call_ids(call), reason=repr(exc))
                     return False
                 work.result()
@@ -208,7 +209,7 @@ class HookChain:
                 if phase == "pre" and _is_effect(result):
                     result.commit()  # the chain keeps this result: here, before the call goes on
             return True
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)
@@ -222,7 +223,7 @@ class HookChain:
         self.failures[(hook.name, phase, kind)] += 1
         call.hook_failures.append(f"{hook.name}.{phase}: {reason}")
         log.warning(
-            "hook failed",
+            "hook_failed",
             hook=hook.name,
             phase=phase,
             method=call.method,
@@ -256,7 +257,7 @@ def _release_when_done(source: asyncio.Future[Any] | concurrent.futures.Future[A
             try:
                 effect.release()
             except Exception:
-                log.exception("releasing a dropped hook result failed", hook=hook)
+                log.exception("hook_effect_release_failed", hook=hook)
 
     if isinstance(source, concurrent.futures.Future):
         def from_thread(_: object) -> None:

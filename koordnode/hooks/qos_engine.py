@@ -47,6 +47,7 @@ from koordnode.policy.class_policy import (
     ContainerResources,
     KernelFeatures,
     PodInput,
+    PodResourcesPlan,
     allocate_cpuset,
     plan_container,
     plan_pod_memory,
@@ -164,7 +165,7 @@ def apply_overrides(target: pb.LinuxContainerResources, plan: ContainerPlan) -> 
 def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
     applied, skipped = [], []
     for r in results:
-        w = r.write
+        w = r.cgroup_write
         where = f"{w.resource}={w.value} on {w.cgroup}"
         if r.ok:
             applied.append(f"{where} ({r.status.value}{', ' + r.detail if r.detail else ''})")
@@ -253,10 +254,10 @@ class QoSEngine:
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
-        self.be_cpuset_override = be_cpuset
+        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
-        self.pool_update_sink = None  # Callable[[dict[str, str]], None] | None
+        self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -335,7 +336,7 @@ class QoSEngine:
         parse_pod_annotations(dict(cfg.annotations))
         decision = self.classify(cfg.labels, cfg.linux.cgroup_parent)
         if decision.label_problem:
-            log.warning("invalid QoS class label ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
+            log.warning("invalid_qos_class_label_ignored", pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}",
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
 
@@ -354,7 +355,8 @@ class QoSEngine:
             return None
         problem = self._ensure_be_group(new_parent)
         if problem is not None:
-            log.warning("BE pod stays in kubelet's besteffort tier: the BE group is not idle",
+            log.warning("be_pod_not_moved_to_be_group",
+                        detail="BE pod stays in kubelet's besteffort tier: the BE group is not idle",
                         pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}", problem=problem)
             self.notes = list(dict.fromkeys([*self.notes, f"BE group unavailable: {problem}"]))
             return None
@@ -387,7 +389,7 @@ class QoSEngine:
         except UnsafePathError as exc:
             return str(exc)
         if self.executor.dry_run:  # the request diff shows the move; nothing is created
-            log.info("dry run: would make the BE group idle", group=group)
+            log.info("dry_run_would_make_be_group_idle", group=group)
             return None
         slice_name = systemd_group_slice(pod_parent)
         if slice_name is not None and not self.executor.cgroup_exists(group):
@@ -413,7 +415,7 @@ class QoSEngine:
         except UnsafePathError as exc:
             problems = [str(exc)]
         if problems:
-            log.info("BE pod cgroup not removed yet", cgroup_parent=cgroup_parent, problems=problems)
+            log.info("be_pod_cgroup_not_removed_yet", cgroup_parent=cgroup_parent, problems=problems)
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()
@@ -477,7 +479,7 @@ class QoSEngine:
         elif cpuset.fallback:
             req.config.annotations[CPU_ALLOCATION_ANNOTATION] = fallback_to_annotation(cpuset.reason)
         if cpuset.fallback:
-            log.warning("not enough free CPUs; container runs on the shared pool",
+            log.warning("not_enough_free_cpus", detail="container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
 
     @staticmethod
@@ -559,7 +561,7 @@ class QoSEngine:
                 self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
                 self._publish_status()
 
-    def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources):
+    def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources) -> PodResourcesPlan | None:
         try:
             pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
         except UnsafePathError:
@@ -607,7 +609,7 @@ class QoSEngine:
         return self.classify(pod.labels, pod.cgroup_parent)
 
     def _cpuset_for(self, pod: PodRecord, decision: ClassDecision, container_id: str, name: str,
-                    kubelet: ContainerResources):
+                    kubelet: ContainerResources) -> CpusetDecision:
         owner = self.cpu_owner.get(container_id)
         if owner is not None:
             allocation = self.allocator.allocation_of(owner)
@@ -674,11 +676,11 @@ class QoSEngine:
             self.pod_records[sandbox_id] = dataclasses.replace(
                 self.pod_records.get(sandbox_id, Record()), qos_class=decision.qos_class.value,
                 why=decision.why, skipped=(f"cgroup parent {pod.cgroup_parent!r} refused: {exc}",))
-            log.warning("refusing unsafe cgroup parent", sandbox_id=sandbox_id, error=str(exc))
+            log.warning("unsafe_cgroup_parent_refused", sandbox_id=sandbox_id, error=str(exc))
             return decision
         if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
             self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
-            log.info("group identity kernel detected: BE pods get cpu.bvt_warp_ns instead of cpu.idle")
+            log.info("group_identity_kernel_detected", detail="BE pods get cpu.bvt_warp_ns instead of cpu.idle")
         pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                     features=self.features, pod_cgroup=pod_cgroup, node=self.config.node)
         writes: list[CgroupWrite] = list(pod_plan.writes)
@@ -712,7 +714,7 @@ class QoSEngine:
         self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, container_plans)
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
-            by_cgroup.setdefault(r.write.cgroup, []).append(r)
+            by_cgroup.setdefault(r.cgroup_write.cgroup, []).append(r)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
                                      qos_class=decision.qos_class.value, why=decision.why)
         self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), pod_plan.notes)
@@ -722,8 +724,8 @@ class QoSEngine:
                 by_cgroup.get(self._container_cgroup(pod.cgroup_parent, cid), []), plan.notes)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if failed:
-            log.warning("some cgroup writes failed", sandbox_id=sandbox_id,
-                        failures=[f"{r.write.resource} {r.write.cgroup}: {r.detail}" for r in failed])
+            log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
+                        failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
@@ -733,7 +735,7 @@ class QoSEngine:
         applied: dict[str, dict[str, Any]] = {}
         for r in results:
             if r.ok:
-                applied.setdefault(r.write.cgroup, {})[r.write.resource] = r.write.value
+                applied.setdefault(r.cgroup_write.cgroup, {})[r.cgroup_write.resource] = r.write.value
         METRICS.set_applied(pod.namespace, pod.name, "", cls, applied.get(pod_cgroup, {}))
         for cid, (plan, _) in container_plans.items():
             values = dict(applied.get(self._container_cgroup(pod.cgroup_parent, cid), {}))
@@ -741,7 +743,7 @@ class QoSEngine:
                 values["oom_score_adj"] = plan.cri.oom_score_adj
             METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
 
-    def _be_override(self, qos_class: QoSClass):
+    def _be_override(self, qos_class: QoSClass) -> CpusetDecision | None:
         if qos_class is not QoSClass.BE or self.be_cpuset_override is None:
             return None
         cpus = self.be_cpuset_override()
@@ -774,7 +776,7 @@ class QoSEngine:
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
-        if moves:
+        if moves and self.pool_update_sink is not None:  # moves are only made for a sink
             self.pool_update_sink(moves)
         if writes:
             results = self.executor.apply(writes)
@@ -784,7 +786,7 @@ class QoSEngine:
 
     def _note_pool_result(self, result: WriteResult) -> None:
         """Keep the container's status line for its cpuset current after a pool change."""
-        cid = result.write.cgroup.rsplit("/", 1)[-1].removeprefix("cri-containerd-").removesuffix(".scope")
+        cid = result.cgroup_write.cgroup.rsplit("/", 1)[-1].removeprefix("cri-containerd-").removesuffix(".scope")
         record = self.container_records.get(cid)
         if record is None:
             return
@@ -822,13 +824,13 @@ class QoSEngine:
                 if decision.qos_class not in CPU_OWNING_CLASSES:
                     continue  # its class changed (config): a pool container now
                 result = self.allocator.restore(owner, qos_class, cpus)
-                if result.accepted or (self.allocator.allocation_of(owner) is not None
-                                       and self.allocator.allocation_of(owner).cpus == cpus):
+                held = self.allocator.allocation_of(owner)
+                if result.accepted or (held is not None and held.cpus == cpus):
                     self.cpu_owner[c.container_id] = owner
                     self.container_pod[c.container_id] = c.sandbox_id
                 else:
                     self.reallocate.add(c.container_id)
-                    log.warning("cannot restore CPU allocation; will allocate again",
+                    log.warning("cpu_allocation_not_restored", detail="will allocate again",
                                 container_id=c.container_id, reason=result.reason)
             self._publish_status()
         return self.reconcile(force=False, view=view)
@@ -879,7 +881,7 @@ class QoSEngine:
                 try:
                     decision = self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=force)
                 except Exception:  # one pod's trouble must not stop the others' reconcile
-                    log.exception("reconcile of a pod failed", sandbox_id=pod.sandbox_id)
+                    log.exception("pod_reconcile_failed", sandbox_id=pod.sandbox_id)
                     continue
                 if decision is not None:
                     classes[pod.sandbox_id] = (decision.qos_class.value, decision.why)
@@ -910,7 +912,7 @@ class QoSEngine:
                     continue
                 problems = self.executor.remove_cgroup(child)
                 if not problems:
-                    log.info("removed a leftover BE pod cgroup", cgroup=child)
+                    log.info("leftover_be_pod_cgroup_removed", cgroup=child)
 
     # ---- views ----------------------------------------------------------------------------
 

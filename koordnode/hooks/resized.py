@@ -18,6 +18,7 @@ import os
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -35,7 +36,7 @@ _STR_FIELDS = ("cpuset_cpus", "cpuset_mems")
 def _decode(raw: object) -> ContainerResources | None:
     if not isinstance(raw, dict):
         return None
-    values: dict = {}
+    values: dict[str, Any] = {}
     for name in _INT_FIELDS:
         value = raw.get(name, 0)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -70,7 +71,7 @@ class ResizedResources:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as err:
-            log.warning("resized resources file ignored", path=str(self.path), error=str(err))
+            log.warning("resized_resources_file_ignored", path=str(self.path), error=str(err))
             return {}
         entries = {}
         for cid, raw in list(data.items())[:MAX_ENTRIES]:
@@ -115,4 +116,4 @@ class ResizedResources:
                 json.dump(data, handle)
             os.replace(tmp, self.path)
         except OSError as err:
-            log.warning("cannot save resized resources", path=str(self.path), error=str(err))
+            log.warning("resized_resources_not_saved", path=str(self.path), error=str(err))

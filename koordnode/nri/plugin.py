@@ -18,8 +18,8 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
@@ -31,8 +31,8 @@ from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
 from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
-from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer
-from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState
+from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer, Handler
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView
 
 log = structlog.get_logger("koordnode.nri")
 
@@ -76,7 +76,7 @@ def oom_score_adj_floor(proc_self: str = "/proc/self") -> int | None:
         return None
 
 
-def event_mask(events) -> int:
+def event_mask(events: Iterable[int]) -> int:
     mask = 0
     for event in events:
         mask |= 1 << (event - 1)
@@ -92,7 +92,7 @@ class NriStats:
         self.last_error: str | None = None
         self.runtime = ""
         self.events: Counter[str] = Counter()
-        self.answer_seconds: Counter[str] = Counter()  # total time to answer, per event
+        self.answer_seconds: defaultdict[str, float] = defaultdict(float)  # total time to answer, per event
         self.answer_max_seconds: dict[str, float] = {}
         self.late_answers: Counter[str] = Counter()
         self.updates_answered = 0  # in CreateContainer/StopContainer/Synchronize answers
@@ -123,7 +123,7 @@ class NriStats:
 class NriPlugin:
     def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
                  state: NodeState, engine: QoSEngine | None,
-                 on_synchronized: Callable[[], Awaitable[None]] | None = None, procfs_root: str = "/proc") -> None:
+                 on_synchronized: Callable[[], Coroutine[Any, Any, None]] | None = None, procfs_root: str = "/proc") -> None:
         self.socket_path = socket_path
         self.plugin_name = plugin_name
         self.plugin_index = plugin_index
@@ -147,12 +147,13 @@ class NriPlugin:
         self._pool_pending: dict[str, str] = {}
         self._collecting = 0
         self._flush_wanted = asyncio.Event()
-        self._background: set[asyncio.Task] = set()
-        self._late: set[asyncio.Future] = set()  # work answered without changes, still running
+        self._background: set[asyncio.Task[Any]] = set()
+        self._late: set[asyncio.Future[Any]] = set()  # work answered without changes, still running
         self.oom_floor = oom_score_adj_floor()
         if self.oom_floor is not None:
-            log.warning("no CAP_SYS_RESOURCE: oom_score_adj below koordnode's own is clamped to it, "
-                        "as containerd's restrict_oom_score_adj does", floor=self.oom_floor)
+            log.warning("oom_score_adj_clamped",
+                        detail="no CAP_SYS_RESOURCE: oom_score_adj below koordnode's own is clamped to it, "
+                               "as containerd's restrict_oom_score_adj does", floor=self.oom_floor)
         if engine is not None:
             engine.pool_update_sink = self._pool_changed
 
@@ -176,7 +177,7 @@ class NriPlugin:
                         break
                 try:
                     await asyncio.wait_for(stop.wait(), backoff)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 backoff = min(backoff * 2, max_backoff_s)
         finally:
@@ -184,7 +185,7 @@ class NriPlugin:
 
     def _note_error(self, error: str, retry_in_s: float) -> None:
         if error != self.stats.last_error:
-            log.warning("NRI runtime not reachable; will retry", error=error, retry_in_s=retry_in_s)
+            log.warning("nri_runtime_unreachable", detail="will retry", error=error, retry_in_s=retry_in_s)
         self.stats.last_error = error
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -205,11 +206,11 @@ class NriPlugin:
             self.stats.connected, self.stats.connected_since = True, time.time()
             self.stats.registrations += 1
             self.stats.last_error = None
-            log.info("registered with the runtime as an NRI plugin", socket=self.socket_path,
+            log.info("nri_plugin_registered", socket=self.socket_path,
                      plugin=self.plugin_name, index=self.plugin_index)
             await asyncio.wait([tasks[0], stopper], return_when=asyncio.FIRST_COMPLETED)
             if not stop.is_set():
-                log.warning("NRI connection lost; reconnecting", reason=mux.close_reason)
+                log.warning("nri_connection_lost", detail="reconnecting", reason=mux.close_reason)
                 self.stats.last_error = f"connection lost: {mux.close_reason}"
         finally:
             self._client = None
@@ -219,7 +220,7 @@ class NriPlugin:
                 task.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -227,18 +228,18 @@ class NriPlugin:
 
     # ---- the plugin service ---------------------------------------------------------------
 
-    def _handlers(self):
-        def rpc(request_cls, fn, empty_cls, name: str | None = None):
+    def _handlers(self) -> dict[tuple[str, str], Handler]:
+        def rpc(request_cls: Any, fn: Callable[[Any], Any], empty_cls: Any, name: str | None = None) -> Handler:
             async def handler(payload: bytes) -> bytes:
                 request = request_cls.FromString(payload)
                 label = name or _event_label(request.event)
                 return (await self._answer(label, fn(request), empty_cls)).SerializeToString()
             return handler
 
-        def pod_event(fn):
+        def pod_event(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return lambda req: fn(req.pod)
 
-        def container_event(fn):
+        def container_event(fn: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
             return lambda req: fn(req.pod, req.container)
 
         empty = nri.Empty
@@ -279,20 +280,20 @@ class NriPlugin:
             # Shielded: work that overruns finishes in the background, so the state it records
             # stays consistent even though the runtime has had its (empty) answer.
             result = await asyncio.wait_for(asyncio.shield(task), self.request_timeout_s * ANSWER_SHARE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.stats.late_answers[name] += 1
             self._late.add(task)
             task.add_done_callback(self._late.discard)
-            log.warning("NRI event not handled in time; answered without changes", nri_event=name,
+            log.warning("nri_event_timed_out", detail="answered without changes", nri_event=name,
                         deadline_ms=round(self.request_timeout_s * ANSWER_SHARE * 1000))
             return empty_cls()
         except HookFailed as exc:  # failure_policy = "fail": the runtime fails the operation
             if self.dry_run:
-                log.warning("dry run: the runtime would fail this operation", nri_event=name, error=str(exc))
+                log.warning("dry_run_runtime_would_fail", nri_event=name, error=str(exc))
                 return empty_cls()
             raise TtrpcError(INTERNAL, f"koordnode: {exc}") from exc
         except Exception:
-            log.exception("NRI event failed; answered without changes", nri_event=name)
+            log.exception("nri_event_failed", detail="answered without changes", nri_event=name)
             return empty_cls()
         finally:
             elapsed = time.monotonic() - started
@@ -302,7 +303,7 @@ class NriPlugin:
             return empty_cls()
         if self.dry_run and result.ByteSize() > 0:
             self.stats.dry_run_withheld[name] += 1
-            log.info("dry run: answered without changes", nri_event=name,
+            log.info("dry_run_answered_without_changes", nri_event=name,
                      would_answer=str(result).replace("\n", " ")[:2000])
             return empty_cls()
         return result
@@ -312,13 +313,13 @@ class NriPlugin:
         self.request_timeout_s = (req.request_timeout or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
         self.stats.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
         events = BASE_EVENTS + (UPDATE_POD_SANDBOX_EVENTS if req.NRI_version else ())
-        log.info("NRI plugin configured", runtime=self.stats.runtime, nri_version=req.NRI_version or None,
+        log.info("nri_plugin_configured", runtime=self.stats.runtime, nri_version=req.NRI_version or None,
                  request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout)
         self._sync_pods, self._sync_containers = [], []
         return nri.ConfigureResponse(events=event_mask(events)).SerializeToString()
 
     async def _shutdown_handler(self, payload: bytes) -> bytes:
-        log.info("the runtime is shutting down NRI")
+        log.info("nri_shutdown_by_runtime")
         return nri.Empty().SerializeToString()
 
     async def _state_change(self, ev: nri.StateChangeEvent) -> None:
@@ -394,7 +395,8 @@ class NriPlugin:
         finally:
             self._collecting -= 1
         if call.hook_failures:
-            log.warning("hooks failed; container created without their changes", container_id=container.id,
+            log.warning("hooks_failed_container_unchanged", detail="container created without the hooks' changes",
+                        container_id=container.id,
                         failures=call.hook_failures)
         self.stats.updates_answered += len(updates)
         return nri.CreateContainerResponse(adjust=adjust, update=updates)
@@ -423,17 +425,19 @@ class NriPlugin:
 
     def _write_oom(self, container_id: str, pids: list[int], value: int, reason: str) -> None:
         if self.dry_run:
-            log.info("dry run: would set oom_score_adj", container_id=container_id, pids=pids, value=value,
+            log.info("dry_run_would_set_oom_score_adj", container_id=container_id, pids=pids, value=value,
                      reason=reason)
             return
         for pid in pids:
             error = set_oom_score_adj(self.procfs_root, pid, value, reason)
             if error is not None:
-                log.warning("oom_score_adj not set", container_id=container_id, pid=pid, error=error)
+                log.warning("oom_score_adj_not_set", container_id=container_id, pid=pid, error=error)
 
     def _fix_oom_after_sync(self, fixes: list[tuple[str, str, int, int]]) -> None:
         """Engine thread: running containers whose processes run with another oom_score_adj than
         their class's (created while koordnode was away): NRI updates cannot carry it."""
+        if self.engine is None:
+            return
         for cid, cgroup, pid, value in fixes:
             pids = None
             try:
@@ -473,7 +477,7 @@ class NriPlugin:
 
     async def _update_pod_sandbox(self, req: nri.UpdatePodSandboxRequest) -> None:
         # Pod-level values are the engine's (reconcile); nothing to change in the runtime's update.
-        log.debug("pod sandbox update seen", sandbox_id=req.pod.id)
+        log.debug("pod_sandbox_update_seen", sandbox_id=req.pod.id)
 
     # ---- Synchronize: state recovery --------------------------------------------------------
 
@@ -507,7 +511,8 @@ class NriPlugin:
             try:
                 view = state.view()
 
-                def rebuild():
+                def rebuild() -> tuple[dict[str, tuple[str, str]],
+                                       list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]]]:
                     engine.forget_containers_except(live)
                     for cid, res in kubelet.items():
                         engine.remember_kubelet_resources(cid, res)
@@ -541,7 +546,7 @@ class NriPlugin:
             finally:
                 self._collecting -= 1
         self.stats.synchronizations += 1
-        log.info("synchronized with the runtime", pods=len(pod_records), containers=len(container_records),
+        log.info("nri_synchronized", pods=len(pod_records), containers=len(container_records),
                  updates=len(updates))
         if self.on_synchronized is not None:
             self._spawn(self.on_synchronized())
@@ -568,9 +573,12 @@ class NriPlugin:
                 c.linux.resources, c.linux.oom_score_adj if c.linux.HasField("oom_score_adj") else None)
         return out
 
-    def _class_updates(self, view) -> list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]]:
+    def _class_updates(self, view: NodeView) -> list[tuple[str, cri.LinuxContainerResources,
+                                                           nri.ContainerUpdate | None]]:
         """Updates that bring each running container to its class values (engine thread)."""
-        updates = []
+        updates: list[tuple[str, cri.LinuxContainerResources, nri.ContainerUpdate | None]] = []
+        if self.engine is None:
+            return updates
         for c in view.containers.values():
             pod = view.pods.get(c.sandbox_id)
             if c.state != CONTAINER_RUNNING or pod is None or pod.state != POD_READY:
@@ -634,21 +642,21 @@ class NriPlugin:
             return
         if self.dry_run:
             self.stats.dry_run_withheld["UpdateContainers"] += 1
-            log.info("dry run: container updates not sent", containers=[u.container_id for u in updates])
+            log.info("dry_run_container_updates_not_sent", containers=[u.container_id for u in updates])
             return
         request = nri.UpdateContainersRequest(update=updates)
         try:
             raw = await client.call(RUNTIME_SERVICE, "UpdateContainers", request.SerializeToString(), UPDATE_TIMEOUT_S)
         except (TtrpcError, MuxClosed) as exc:
             self.stats.updates_failed += len(updates)
-            log.warning("container updates not delivered", error=str(exc),
+            log.warning("container_updates_not_delivered", error=str(exc),
                         containers=[u.container_id for u in updates])
             return
         failed = nri.UpdateContainersResponse.FromString(raw).failed
         self.stats.updates_sent += len(updates) - len(failed)
         self.stats.updates_failed += len(failed)
         if failed:
-            log.warning("the runtime could not update some containers",
+            log.warning("container_updates_failed", detail="the runtime could not update some containers",
                         containers=[u.container_id for u in failed])
 
     def status(self) -> dict[str, Any]:

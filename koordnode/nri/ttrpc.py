@@ -63,14 +63,14 @@ class TtrpcServer:
     def __init__(self, conn: MuxConn, handlers: dict[tuple[str, str], Handler]) -> None:
         self.conn = conn
         self.handlers = handlers
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self) -> None:
         try:
             while True:
                 stream_id, msg_type, payload = await _read_message(self.conn)
                 if msg_type != MESSAGE_REQUEST:
-                    log.warning("unexpected ttrpc message type; ignored", type=msg_type, stream_id=stream_id)
+                    log.warning("unexpected_ttrpc_message_ignored", type=msg_type, stream_id=stream_id)
                     continue
                 task = asyncio.get_running_loop().create_task(self._handle(stream_id, payload))
                 self._tasks.add(task)
@@ -98,7 +98,7 @@ class TtrpcServer:
                 except DecodeError as exc:
                     response.status.code, response.status.message = INVALID_ARGUMENT, f"malformed payload: {exc}"
                 except Exception as exc:  # a bug must cost one call, not the connection
-                    log.exception("NRI handler failed", method=request.method)
+                    log.exception("nri_handler_failed", method=request.method)
                     response.status.code, response.status.message = INTERNAL, repr(exc)
         try:
             await _send(self.conn, stream_id, MESSAGE_RESPONSE, response.SerializeToString())
@@ -112,7 +112,7 @@ class TtrpcClient:
     def __init__(self, conn: MuxConn) -> None:
         self.conn = conn
         self._ids = itertools.count(1, 2)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
 
     async def receive(self) -> None:
         """Dispatch responses until the connection closes; then fail what is still waiting."""
@@ -131,7 +131,7 @@ class TtrpcClient:
                 if not future.done():
                     future.set_exception(MuxClosed("connection closed before the answer"))
             self._pending.clear()
-        log.debug("ttrpc client stopped", reason=reason)
+        log.debug("ttrpc_client_stopped", reason=reason)
 
     async def call(self, service: str, method: str, payload: bytes, timeout_s: float) -> bytes:
         stream_id = next(self._ids)
@@ -142,7 +142,7 @@ class TtrpcClient:
         try:
             await _send(self.conn, stream_id, MESSAGE_REQUEST, request.SerializeToString())
             raw = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TtrpcError(DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
         finally:
             self._pending.pop(stream_id, None)

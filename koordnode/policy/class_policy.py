@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
@@ -111,7 +112,7 @@ class CriOverrides:
 
     def apply(self, resources: ContainerResources) -> ContainerResources:
         """kubelet's resources with these overrides applied."""
-        changes: dict[str, object] = {
+        changes: dict[str, Any] = {
             spec.name: getattr(self, spec.name)
             for spec in fields(self)
             if spec.name != "unified" and getattr(self, spec.name) is not None
@@ -252,15 +253,15 @@ def _memory_numbers(
         enabled, why = False, 'memory QoS disabled by the pod\'s koordinator.sh/memoryQOS policy "none"'
     return _MemoryNumbers(
         enabled=enabled,
-        min_percent=pick(override and override.min_limit_percent, config.memory_min_percent),
-        low_percent=pick(override and override.low_limit_percent, config.memory_low_percent),
-        high_percent=pick(override and override.throttling_percent, config.memory_high_percent),
+        min_percent=pick(override.min_limit_percent if override else None, config.memory_min_percent),
+        low_percent=pick(override.low_limit_percent if override else None, config.memory_low_percent),
+        high_percent=pick(override.throttling_percent if override else None, config.memory_high_percent),
         wmark=config.memory_wmark,
-        wmark_ratio=pick(override and override.wmark_ratio, config.memory_wmark_ratio),
+        wmark_ratio=pick(override.wmark_ratio if override else None, config.memory_wmark_ratio),
         wmark_scale_permill=pick(
-            override and override.wmark_scale_permill, config.memory_wmark_scale_permill
+            override.wmark_scale_permill if override else None, config.memory_wmark_scale_permill
         ),
-        wmark_min_adj=pick(override and override.wmark_min_adj, config.memory_wmark_min_adj),
+        wmark_min_adj=pick(override.wmark_min_adj if override else None, config.memory_wmark_min_adj),
         why_disabled=why,
     )
 
@@ -346,7 +347,7 @@ def plan_container(
     if qos_class is QoSClass.BE and annotations.extended_resources is not None and batch is None:
         notes.append(f"no batch resources for container {container.name!r} in the extended-resource-spec")
 
-    cri: dict[str, object] = {}
+    cri: dict[str, Any] = {}
     unified: dict[str, str] = {}
     writes: list[CgroupWrite] = []
     mirror: list[CgroupWrite] = []
@@ -435,7 +436,7 @@ def plan_container(
     if container_cgroup is None:
         notes.append("container cgroup not known yet: container-level writes deferred")
 
-    overrides = CriOverrides(unified=unified, **cri)  # type: ignore[arg-type]
+    overrides = CriOverrides(unified=unified, **cri)
     return ContainerPlan(
         qos_class=qos_class,
         cri=overrides,

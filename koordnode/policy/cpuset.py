@@ -493,8 +493,8 @@ class CpusetAllocator:
         ordered = sorted(
             by_core.items(), key=lambda item: (item[1] == set(cores[item[0]]), len(item[1]), item[0])
         )
-        for _, cpus in ordered:
-            for cpu in sorted(cpus):
+        for _, split in ordered:
+            for cpu in sorted(split):
                 if len(chosen) >= n_cpus:
                     break
                 chosen.append(cpu)

@@ -200,7 +200,7 @@ class NetPlan:
         """The ``inet koordnode`` table's definition (without its identifying comment)."""
         lines = [f"table {NFT_FAMILY} {NFT_TABLE} {{"]
         if self.uplinks:
-            lines += ["  set uplinks {", "    type ifname", _elements(f'"{d}"' for d in self.uplinks), "  }"]
+            lines += ["  set uplinks {", "    type ifname", _elements(f'"{d}"' for d in self.uplinks) or "", "  }"]
         lines += _map("egress4", "ipv4_addr", [f"{ip} : {cid}" for ip, cid in self.egress4])
         lines += _map("egress6", "ipv6_addr", [f"{ip} : {cid}" for ip, cid in self.egress6])
         lines += _map("ingress4", "ifname . ipv4_addr",
@@ -333,9 +333,9 @@ def plan_network(
     the node's traffic into its class).
     """
     uplinks = tuple(dict.fromkeys(uplinks))
-    for device in uplinks:
-        if not _SAFE_IFNAME.match(device):
-            raise ValueError(f"interface name {device!r} cannot be shaped (unusual characters)")
+    for uplink in uplinks:
+        if not _SAFE_IFNAME.match(uplink):
+            raise ValueError(f"interface name {uplink!r} cannot be shaped (unusual characters)")
     route_devices = {ip: dev for ip, dev in (route_devices or {}).items() if _SAFE_IFNAME.match(dev)}
     excluded = [ipaddress.ip_network(c, strict=False) for c in config.exclude_cidrs]
     excluded += [ipaddress.ip_network(ip) for ip in local_ips]
@@ -377,12 +377,12 @@ def plan_network(
         share = max(rate // (len(limited) + 1), _MIN_RATE_BPS)
         classes.append(HtbClass(_SHARED_BASE + prio, inner, min(share, ceil), ceil, prio,
                                 f"{names} pods"))
-        for pod, ips, limits in limited:
+        for pod, _ips, limits in limited:
             minor = egress_minor[pod.sandbox_id]
             pod_ceil = min(limits.egress_bps or ceil, ceil)
             classes.append(HtbClass(minor, inner, min(share, pod_ceil), pod_ceil, prio,
                                     f"egress limit of {pod.name}"))
-        for pod, ips, limits in members[prio]:
+        for pod, ips, _limits in members[prio]:
             minor = egress_minor.get(pod.sandbox_id, _SHARED_BASE + prio)
             for ip in ips:
                 (egress6 if ":" in ip else egress4).append((ip, _nft_classid(minor)))

@@ -68,7 +68,7 @@ class InterceptingHandler:
         spec = SPECS_BY_PATH.get(path)
         if spec is None and not self._old_api_logged and path.startswith(OLD_API_PREFIX):
             self._old_api_logged = True
-            log.warning("client uses the old runtime.v1alpha2 CRI API; forwarding without hooks",
+            log.warning("old_cri_api_forwarded_without_hooks", detail="client uses the old runtime.v1alpha2 CRI API",
                         path=path)
         return spec
 
@@ -83,7 +83,7 @@ class InterceptingHandler:
         if request is None:
             # Compressed or malformed: the runtime is the judge, we just stay out of the way.
             self.stats.unparsed_bodies += 1
-            log.warning("request body not parsed; forwarded unchanged", method=spec.name)
+            log.warning("request_body_not_parsed", detail="forwarded unchanged", method=spec.name)
             return BeforeResult(body=body, ctx=None)
         self.stats.intercepted_calls += 1
         started = time.monotonic()
@@ -91,7 +91,7 @@ class InterceptingHandler:
         if seen.failure is not None:
             if self.dry_run:
                 self.stats.dry_run_would_fail += 1
-                log.warning("dry run: would fail the call (failure_policy = fail); forwarded",
+                log.warning("dry_run_would_fail_call", detail="failure_policy = fail; forwarded",
                             method=spec.name, error=seen.failure)
                 return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
             self.stats.failed_by_policy += 1
@@ -119,7 +119,7 @@ class InterceptingHandler:
             return
         self.stats.dry_run_changed_requests += 1
         self.last_dry_run_changes[method] = changes
-        log.info("dry run: request forwarded unchanged; the hooks would have changed it",
+        log.info("dry_run_request_forwarded_unchanged", detail="the hooks would have changed it",
                  method=method, **ids, would=changes)
 
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None:
@@ -137,7 +137,7 @@ class InterceptingHandler:
         fields = dict(self.interceptor.after(token, sent, response, grpc_status, grpc_message))
         fields.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 3))
         log.info(
-            "cri call",
+            "cri_call",
             method=spec.name,
             outcome="ok" if grpc_status == 0 else "error",
             grpc_status=grpc_status,

@@ -23,7 +23,8 @@ import asyncio
 import dataclasses
 import re
 import time
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
 import hpack
 import structlog
@@ -95,13 +96,13 @@ class _HeaderDecoder:
         if _ONLY_INDEXED.fullmatch(block):
             headers = self.cache.get(block)
             if headers is None:
-                headers = self.cache[block] = self.decoder.decode(block, raw=False)
+                headers = self.cache[block] = cast("list[tuple[str, str]]", self.decoder.decode(block, raw=False))
                 if len(self.cache) > 256:  # bounded: a peer cannot grow it without end
                     self.cache.clear()
             return headers
         table = self.decoder.header_table.dynamic_entries
         before = tuple(table)
-        headers = self.decoder.decode(block, raw=False)
+        headers = cast("list[tuple[str, str]]", self.decoder.decode(block, raw=False))
         if self.cache and tuple(table) != before:
             self.cache.clear()
         return headers
@@ -174,7 +175,7 @@ class Relay:
         self._conn_window_event = asyncio.Event()
         self._held = 0  # request bytes held for the hooks on this connection
         self._withheld: list[tuple[int, int]] = []  # (stream, bytes) of window not yet returned
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # ---- connection lifecycle -------------------------------------------------------------
@@ -193,7 +194,7 @@ class Relay:
         except OSError as exc:
             # As if the runtime itself were down: the client sees its connection closed and
             # reports UNAVAILABLE, exactly what it would see against a stopped containerd.
-            log.warning("backend unreachable", backend=self.backend_path, error=str(exc))
+            log.warning("backend_unreachable", backend=self.backend_path, error=str(exc))
             self.close()
             return
         if self._closed:
@@ -230,7 +231,7 @@ class Relay:
             payload = (self._seen_streams_hwm & 0x7FFFFFFF).to_bytes(4, "big") + bytes(4)
             self._to_client(w.frame(w.GOAWAY, 0, 0, payload))
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -251,7 +252,7 @@ class Relay:
         try:
             self._from_client(data)
         except Exception:  # a parsing bug must cost one connection, never the daemon
-            log.exception("relay failed on client data; closing the connection")
+            log.exception("relay_failed_on_client_data", detail="closing the connection")
             self.close()
 
     def _from_client(self, data: bytes) -> None:
@@ -309,14 +310,14 @@ class Relay:
 
     def _connection_error(self, code: int, reason: str) -> None:
         """A client frame HTTP/2 makes a connection error: GOAWAY with `code`, then close."""
-        log.warning("closing a client connection on an HTTP/2 protocol error", reason=reason,
+        log.warning("client_http2_protocol_error", detail="closing the client connection", reason=reason,
                     error_code=code)
         self._cbuf.clear()
         self._to_client(w.goaway(self._seen_streams_hwm, code))
         self.close()
 
     def _go_opaque_client(self) -> None:
-        log.warning("client did not start with the HTTP/2 preface; relaying bytes unparsed")
+        log.warning("no_http2_preface", detail="relaying bytes unparsed")
         self._opaque = True
         data = bytes(self._cbuf)
         self._cbuf.clear()
@@ -368,18 +369,18 @@ class Relay:
                 self._c2s_block = block
             return None
         if ftype == w.CONTINUATION:
-            block = self._c2s_block
-            if block is not None and block.sid == sid:
-                block.size += length
-                if block.size > MAX_HEADER_BLOCK:
+            pending = self._c2s_block
+            if pending is not None and pending.sid == sid:
+                pending.size += length
+                if pending.size > MAX_HEADER_BLOCK:
                     self._c2s_block = None
                     self._give_up_decoding("request header block larger than "
                                            f"{MAX_HEADER_BLOCK} bytes")
                     return None
-                block.fragments.append(bytes(payload))
+                pending.fragments.append(bytes(payload))
                 if flags & w.FLAG_END_HEADERS:
                     self._c2s_block = None
-                    self._client_headers(block)
+                    self._client_headers(pending)
             return None
         if ftype == w.RST_STREAM:
             self._call_done(sid, 1)  # CANCELLED by the client
@@ -403,7 +404,7 @@ class Relay:
             headers = self._c2s_hpack.decode(b"".join(block.fragments))
         except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
             self._hpack_broken = True
-            log.error("cannot decode request headers; interception disabled on this connection",
+            log.error("request_headers_undecodable", detail="interception disabled on this connection",
                       error=repr(exc))
             return
         sid = block.sid
@@ -426,7 +427,7 @@ class Relay:
 
     def _give_up_decoding(self, reason: str) -> None:
         self._hpack_broken = True
-        log.warning("interception disabled on this connection; relaying it unchanged", reason=reason)
+        log.warning("interception_disabled", detail="relaying the connection unchanged", reason=reason)
 
     def _drop_intercepted(self, st: _Intercepted) -> None:
         """Stop holding a call: what is held is dropped, later frames go to the runtime."""
@@ -458,7 +459,7 @@ class Relay:
             st.sid, Status.RESOURCE_EXHAUSTED,
             f"grpc: received message larger than max ({size} vs. {MAX_INTERCEPTED_BODY})",
         ) + w.rst_stream(st.sid, w.ERROR_NO_ERROR))
-        log.warning("refused an oversized request", method=getattr(st.spec, "name", "?"),
+        log.warning("oversized_request_refused", method=getattr(st.spec, "name", "?"),
                     size=size, limit=MAX_INTERCEPTED_BODY)
 
     async def _run_before(self, st: _Intercepted) -> None:
@@ -473,7 +474,7 @@ class Relay:
         try:
             result = await self.handler.before(st.spec, body)
         except Exception as exc:  # the handler is fail-open itself; this is a last resort
-            log.exception("interception failed; forwarding the original request", error=repr(exc))
+            log.exception("interception_failed", detail="forwarding the original request", error=repr(exc))
             result = BeforeResult(body=body)
         st.ctx = result.ctx
         if st.cancelled or self._closed or st.response_done:
@@ -527,7 +528,7 @@ class Relay:
         try:
             self._from_backend(data)
         except Exception:
-            log.exception("relay failed on runtime data; closing the connection")
+            log.exception("relay_failed_on_runtime_data", detail="closing the connection")
             self.close()
 
     def _from_backend(self, data: bytes) -> None:
@@ -584,12 +585,12 @@ class Relay:
                 else:
                     self._s2c_block = block
             else:
-                block = self._s2c_block
-                if block is not None and block.sid == sid:
-                    block.fragments.append(bytes(payload))
+                pending = self._s2c_block
+                if pending is not None and pending.sid == sid:
+                    pending.fragments.append(bytes(payload))
                     if flags & w.FLAG_END_HEADERS:
                         self._s2c_block = None
-                        self._backend_headers(block)
+                        self._backend_headers(pending)
             return None
         if ftype == w.WINDOW_UPDATE:
             if len(payload) != 4:
@@ -640,7 +641,7 @@ class Relay:
             headers = self._s2c_hpack.decode(b"".join(block.fragments))
         except Exception as exc:
             self._hpack_broken = True
-            log.error("cannot decode response headers; interception disabled on this connection",
+            log.error("response_headers_undecodable", detail="interception disabled on this connection",
                       error=repr(exc))
             return
         if not block.flags & w.FLAG_END_STREAM:
@@ -677,7 +678,7 @@ class Relay:
             try:
                 self.handler.after(st.ctx, body, status, message)
             except Exception:
-                log.exception("post-call handling failed")
+                log.exception("post_call_handling_failed")
 
 
 def _declared_length(chunks: list[bytes]) -> int:
@@ -731,5 +732,6 @@ class _BackendProtocol(asyncio.Protocol):
             self.relay.client.resume_reading()
 
 
-def client_protocol_factory(handler: CallHandler, backend_path: str, registry: set[Relay]):
+def client_protocol_factory(handler: CallHandler, backend_path: str,
+                            registry: set[Relay]) -> Callable[[], asyncio.Protocol]:
     return lambda: _ClientProtocol(handler, backend_path, registry)

@@ -49,7 +49,7 @@ def prepare_socket_path(path: str) -> None:
         probe.connect(str(p))
     except OSError:
         p.unlink()  # nobody answers: left over from a previous run
-        log.info("removed stale socket", path=path)
+        log.info("stale_socket_removed", path=path)
         return
     finally:
         probe.close()
@@ -73,7 +73,7 @@ class ProxyServer:
             backlog=listen_backlog(),
         )
         os.chmod(self.listen, 0o660)
-        log.info("serving CRI", listen=self.listen, backend=self.backend)
+        log.info("serving_cri", listen=self.listen, backend=self.backend)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let intercepted calls in flight finish (bounded), then close."""
@@ -87,12 +87,12 @@ class ProxyServer:
             await asyncio.sleep(0.02)
         unfinished = sum(len(r.open_streams) for r in self.relays)
         if unfinished:
-            log.warning("closing with calls still in flight", calls=unfinished, grace_s=grace_s)
+            log.warning("closing_with_calls_in_flight", calls=unfinished, grace_s=grace_s)
         for relay in list(self.relays):
             relay.close()
         try:
             await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         try:
             if stat.S_ISSOCK(os.lstat(self.listen).st_mode):
@@ -100,4 +100,4 @@ class ProxyServer:
         except FileNotFoundError:
             pass
         self._server = None
-        log.info("stopped serving CRI", listen=self.listen)
+        log.info("stopped_serving_cri", listen=self.listen)

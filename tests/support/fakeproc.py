@@ -16,7 +16,7 @@ CpuLine = Sequence[int]
 
 def format_proc_stat(per_cpu: Sequence[CpuLine]) -> str:
     rows = [list(line) + [0] * (10 - len(line)) for line in per_cpu]
-    total = [sum(column) for column in zip(*rows)] if rows else [0] * 10
+    total = [sum(column) for column in zip(*rows, strict=True)] if rows else [0] * 10
     lines = ["cpu  " + " ".join(str(v) for v in total)]
     lines += [f"cpu{i} " + " ".join(str(v) for v in row) for i, row in enumerate(rows)]
     lines += [

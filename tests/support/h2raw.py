@@ -52,7 +52,7 @@ def summarize(data: bytes, closed: bool) -> Answer:
     decoder = hpack.Decoder()
     events: list[tuple] = []
     goaways: list[int] = []
-    for ftype, flags, sid, payload in parse_frames(data):
+    for ftype, _flags, sid, payload in parse_frames(data):
         if ftype == w.HEADERS:
             headers = dict(decoder.decode(payload, raw=False))
             events.append(("HEADERS", sid, headers.get("grpc-status"), headers.get("grpc-message")))
@@ -93,7 +93,7 @@ class RawConnection:
             self.sock.settimeout(left)
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             except ConnectionResetError:
                 self.closed = True

@@ -402,7 +402,7 @@ class ContainerdBed:
 
     # ----- lifecycle -----------------------------------------------------
 
-    def __enter__(self) -> "ContainerdBed":
+    def __enter__(self) -> ContainerdBed:
         self.start()
         return self
 
@@ -848,7 +848,9 @@ disabled_plugins = [
                     last_problem = f"CRI not answering: {err.code()} {err.details()}"
                     cri_failure = self._cri_plugin_failure() if err.code() == grpc.StatusCode.UNIMPLEMENTED else ""
                     if cri_failure:
-                        raise BedError(f"containerd's CRI plugin failed to load: {cri_failure} (log: {self.log_path})")
+                        raise BedError(
+                            f"containerd's CRI plugin failed to load: {cri_failure} (log: {self.log_path})"
+                        ) from err
             time.sleep(0.1)
         raise BedError(f"containerd not ready after {self.start_timeout}s ({last_problem}); log tail:\n{self._log_tail()}")
 

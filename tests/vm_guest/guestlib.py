@@ -55,7 +55,7 @@ class GuestKoordnode(KoordnodeProcess):
     metrics_port: int = 0
     START_TIMEOUT_S = 180.0
 
-    def start(self) -> "GuestKoordnode":
+    def start(self) -> GuestKoordnode:
         log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen([sys.executable, "-m", "koordnode", "run", "--config", str(self.config_path)],

@@ -135,7 +135,7 @@ def test_deb_under_systemd_install_reload_watchdog_upgrade_remove_purge(clean_ma
                       30, "the reload applied")
     assert reload["source"] == str(CONF)
     assert show("MainPID")["MainPID"] == str(first_pid)  # reloaded, not restarted
-    assert "config reloaded" in journal()
+    assert "config_reloaded" in journal()
 
     # --- a stuck daemon: SIGSTOP, the watchdog (WatchdogSec=30s) restarts it -----------------
     restarts = int(show("NRestarts")["NRestarts"])

@@ -53,7 +53,7 @@ def near(value: str, expected: int) -> bool:
     return abs(int(value) - expected) < PAGE
 
 
-def pod_value(pod: "Pod", name: str, check, what: str) -> str:
+def pod_value(pod: Pod, name: str, check, what: str) -> str:
     """A pod-slice value koordnode owns. systemd re-applies the slice's own properties (IOWeight,
     MemoryMin, ... defaults) whenever it realizes the slice again, e.g. when runc starts a scope in
     it: koordnode restores its value within a reconcile period (and counts the overwrite)."""
