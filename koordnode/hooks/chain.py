@@ -77,7 +77,7 @@ class RuntimeHook:
     # can fail under failure_policy = "fail". None: all of `methods`.
     pre_methods: frozenset[str] | None = None
 
-    def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
+    def pre(self, call: CallContext) -> PreEffect | None:  # noqa: B027 - optional override
         pass
 
     def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override

@@ -23,7 +23,9 @@ from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotat
 from koordnode.policy.cpuset import Allocation, CpusetAllocator, CpusetDecision, cpuset_owner_id
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 from koordnode.config.node import NodeConfig
-from koordnode.config.classes import QoSClassConfig, MAX_SHARES, MIN_SHARES
+from koordnode.config.classes import QoSClassConfig
+from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
+from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
 from koordnode.model.kernel import (
     CFS_PERIOD_MAX_US,
     CFS_PERIOD_MIN_US,
