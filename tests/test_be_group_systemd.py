@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from faketree import add_cgroup, read_cgroup_file, write_cgroup_file
-from koordnode.hooks.be_group import systemd_group_of_kubepods
+from koordnode.model.be_group import systemd_group_of_kubepods
 from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
 

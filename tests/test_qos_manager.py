@@ -15,14 +15,14 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 from koordnode.config import from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
-from koordnode.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 4
 BURSTABLE = "/kubepods/burstable"

@@ -13,8 +13,8 @@ from test_qos_manager import BESTEFFORT, BURSTABLE, FakeNode
 from koordnode.config import Config, from_dict
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
-from koordnode.hooks.cpu_topology import read_cpu_topology
-from koordnode.hooks.cpuset_allocator import reserved_cpus_from_config
+from koordnode.model.cpu_topology import read_cpu_topology
+from koordnode.policy.cpuset import reserved_cpus_from_config
 from koordnode.qos import QoSManager
 
 

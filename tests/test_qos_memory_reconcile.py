@@ -16,7 +16,7 @@ from koordnode.config import Config, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.daemon import Daemon
 from support.fakeproc import make_procfs
-from koordnode.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, PodRecord
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, PodRecord
 
 GIB = 1 << 30
 POD = "/kubepods/burstable/podls1"

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
 from koordnode.policy.strategies import (
     BeEvictInput,

@@ -18,7 +18,7 @@ from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.policy.strategies.registry import STRATEGIES
 from koordnode.qos import QoSSettings
 from koordnode.config.strategies import StrategyConfig
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 
 
 @dataclasses.dataclass(frozen=True)

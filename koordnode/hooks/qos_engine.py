@@ -1,6 +1,6 @@
 """Applies the QoS policy to real pods: the glue between CRI calls, policy, allocator and executor.
 
-Policy (hooks/policy.py) is pure; this module owns the state that policy needs across calls
+Policy (policy/class_policy.py) is pure; this module owns the state that policy needs across calls
 (CPU allocations, kubelet's original resources, what was applied and verified) and hands the
 plans to the executor. Hook threads and the reconcile pass call it concurrently, so every entry
 point takes one lock: plans and writes for a node are cheap, and serialising them keeps the
@@ -27,22 +27,23 @@ import structlog
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpuset_allocator import (
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
+from koordnode.policy.cpuset import (
+    Allocation,
     CpusetAllocator,
     CpusetDecision,
     allocator_from_config,
     cpuset_owner_id,
 )
-from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
-from koordnode.hooks.be_group import (
+from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
+from koordnode.model.be_group import (
     be_group_of, be_group_parent, in_be_group, systemd_group_of_kubepods, systemd_group_slice,
 )
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
-from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.hooks.policy import (
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
     ContainerResources,
@@ -58,8 +59,8 @@ from koordnode.hooks.policy import (
 from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
-from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
+from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 
 log = structlog.get_logger("koordnode.qos")
 
@@ -72,7 +73,6 @@ KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
 # (e.g. a fallback container's share-pool set) is never taken for an allocation.
 CPU_ALLOCATION_ANNOTATION = "koordnode.io/cpu-allocation"
 _MAX_ALLOCATION_RECORD_CHARS = 64 * 1024
-_CREATE_POST_DONE = "qos.create_post_done"  # CallContext.scratch key
 
 
 def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[int]) -> str:
@@ -208,9 +208,31 @@ class PublishedStatus:
     container_records: Mapping[str, Record]
 
 
+class CpuReservation:
+    """CPUs a CreateContainer Pre hook set aside for the request it rewrote (a PreEffect, see
+    hooks/chain.py): committed where the chain keeps the rewritten request, cancelled where it
+    drops it. Quick and lock-light: the event loop calls it."""
+
+    def __init__(self, allocator: CpusetAllocator, allocation: Allocation,
+                 on_settled: Callable[[], None]) -> None:
+        self._allocator = allocator
+        self.allocation = allocation
+        self._on_settled = on_settled
+
+    def commit(self) -> None:
+        self._allocator.commit(self.allocation)
+        self._on_settled()
+
+    def release(self) -> None:
+        self._allocator.cancel(self.allocation)
+        self._on_settled()
+
+
 class QoSEngine:
     def __init__(self, config: Any, state: NodeState, *, executor: CgroupExecutor | None = None,
-                 topology: CpuTopology | None = None, resized: ResizedResources | None = None) -> None:
+                 topology: CpuTopology | None = None, resized: ResizedResources | None = None,
+                 be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
@@ -235,7 +257,7 @@ class QoSEngine:
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
-        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = None
+        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
         self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
@@ -323,7 +345,7 @@ class QoSEngine:
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
 
-    # ---- koordnode's BE group (hooks/be_group.py) ---------------------------------------------
+    # ---- koordnode's BE group (model/be_group.py) ---------------------------------------------
 
     def place_be_pod(self, cfg: pb.PodSandboxConfig, decision: ClassDecision) -> str | None:
         """RunPodSandbox: move a BestEffort pod of class BE into the idle BE group by rewriting
@@ -452,14 +474,19 @@ class QoSEngine:
             self._apply_pod(view, sandbox_id, self.pod_input(cfg), force=False)
             self._publish_status()
 
-    def container_create_pre(self, req: pb.CreateContainerRequest,
-                             scratch: dict[str, Any] | None = None) -> ContainerPlan:
-        """Rewrite the CreateContainer request in place; returns the plan for the record.
+    def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
+        """plan_create with the CPUs it reserved committed at once: for callers that forward
+        the request as rewritten."""
+        plan, reservation = self.plan_create(req)
+        if reservation is not None:
+            reservation.commit()
+        return plan
 
-        `scratch`: the call's scratch dict, shared with container_created. A Pre hook that
-        overran its timeout may still finish after the call's Post step: then the CPUs it
-        took were never forwarded, and it gives them back itself."""
-        scratch = scratch if scratch is not None else {}
+    def plan_create(self, req: pb.CreateContainerRequest) -> tuple[ContainerPlan, CpuReservation | None]:
+        """Rewrite the CreateContainer request in place; returns the plan for the record and the
+        CPUs reserved for it (None if none). The caller commits the reservation where the
+        rewritten request is kept and cancels it where it is dropped: the hook chain does
+        (hooks/chain.py PreEffect), also for a hook that finishes after its timeout."""
         pod = self.pod_input(req.sandbox_config)
         decision = self.classify(pod.labels, pod.cgroup_parent)
         kubelet = resources_from_pb(req.config.linux.resources)
@@ -467,18 +494,34 @@ class QoSEngine:
         # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
         req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
         owner = self._owner_id(pod, container.name)
+        reservation: CpuReservation | None = None
         with self.lock:
-            held_before = self.allocator.allocation_of(owner) is not None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
+            if cpuset.allocation is not None:
+                problem = self.allocator.reserve(cpuset.allocation)
+                if problem is None:
+                    reservation = CpuReservation(self.allocator, cpuset.allocation, self._republish_cpus)
+                else:  # cannot happen: decisions count reservations as held
+                    cpuset = dataclasses.replace(self.allocator.pool_for(QoSClass.LS), fallback=True,
+                                                 reason=f"{decision.qos_class.value}: {problem}")
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
-            allocation = self.allocator.allocation_of(owner) if cpuset.exclusive else None
-            if scratch.get(_CREATE_POST_DONE) and not held_before and owner not in self.cpu_owner.values():
-                self.allocator.release(owner)  # too late: the call went on without these CPUs
-                allocation = None
-                self._refresh_pools(self.state.view())
+            allocation = None
+            if cpuset.exclusive:
+                allocation = (cpuset.allocation or self.allocator.allocation_of(owner)
+                              or self.allocator.reservation_of(owner))
             self._publish_status()
+        try:
+            self._rewrite_create(req, plan, kubelet, owner, allocation, cpuset, pod, container)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()  # the hook fails: nothing of it may stay
+            raise
+        return plan, reservation
+
+    def _rewrite_create(self, req: pb.CreateContainerRequest, plan: ContainerPlan, kubelet: ContainerResources,
+                        owner: str, allocation: Any, cpuset: Any, pod: PodInput, container: ContainerInput) -> None:
         apply_overrides(req.config.linux.resources, plan)
         req.config.annotations[KUBELET_RESOURCES_ANNOTATION] = resources_to_annotation(kubelet)
         if allocation is not None:
@@ -489,15 +532,13 @@ class QoSEngine:
         if cpuset.fallback:
             log.warning("not_enough_free_cpus", detail="container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
-        return plan
 
     @staticmethod
     def _owner_id(pod: PodInput | PodRecord, container_name: str) -> str:
         return cpuset_owner_id(pod.uid, container_name,
                                parse_pod_annotations(pod.annotations).has_scheduler_cpuset)
 
-    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
-                          scratch: dict[str, Any] | None = None) -> None:
+    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None) -> None:
         """After CreateContainer: remember the container, or undo the allocation if the call
         failed or went on without it (a Pre hook that failed or timed out has its request
         changes dropped: then the runtime never saw the CPUs, and they go back)."""
@@ -507,8 +548,6 @@ class QoSEngine:
         forwarded = record is not None and record[0] == owner
         view = self.state.view()
         with self.lock:
-            if scratch is not None:
-                scratch[_CREATE_POST_DONE] = True
             if container_id:
                 self.container_pod[container_id] = req.pod_sandbox_id
                 self.kubelet_resources[container_id] = resources_from_annotation(
@@ -571,6 +610,7 @@ class QoSEngine:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
                 self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
+                self._publish_status()
 
     def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources) -> PodResourcesPlan | None:
         try:
@@ -630,6 +670,8 @@ class QoSEngine:
             # Its recorded allocation was refused at restore (e.g. CPUs gone offline): ask again.
             cpuset = allocate_cpuset(self.allocator, self.pod_input_from_record(pod),
                                      ContainerInput(name=name, resources=kubelet), decision.qos_class)
+            if cpuset.allocation is not None and self.allocator.record(cpuset.allocation) is not None:
+                cpuset = self.allocator.pool_for(QoSClass.LS)  # taken meanwhile: ask again next pass
             owner = self._owner_id(pod, name)
             if cpuset.exclusive and self.allocator.allocation_of(owner) is not None:
                 self.cpu_owner[container_id] = owner
@@ -989,7 +1031,7 @@ class QoSEngine:
     # ---- views ----------------------------------------------------------------------------
 
     def _cpu_status(self) -> dict[str, Any]:
-        """CPU pools and allocations as containers really get them (called under the lock)."""
+        """CPU pools and allocations as containers really get them (reads only the allocator)."""
         allocator = self.allocator
         share_pool, be_pool = allocator.share_pool(), allocator.be_pool()
         ls_runs_on = allocator.pool_for(QoSClass.LS).cpus
@@ -1001,13 +1043,16 @@ class QoSEngine:
         if not be_pool:
             notes.append(f"the BE pool is empty: BE containers run on CPUs {format_cpu_list(be_runs_on)}")
         allocations = {}
-        for owner, a in allocator.allocations().items():
+        held = {**{o: a for o, a in allocator.reservations().items()}, **allocator.allocations()}
+        for owner, a in held.items():
             # LSR cores are shared with BE by design; LSE cores with nobody.
             shared_with = ls_runs_on | (be_runs_on if a.qos_class is QoSClass.LSE else frozenset())
             overlap = a.cpus & shared_with
             allocations[owner] = {"class": a.qos_class.value, "cpus": sorted(a.cpus),
                                   "exclusive": not overlap,
-                                  **({"shared_cpus": sorted(overlap)} if overlap else {})}
+                                  **({"shared_cpus": sorted(overlap)} if overlap else {}),
+                                  # held for a CreateContainer not forwarded yet
+                                  **({"reserved": True} if allocator.allocation_of(owner) is None else {})}
         return {
             "share_pool": sorted(share_pool),
             "be_pool": sorted(be_pool),
@@ -1024,6 +1069,13 @@ class QoSEngine:
         problems = dict(be_slices.problems) if be_slices is not None else {}
         return [f"BE group slice {name} not idle (BE pods stay in kubelet's slice): {problem}"
                 for name, problem in sorted(problems.items())]
+
+    def _republish_cpus(self) -> None:
+        """After a reservation was committed or cancelled (on the loop, without the lock): the CPU
+        part of the status again. A worker's publish racing with it can only show a reservation
+        a moment longer; the next publish corrects it."""
+        published = self._published
+        self._published = dataclasses.replace(published, engine={**published.engine, "cpus": self._cpu_status()})
 
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""

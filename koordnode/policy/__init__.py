@@ -1,1 +1,1 @@
-"""Pure decisions: model + config in, plans (data) out. Nothing here reads or writes the kernel."""
+"""Pure decisions: model + config -> plans (data). No I/O, no mutation of shared state."""

@@ -14,18 +14,17 @@ from typing import Any
 
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
-from koordnode.hooks.annotations import parse_pod_annotations
-from koordnode.hooks.be_group import BE_GROUP
-from koordnode.hooks.qos_class import (
+from koordnode.model.annotations import parse_pod_annotations
+from koordnode.model.be_group import BE_GROUP
+from koordnode.model.qos_class import (
     CPU_OWNING_CLASSES,
     DEFAULT_KUBE_QOS_MAPPING,
     KubeQoS,
     QoSClass,
-    parse_qos_class,
-    resolve_qos_class,
+    pod_qos_class,
 )
 from koordnode.policy.strategies.base import NON_BE_CLASSES, ContainerView, Inventory, PodView
-from koordnode.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
 __all__ = [
@@ -36,7 +35,7 @@ __all__ = [
 
 def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
     """The besteffort and burstable tier cgroups under kubelet's top pod cgroup, and koordnode's
-    BE group beside them (hooks/be_group.py)."""
+    BE group beside them (model/be_group.py)."""
     kubepods = "/" + kubepods.strip("/")
     systemd = driver == "systemd" or (driver == "auto" and kubepods.endswith(".slice"))
     if systemd:
@@ -100,9 +99,7 @@ class InventoryBuilder:
         except UnsafePathError as err:
             value: tuple[str, QoSClass, str, int, Any] | str = f"{label}: {err}"
         else:
-            qos = parse_qos_class(pod.qos_class) if pod.qos_class else None
-            if qos is None:
-                qos = resolve_qos_class(pod.labels, pod.cgroup_parent, self.mapping).qos_class
+            qos = pod_qos_class(pod.qos_class, pod.labels, pod.cgroup_parent, self.mapping)
             annotations = parse_pod_annotations(pod.annotations) if qos is QoSClass.BE else None
             value = (label, qos, cgroup, _priority(pod.labels), annotations)
         self._pods[pod.sandbox_id] = (key, value)

@@ -32,8 +32,8 @@ from typing import Any
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
 from koordnode.policy.strategies.base import Inventory, Strategy
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY

@@ -14,10 +14,10 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpuset_allocator import reserved_cpus_from_config
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
+from koordnode.policy.cpuset import reserved_cpus_from_config
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
 from koordnode.config.qos_manager import QoSManagerConfig

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from koordnode.executor.executor import WriteResult, WriteStatus
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.strategies.base import Strategy
 from koordnode.policy.strategies.common import Explanation
 

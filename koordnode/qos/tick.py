@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteResult
-from koordnode.executor.plan import CgroupWrite
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import RESOURCES, FileFormatError, InvalidValueError
 from koordnode.policy.strategies.base import Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction, StrategyResult

@@ -16,7 +16,7 @@ import pytest
 from koordnode.config import Config, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.daemon import Daemon
-from koordnode.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, PodRecord
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, PodRecord
 
 CG = Path("/sys/fs/cgroup")
 GIB = 1 << 30

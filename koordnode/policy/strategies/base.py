@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.common import StrategyResult
 
 # Classes whose usage counts against the BE budget (everything but BE).

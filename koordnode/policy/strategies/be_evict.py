@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Eviction, Explanation, StrategyResult, rounded
 from koordnode.config.strategies import BeEvictConfig

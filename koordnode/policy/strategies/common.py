@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.executor.resources import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.kernel import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US, DEFAULT_CFS_PERIOD_US
+from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
 from koordnode.config.strategies import CpuBurstConfig
@@ -36,7 +36,7 @@ class BurstContainer:
     container_id: str
     cgroup: str
     quota_us: int  # the limit kubelet set, per period; <= 0 = no CPU limit
-    period_us: int = 100_000
+    period_us: int = DEFAULT_CFS_PERIOD_US
     throttled: int = 0  # nr_throttled increase since the previous tick
 
 
@@ -89,7 +89,7 @@ def _scaled(quota_us: int, scale: float) -> int:
 
 def _quota_writes(pod: BurstPod, scale: float, growing: bool, reason: str) -> list[CgroupWrite]:
     containers = [CgroupWrite(c.cgroup, "cpu.cfs_quota_us", _scaled(c.quota_us, scale), reason) for c in pod.limited]
-    period = pod.limited[0].period_us if pod.limited else 100_000
+    period = pod.limited[0].period_us if pod.limited else DEFAULT_CFS_PERIOD_US
     pod_limit = pod.pod_limit_us(period)
     pod_write = [CgroupWrite(pod.cgroup, "cpu.cfs_quota_us", _scaled(pod_limit, scale), reason)] if pod_limit else []
     return pod_write + containers if growing else containers + pod_write

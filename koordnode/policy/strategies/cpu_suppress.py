@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.executor.resources import format_cpu_list, parse_cpu_list
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
+from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
 from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
@@ -42,7 +43,7 @@ class CpuSuppressInput:
     ls_pressure_percent: float | None  # LS CPU "some" pressure; None = not measurable
     be_tier: str  # the BE tier cgroup ("/kubepods/besteffort")
     current_quota_us: int | None = None  # the tier's quota now (-1 unlimited); None = tier missing
-    period_us: int = 100_000
+    period_us: int = DEFAULT_CFS_PERIOD_US
     elapsed_s: float | None = None  # since the previous decision; None = first one
     tick_s: float = 1.0
     # cpuset policy
@@ -230,7 +231,7 @@ def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
         ls_pressure_percent=snap.ls_pressure_percent,
         be_tier=tier,
         current_quota_us=quota,
-        period_us=period or 100_000,
+        period_us=period or DEFAULT_CFS_PERIOD_US,
         elapsed_s=snap.elapsed_s,
         tick_s=snap.tick_s,
         online_cpus=snap.online_cpus,

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.config.strategies import MemoryQoSConfig
