@@ -51,7 +51,7 @@ from koordnode.executor.executor import CgroupExecutor, WriteStatus
 from koordnode.qos import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
-from koordnode.state import NodeState, PodRecord
+from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")

@@ -27,7 +27,7 @@ import psutil
 
 from koordnode.admin.client import fetch_status
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks import annotations as annotations_module
+from koordnode.model import annotations as annotations_module
 from tests.support.cri import Cri, container_config, remove_pod, sandbox_config, start_container
 from tests.support.koordnode_runner import KoordnodeProcess
 from tests.testbed.containerd_bed import ContainerdBed

@@ -16,13 +16,15 @@ import structlog
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
+from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriClient, CriError
-from koordnode.cri.methods import RUNTIME_SERVICE
-from koordnode.executor.netqos import NetQoSController, pod_network_from_status
+from koordnode.cri.client import RUNTIME_SERVICE, CriClient, CriError
+from koordnode.qos.net_control import NetQoSController
+from koordnode.model.network import pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.resctrl import ResctrlController
-from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.chain import HookChain, RuntimeHook
+from koordnode.hooks.hw_qos import HardwareQoSHook
+from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
@@ -31,13 +33,14 @@ from koordnode.logsetup import configure_logging
 from koordnode.metrics import METRICS, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
-from koordnode.proxy.handler import HookCallHandler, ProxyStats
+from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
-from koordnode.qos.net_policy import PodNetwork
-from koordnode.qos.resctrl_policy import containers_by_group, group_of_class
+from koordnode.policy.net import PodNetwork
+from koordnode.policy.resctrl import group_of_class
+from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
-from koordnode.state import POD_READY, NodeState
+from koordnode.model.state import POD_READY, NodeState
 
 log = structlog.get_logger("koordnode")
 
@@ -46,30 +49,6 @@ SHUTDOWN_GRACE_S = 5.0
 # waiting for it would make systemd kill and restart koordnode in a loop.
 READY_AT_THE_LATEST_S = 30.0
 BACKEND_PROBE_TIMEOUT_S = 1.0
-RESCTRL_CLASSES = ("LSR", "LS", "BE")
-
-
-class HardwareQoSHook(RuntimeHook):
-    """Post hooks for what needs the pod running: its IPs (tc classes), its threads (resctrl)."""
-
-    name = "hw-qos"
-    methods = frozenset({"RunPodSandbox", "StartContainer", "StopPodSandbox", "RemovePodSandbox"})
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-
-    async def post(self, call: CallContext) -> None:
-        if not call.succeeded or call.response is None:
-            return
-        if call.method == "RunPodSandbox":
-            if "pod_ips" in call.scratch:  # NRI mode: the runtime said; CRI does not know the pod yet
-                self.daemon.refresh_network_classes()
-            else:
-                await self.daemon.record_pod_network(call.response.pod_sandbox_id)
-        elif call.method == "StartContainer":
-            await asyncio.to_thread(self.daemon.place_container_resctrl, call.request.container_id)
-        else:  # a pod stopped or went away: its IPs leave the network classes now
-            self.daemon.refresh_network_classes()
 
 
 class Daemon:
@@ -89,12 +68,14 @@ class Daemon:
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            self.qos = QoSEngine(config, self.state, resized=resized)
+            self.qos = QoSEngine(config, self.state, resized=resized, be_cpuset=self._be_cpuset)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("qos_hooks_disabled", detail="proxying without them", error=str(exc))
-        hooks.append(HardwareQoSHook(self))
+        hooks.append(HardwareQoSHook(record_pod_network=self.record_pod_network,
+                                     refresh_network_classes=self.refresh_network_classes,
+                                     place_container_resctrl=self.place_container_resctrl))
         self.resctrl = ResctrlController(
             config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
         )
@@ -106,13 +87,11 @@ class Daemon:
                     config, self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.evict,
-                    # The engine's reconcile re-applies pod memory values; the manager keeps
-                    # the node watermarks only, so nothing is written twice.
-                    memory_plan=None,
+                    # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
+                    memory_plan=self.qos.memory_plan,
                     reserved_cpus=lambda: self.qos.allocator.reserved,
                 )
-                self.qos.be_cpuset_override = self.qos_manager.be_cpuset
-                self.qos_manager.on_tick = self._on_qos_tick
+                self.qos_manager.on_tick = self._on_qos_tick  # arch-manager: a constructor argument
             except Exception as exc:
                 log.error("qos_manager_disabled", error=str(exc))
                 self.qos_error = f"QoS manager disabled: {exc}"
@@ -121,8 +100,8 @@ class Daemon:
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
-        self.handler = HookCallHandler(self.chain, self.state, self.stats)
-        self.handler.on_completed = lambda path, code, seconds: METRICS.observe_cri_call(path, code, seconds)
+        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for), self.stats,
+                                           on_completed=METRICS.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
         self.nri = None
@@ -141,6 +120,10 @@ class Daemon:
         self._background: set[asyncio.Task] = set()
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
+
+    def _be_cpuset(self) -> frozenset[int] | None:
+        """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
+        return self.qos_manager.be_cpuset() if self.qos_manager is not None else None
 
     def _set_dry_run(self, dry_run: bool) -> None:
         """Dry run on or off for every part that writes to the kernel or changes CRI calls."""
@@ -373,7 +356,7 @@ class Daemon:
 
     @staticmethod
     def _resctrl_classes(config: Any) -> dict[str, Any]:
-        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_CLASSES}
+        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES}
 
     def _threads_of(self, cgroup: str) -> list[int] | None:
         if self.qos is None:

@@ -71,6 +71,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from koordnode import __version__
 from koordnode.config.metrics import DEFAULT_LISTEN, MetricsConfig, normalize_listen, parse_listen
 from koordnode.cri import api_pb2 as _cri
+from koordnode.model.cpulist import CpuListError, parse_cpu_list
+from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
 from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
 __all__ = [
@@ -103,7 +105,6 @@ _CRI_METHOD_NAMES = frozenset(
 _CRI_PATH = re.compile(r"/runtime\.(?:v1|v1alpha2)\.(?:RuntimeService|ImageService)/(\w+)")
 
 _POD_LABELS = ("namespace", "pod", "container", "class")
-DEFAULT_CFS_PERIOD_US = 100_000
 
 # Keys accepted by Metrics.set_applied: executor resource names, and the CRI field names of
 # LinuxContainerResources for the same values.
@@ -442,17 +443,10 @@ def _count_cpus(value: Any) -> int:
     """Number of CPUs in a cpulist such as "0-3,8" (an int is taken as the count)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    text = str(value).strip()
-    if not text:
-        return 0
-    count = 0
-    for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        first, last = int(low), int(high) if sep else int(low)
-        if first < 0 or last < first:
-            raise ValueError(f"bad CPU range {part!r}")
-        count += last - first + 1
-    return count
+    try:
+        return len(parse_cpu_list(str(value)))
+    except CpuListError as err:
+        raise ValueError(str(err)) from None
 
 
 def _set(values: dict[str, float], name: str, value: float | None) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koordnode.hooks.annotations import (
+from koordnode.model.annotations import (
     BATCH_CPU,
     BATCH_MEMORY,
     EXTENDED_RESOURCE_SPEC,
@@ -292,7 +292,7 @@ def test_hostile_resource_status_is_refused_with_a_reason() -> None:
 
 
 def test_repeated_in_bounds_ranges_are_merged() -> None:
-    from koordnode.hooks.cpulist import MAX_CPU_ID, parse_cpu_list
+    from koordnode.model.cpulist import MAX_CPU_ID, parse_cpu_list
 
     text = ",".join([f"0-{MAX_CPU_ID}"] * 6000 + ["5", "3-4"])
     assert parse_cpu_list(text) == frozenset(range(MAX_CPU_ID + 1))
@@ -300,7 +300,7 @@ def test_repeated_in_bounds_ranges_are_merged() -> None:
 
 
 def test_pod_annotations_are_parsed_once_per_distinct_text(monkeypatch) -> None:
-    import koordnode.hooks.annotations as annotations_module
+    import koordnode.model.annotations as annotations_module
 
     calls = []
     real = annotations_module._parse_pod_annotations

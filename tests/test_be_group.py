@@ -1,11 +1,11 @@
-"""Where BE pods go (hooks/be_group.py) and how their class is read back from there."""
+"""Where BE pods go (model/be_group.py) and how their class is read back from there."""
 
 from __future__ import annotations
 
 import pytest
 
-from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
-from koordnode.hooks.qos_class import KubeQoS, kube_qos_from_cgroup_parent, pod_uid_from_cgroup_parent
+from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.model.qos_class import KubeQoS, kube_qos_from_cgroup_parent, pod_uid_from_cgroup_parent
 from koordnode.executor.paths import pod_cgroup_path
 
 UID = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc"

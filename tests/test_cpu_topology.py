@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from koordnode.hooks.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpulist import MAX_CPU_ID, CpuListError, format_cpu_list, parse_cpu_list
+from koordnode.model.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
+from koordnode.model.cpulist import MAX_CPU_ID, CpuListError, format_cpu_list, parse_cpu_list
 
 # --- cpu lists ---------------------------------------------------------------------------
 

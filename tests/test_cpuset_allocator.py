@@ -7,9 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpuset_allocator import CpusetAllocator, reserved_cpus_from_config
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.policy.cpuset import CpusetAllocator, reserved_cpus_from_config
+from koordnode.model.qos_class import QoSClass
 
 BIG = CpuTopology.describe(sockets=2, numa_per_socket=2, cores_per_numa=8, threads_per_core=2)  # 64 CPUs
 SMALL = CpuTopology.describe(sockets=1, numa_per_socket=1, cores_per_numa=4, threads_per_core=2)  # 8 CPUs

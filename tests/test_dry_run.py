@@ -9,9 +9,10 @@ from pathlib import Path
 from fake_resctrl import INTEL_XEON_2S, make_resctrl
 from faketree import make_cgroup_tree, make_procfs_tree, read_cgroup_file
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
-from koordnode.executor.plan import CgroupWrite
-from koordnode.executor.resctrl import ResctrlController
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
+from koordnode.qos.resctrl_control import ResctrlController
 from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig
 from koordnode.proxy.handler import message_changes
 from koordnode.qos.psi import PressureWatch
@@ -112,9 +113,9 @@ class _NoWritesNet:
 
 
 def test_network_qos_dry_run_plans_without_tc_or_nft() -> None:
-    from koordnode.executor.netqos import NetQoSController
+    from koordnode.qos.net_control import NetQoSController
     from koordnode.config.netqos import NetQoSConfig
-    from koordnode.qos.net_policy import PodNetwork
+    from koordnode.policy.net import PodNetwork
 
     ctl = NetQoSController(NetQoSConfig(enable=True, interfaces=("eth0",)), executor=_NoWritesNet())
     ctl.dry_run = True

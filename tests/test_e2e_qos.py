@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.cpulist import parse_cpu_list
+from koordnode.model.cpulist import parse_cpu_list
 from support.cri import Cri, Pods, container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess
 

@@ -21,7 +21,7 @@ import pytest
 
 from koordnode.admin.client import fetch_status
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.cpulist import parse_cpu_list
+from koordnode.model.cpulist import parse_cpu_list
 from support.cri import Cri
 from support.koordnode_runner import REPO, InProcessKoordnode, KoordnodeProcess, short_socket_dir
 from test_e2e_qos import ALL_CPUS, GUARANTEED_1CPU, Pods, cg_read

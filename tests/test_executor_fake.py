@@ -20,9 +20,10 @@ from faketree import (
     write_cgroup_file,
 )
 from koordnode.executor.cgroup import write_file as real_write_file
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, SysctlWrite, WriteStatus
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.policy.plan import SysctlWrite
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import parse_cpu_list
 
 POD = "/kubepods/besteffort/pod1"

@@ -16,7 +16,7 @@ import pytest
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
 from koordnode.executor.paths import CgroupVersion, detect_cgroup_version
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import PAGE_SIZE, parse_cpu_list
 
 ROOT = Path("/sys/fs/cgroup")

@@ -188,7 +188,7 @@ class _RecordingEngine:
     def __getattr__(self, name):
         def record(*args, **kwargs):
             self.calls.append(name)
-            return _Decision()
+            return (_Decision(), None) if name == "plan_create" else _Decision()  # (plan, CPUs reserved)
         return record
 
 

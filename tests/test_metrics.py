@@ -13,16 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from koordnode import __version__
 from koordnode.config import ConfigError, from_dict
-from koordnode.executor.executor import SysctlWrite, WriteResult, WriteStatus
-from koordnode.executor.plan import CgroupWrite
-from koordnode.metrics import (
-    Metrics,
-    MetricsConfig,
-    MetricsStartError,
-    normalize_listen,
-    parse_listen,
-    start,
-)
+from koordnode.policy.plan import SysctlWrite
+from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.policy.plan import CgroupWrite
+from koordnode.metrics import Metrics, MetricsStartError, start
+from koordnode.config.metrics import MetricsConfig, normalize_listen, parse_listen
 
 POD = ("default", "web-0")
 

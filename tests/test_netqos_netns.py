@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from koordnode.executor.netqos import NetQoSController, NetQoSExecutor
+from koordnode.executor.netqos import NetQoSExecutor
+from koordnode.qos.net_control import NetQoSController
 from koordnode.config.netqos import NetQoSConfig
-from koordnode.qos.net_policy import NETWORK_QOS_ANNOTATION, PodNetwork
+from koordnode.policy.net import NETWORK_QOS_ANNOTATION, PodNetwork
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nft"),

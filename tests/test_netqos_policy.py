@@ -8,9 +8,9 @@ import pytest
 
 from koordnode.config import ConfigError, from_dict
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.netqos import pod_network_from_status
+from koordnode.model.network import pod_network_from_status
 from koordnode.config.netqos import NetQoSConfig
-from koordnode.qos.net_policy import (
+from koordnode.policy.net import (
     NETWORK_QOS_ANNOTATION,
     HtbClass,
     PodLimits,
@@ -262,7 +262,7 @@ def test_deeply_nested_annotation_is_refused_and_the_pod_still_shaped() -> None:
 
 
 def test_one_pod_failing_unexpectedly_leaves_the_others_shaped(monkeypatch) -> None:
-    import koordnode.qos.net_policy as net_policy
+    import koordnode.policy.net as net_policy
 
     real = net_policy.parse_network_qos
 

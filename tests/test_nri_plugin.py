@@ -17,7 +17,7 @@ from koordnode.nri import api_pb2 as nri
 from koordnode.nri.mux import MAX_WRITE_FRAME, Mux
 from koordnode.nri.plugin import BASE_EVENTS, NriPlugin, event_mask
 from koordnode.nri.ttrpc import TtrpcClient, TtrpcServer
-from koordnode.state import NodeState
+from koordnode.model.state import NodeState
 from support.koordnode_runner import short_socket_dir
 from support.nri_runtime import CallFailed, FakeRuntime
 
@@ -283,7 +283,7 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
         pool_update_sink = None
 
         def classify(self, labels, parent):
-            from koordnode.hooks.qos_class import resolve_qos_class
+            from koordnode.model.qos_class import resolve_qos_class
             return resolve_qos_class(labels, parent, {})
 
         def forget_containers_except(self, live):

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import get_resource
-from koordnode.hooks.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpuset_allocator import CpusetAllocator
-from koordnode.hooks.policy import (
+from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.policy.cpuset import CpusetAllocator
+from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerResources,
     CriOverrides,
@@ -29,7 +29,7 @@ from koordnode.hooks.policy import (
     plan_pod_sandbox,
     requested_cpus,
 )
-from koordnode.hooks.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
+from koordnode.model.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
 from koordnode.config.classes import MIB, QoSConfig
 from koordnode.config.node import NodeConfig
 
@@ -585,18 +585,26 @@ def test_hostile_inputs_never_raise(labels, annotations, parent, shares, limit, 
 
 
 def test_allocate_cpuset_uses_request_and_scheduler_choice() -> None:
-    from koordnode.hooks.annotations import RESOURCE_STATUS
-    from koordnode.hooks.cpuset_allocator import allocator_from_config
+    from koordnode.model.annotations import RESOURCE_STATUS
+    from koordnode.policy.cpuset import allocator_from_config
 
     allocator, notes = allocator_from_config(TOPOLOGY, NodeConfig(reserved_cpus=2, system_cpus="0,99"))
     assert allocator.reserved == {0, 8} and "99" in notes[0]
     assert allocator.pool_for(QoSClass.SYSTEM).cpus == {0}
     lse = allocate_cpuset(allocator, pod_of(QoSClass.LSE), ContainerInput("main", TWO_CPUS_1G), QoSClass.LSE)
-    assert len(lse.cpus) == 2 and allocator.allocation_of(f"{UID}/main") is not None
+    # Pure: the allocation comes back to be recorded where the decision is applied.
+    assert len(lse.cpus) == 2 and allocator.allocation_of(f"{UID}/main") is None
+    assert lse.allocation is not None and lse.allocation.cpus == lse.cpus
+    again = allocate_cpuset(allocator, pod_of(QoSClass.LSE), ContainerInput("other", TWO_CPUS_1G), QoSClass.LSE,
+                            pending=[lse.allocation])
+    assert not again.cpus & lse.cpus  # pending allocations count as held
+    assert allocator.record(lse.allocation) is None and allocator.allocation_of(f"{UID}/main") is not None
     chosen = pod_of(QoSClass.LSR, annotations={RESOURCE_STATUS: '{"cpuset": "6-7"}'})
     for name in ("a", "b"):  # both containers share the pod's scheduler cpuset
         decision = allocate_cpuset(allocator, chosen, ContainerInput(name, TWO_CPUS_1G), QoSClass.LSR)
         assert decision.cpus == {6, 7}
+        if decision.allocation is not None:
+            assert allocator.record(decision.allocation) is None
     assert allocator.allocation_of(UID).cpus == {6, 7}
     ls = allocate_cpuset(allocator, pod_of(QoSClass.LS), ContainerInput("main", TWO_CPUS_1G), QoSClass.LS)
     assert ls.cpus == allocator.share_pool() and not ls.cpus & ({0, 8, 6, 7} | lse.cpus)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from koordnode.hooks.qos_class import (
+from koordnode.model.qos_class import (
     QOS_CLASS_LABEL,
     KubeQoS,
     QoSClass,

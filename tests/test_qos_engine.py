@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,12 +27,12 @@ from koordnode.config import parse_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.qos_engine import KUBELET_RESOURCES_ANNOTATION, QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
-from koordnode.state import NodeState
+from koordnode.model.state import NodeState
 
 MIB = 1 << 20
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -82,7 +83,7 @@ class Node:
         state: NodeState | None = None,
         be_idle_group: bool = False,
     ) -> None:
-        # The BE group (hooks/be_group.py) moves BE pods away from the cgroup this fake runtime
+        # The BE group (model/be_group.py) moves BE pods away from the cgroup this fake runtime
         # creates their containers in: it is tested against the real runtime (test_e2e_be_group).
         self.be_idle_group = be_idle_group
         self.topology = topology or CpuTopology.describe(cores_per_numa=4, threads_per_core=2)
@@ -169,6 +170,7 @@ class Node:
             "StopPodSandbox": pb.StopPodSandboxResponse,
             "RemovePodSandbox": pb.RemovePodSandboxResponse,
             "UpdateContainerResources": pb.UpdateContainerResourcesResponse,
+            "UpdatePodSandboxResources": pb.UpdatePodSandboxResourcesResponse,
         }[method]()
 
     # --- kubelet's side ----------------------------------------------------------------------
@@ -974,13 +976,75 @@ def test_a_dropped_create_pre_hook_gives_its_cpus_back(make_node):
     assert node.allocations() == {"uid-a/app": parse_cpu_list(allocated.config.linux.resources.cpuset_cpus)}
     node.engine.container_created(req, "c" * 64)
     assert node.allocations() == {}
-    # A Pre hook that overran its timeout can even finish after the call's Post step.
-    scratch: dict = {}
-    node.engine.container_created(req, "d" * 64, scratch)
-    late = pb.CreateContainerRequest()
-    late.CopyFrom(req)
-    node.engine.container_create_pre(late, scratch)
+
+
+def _create_request(pod, cpus: int) -> pb.CreateContainerRequest:
+    return pb.CreateContainerRequest(
+        pod_sandbox_id=pod.sandbox_id, sandbox_config=pod.config,
+        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), image=pb.ImageSpec(image="busybox"),
+                                  linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(**lse_res(cpus)))))
+
+
+def test_a_create_pre_hook_that_times_out_holds_no_cpus_even_without_a_post_step(make_node):
+    # The chain gives up on a slow Pre hook and forwards the request without its changes; the
+    # hook finishes later. Its CPUs must be free again whether or not the call's Post step ever
+    # runs (a client that resets the stream never gets one): the chain releases what a dropped
+    # result reserved. On main the allocation stayed until a Post step released it.
+    node = make_node(version="v1", topology=FOUR)
+    pod = node.run_pod("a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    slow = threading.Event()
+    classify = node.engine.classify
+
+    def slow_classify(labels, cgroup_parent):
+        slow.wait(5)  # until the chain has given up
+        return classify(labels, cgroup_parent)
+
+    node.engine.classify = slow_classify
+    finished = threading.Event()
+
+    class Watched(QoSHook):
+        def pre(self, call):
+            try:
+                return super().pre(call)
+            finally:
+                finished.set()
+
+    chain = HookChain([Watched(node.engine)], timeout_s=0.05)
+    req = _create_request(pod, 2)
+    ctx = CallContext(method="CreateContainer", request=req)
+
+    async def body():
+        await chain.run_pre(ctx)
+        slow.set()
+        await asyncio.get_running_loop().run_in_executor(None, finished.wait, 5)
+        for _ in range(5):  # the late result is settled on the loop
+            await asyncio.sleep(0.01)
+
+    try:
+        node.loop.run_until_complete(body())
+    finally:
+        slow.set()
+        chain.close()
+    assert finished.is_set()
+    assert ctx.hook_failures
+    assert ctx.request.config.linux.resources.cpuset_cpus == ""  # the request went on unchanged
     assert node.allocations() == {}
+    assert node.engine.allocator.reservation_of("uid-a/app") is None
+    # ... and the CPUs are there for the next container.
+    _, cid = lse(node, "b", 3)
+    assert len(cpus_of(node.root, node.ccg(cid))) == 3
+
+
+def test_a_kept_create_pre_hook_result_commits_its_cpus(make_node):
+    # The other half: where the chain keeps the rewritten request, the reserved CPUs become the
+    # owner's before the call goes on (a concurrent CreateContainer cannot get them).
+    node = make_node(version="v1", topology=FOUR)
+    pod = node.run_pod("a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    ctx = CallContext(method="CreateContainer", request=_create_request(pod, 2))
+    node.loop.run_until_complete(node.chain.run_pre(ctx))
+    cpus = parse_cpu_list(ctx.request.config.linux.resources.cpuset_cpus)
+    assert len(cpus) == 2 and node.allocations() == {"uid-a/app": cpus}
+    assert node.engine.allocator.reservation_of("uid-a/app") is None
 
 
 def test_exclusive_cpus_leave_the_share_pool_at_least_one_cpu(make_node):
@@ -1112,7 +1176,7 @@ def test_reconcile_in_a_thread_while_the_loop_churns_the_state(make_node, monkey
     assert failures == []
 
 
-# --- the idle BE group (hooks/be_group.py); the real thing is in test_e2e_be_group.py ------------
+# --- the idle BE group (model/be_group.py); the real thing is in test_e2e_be_group.py ------------
 
 
 def test_be_group_rewrites_the_parent_of_besteffort_be_pods_and_their_containers(make_node):
@@ -1165,3 +1229,43 @@ def test_be_group_in_a_dry_run_creates_nothing_and_writes_nothing(make_node):
     assert not any("koordnode_be" in str(path) for path in node.root.rglob("*"))
     assert node.engine.executor.remove_cgroup("/kubepods/besteffort/podbe1") == []
     assert snapshot_tree(node.root) == before
+
+
+def test_pod_level_resize_applies_the_class_values_to_the_pod_cgroup_at_once(make_node):
+    # UpdatePodSandboxResources (CRI v1.33): kubelet resized the pod cgroup (2 CPUs = 2048
+    # shares) before the call; the Post step writes the class's shares right away, not only at
+    # the next reconcile pass (on main it raised a TypeError, leaving it to the reconcile).
+    node = make_node(version="v1")
+    pod = node.run_pod("r", parent="/kubepods/podr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, pod.cgroup, "cpu.shares", "2048")
+    ctx = node.call("UpdatePodSandboxResources", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=pod.sandbox_id,
+        resources=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000)))
+    assert ctx.request.resources.cpu_shares == 2 * 65536  # the request carries the class value
+    assert node.read(pod.cgroup, "cpu.shares") == str(2 * 65536)  # and the pod cgroup has it
+
+
+def test_node_state_refuses_changes_from_a_worker_thread():
+    # The thread rule made structural: only the thread that changes the state first (the event
+    # loop's) may change it; workers read view() snapshots and hand results back.
+    import threading
+
+    from koordnode.model.state import PodRecord
+
+    state = NodeState()
+    state.put_pod(PodRecord(sandbox_id="a", uid="u", name="n", namespace="d", labels={}, annotations={},
+                            cgroup_parent="/kubepods/poda"))
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            state.set_pod_class("a", "LS", "worker")
+        except RuntimeError as exc:
+            errors.append(exc)
+        state.view().pods["a"]  # reading stays fine from any thread
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert errors and "event loop" in str(errors[0])
+    assert state.pods["a"].qos_class is None

@@ -15,14 +15,14 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 from koordnode.config import from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.qos_class import QoSClass
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.qos_class import QoSClass
 from koordnode.qos import QoSManager, QoSSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
-from koordnode.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 4
 BURSTABLE = "/kubepods/burstable"
@@ -366,7 +366,7 @@ def test_pods_that_go_away_are_forgotten(node):
     node.advance(1.0, {node.ls: 1.0})
     manager.tick()
     assert "pod/be1/cpu" not in manager.history
-    assert node.be not in manager._prev_usage
+    assert manager.forgets(node.be)
     # descriptors are released by the sweep (every reconcile interval) once a whole interval
     # passed without reading them
     for _ in range(2):
@@ -482,7 +482,7 @@ def test_a_pressure_tick_sees_the_load_as_it_is_now(tmp_path):
     # a regular tick does not sample
     node.advance(1.0, {ls: 3.0, be: 0.0})
     calls = []
-    manager._sleep = calls.append
+    manager._measure.sleep = calls.append
     manager.tick()
     assert calls == []
 

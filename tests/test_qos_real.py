@@ -17,9 +17,9 @@ import pytest
 
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.qos import QoSManager, QoSSettings
-from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
-from koordnode.state import NodeState, PodRecord
+from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")

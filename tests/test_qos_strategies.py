@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
-from koordnode.qos.strategies import (
+from koordnode.policy.strategies import (
     BeEvictInput,
     BeEvictState,
     BurstContainer,

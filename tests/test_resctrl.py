@@ -21,25 +21,24 @@ from koordnode.config import ConfigError, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import WriteStatus
 from koordnode.executor.resctrl import (
-    ResctrlController,
     ResctrlExecutor,
     ResctrlUnsupported,
     detect_resctrl,
 )
 from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig, resctrl_class_defaults
-from koordnode.qos.resctrl_policy import (
+from koordnode.policy.resctrl import (
     CacheInfo,
     MemBandwidthInfo,
     SchemataError,
     Vendor,
     cache_mask,
-    containers_by_group,
     mb_value,
     parse_schemata,
     render_schemata,
     threads_to_move,
 )
-from koordnode.state import CONTAINER_EXITED, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_EXITED, ContainerRecord, NodeState, PodRecord
+from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 
 
 class RecordingLogger:

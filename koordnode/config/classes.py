@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from koordnode.model.qos_class import KubeQoS, QoSClass
 from koordnode.config.resctrl import ResctrlClassConfig
-from koordnode.hooks.qos_class import KubeQoS, QoSClass
+from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
+from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
 
 MIB = 1024 * 1024
-MAX_SHARES = 262144
-MIN_SHARES = 2
 _INT64_MAX = 2**63 - 1
 
 # name -> (min, max, help). One table so the per-class subclasses repeat only defaults.

@@ -10,10 +10,11 @@ from types import MappingProxyType
 from typing import Literal
 
 from koordnode.config.fields import setting
+from koordnode.model.qos_class import CLASS_NAMES
 
 __all__ = ["NET_CLASS_NAMES", "NetClassName", "NetQoSConfig"]
 
-NET_CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
+NET_CLASS_NAMES = CLASS_NAMES
 NetClassName = Literal["SYSTEM", "LSE", "LSR", "LS", "BE"]
 
 # Linux interface names: at most 15 bytes, no "/", no whitespace, not "." or "..".

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from koordnode.hooks.cpulist import CpuListError, parse_cpu_list
+from koordnode.model.cpulist import CpuListError, parse_cpu_list
 
 __all__ = ["NodeConfig"]
 

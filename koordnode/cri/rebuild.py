@@ -16,10 +16,9 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriClient, CriError
-from koordnode.cri.methods import RUNTIME_SERVICE as RT
-from koordnode.executor.netqos import pod_network_from_status
-from koordnode.state import (
+from koordnode.cri.client import RUNTIME_SERVICE as RT, CriClient, CriError
+from koordnode.model.network import pod_network_from_status
+from koordnode.model.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
     CONTAINER_RUNNING,

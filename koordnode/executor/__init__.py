@@ -1,15 +1,10 @@
 """The cgroup/procfs executor: the only code that writes to the kernel.
 
-Policy builds lists of CgroupWrite (koordnode.executor.plan); CgroupExecutor applies them.
+Policy builds lists of CgroupWrite (koordnode.policy.plan); CgroupExecutor applies them.
 """
 
-from koordnode.executor.executor import (
-    CgroupExecutor,
-    ProcfsExecutor,
-    SysctlWrite,
-    WriteResult,
-    WriteStatus,
-)
+from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult, WriteStatus
+from koordnode.policy.plan import SysctlWrite
 from koordnode.executor.paths import (
     CgroupDriver,
     CgroupRootError,
@@ -19,7 +14,7 @@ from koordnode.executor.paths import (
     detect_cgroup_version,
     pod_cgroup_path,
 )
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import (
     RESOURCES,
     InvalidValueError,

@@ -26,7 +26,7 @@ from koordnode.executor.paths import (
     cgroup_depth,
     normalize_cgroup_path,
 )
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import CgroupWrite, SysctlWrite  # SysctlWrite: re-exported
 from koordnode.executor.resources import (
     RESOURCES,
     FileFormat,
@@ -48,14 +48,6 @@ class WriteStatus(str, enum.Enum):
     FAILED = "failed"  # the kernel refused the write, or read back something else
     REFUSED = "refused"  # unsafe path, invalid value or unknown resource: nothing touched
     WOULD_WRITE = "would_write"  # dry run: the file differs and would have been written
-
-
-@dataclass(frozen=True)
-class SysctlWrite:
-    # Name from koordnode.executor.resources.SYSCTLS, e.g. "vm.min_free_kbytes".
-    name: str
-    value: str | int
-    reason: str = ""
 
 
 @dataclass(frozen=True)

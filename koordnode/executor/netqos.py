@@ -1,6 +1,7 @@
 """Network QoS backend: HTB qdiscs and classes via pyroute2, the classifier via nftables.
 
-Converges the kernel to a koordnode/qos/net_policy.py NetPlan (see its docstring for the
+Converges the kernel to a koordnode/policy/net.py NetPlan (the controller,
+koordnode/qos/net_control.py, decides when) (see its docstring for the
 design):
 
 - a root HTB qdisc with handle ``4b4e:`` on every planned device: adopted when it is
@@ -32,24 +33,20 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from koordnode.executor import rtnl
-from koordnode.config.netqos import NetQoSConfig
-from koordnode.qos.net_policy import (
+from koordnode.policy.net import (
     HTB_MAJOR,
-    NETWORK_QOS_ANNOTATION,
     NFT_FAMILY,
     NFT_TABLE,
     HtbClass,
     HtbTree,
     NetPlan,
-    PodNetwork,
     classid,
-    plan_network,
 )
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
-__all__ = ["NetQoSController", "NetQoSExecutor", "NetReport", "pod_network_from_status"]
+__all__ = ["NetQoSExecutor", "NetReport", "netlink_errors", "tc_id"]
 
 _TC_H_ROOT = 0xFFFFFFFF
 _QDISC_HANDLE = classid(0)
@@ -135,7 +132,7 @@ class NetQoSExecutor:
             for ip in ips:
                 try:
                     routes = ipr.route("get", dst=ip)
-                except _netlink_errors():
+                except netlink_errors():
                     continue
                 for route in routes:
                     name = names.get(route.get_attr("RTA_OIF"))
@@ -161,7 +158,7 @@ class NetQoSExecutor:
                 wanted.add(index)
                 try:
                     self._converge_tree(ipr, index, tree, report)
-                except _netlink_errors() as err:
+                except netlink_errors() as err:
                     report.failures.append(f"{tree.device}: {_netlink_error(err)}")
                     self._log.warning("netqos_tc_failed", device=tree.device, error=_netlink_error(err))
             for index in sorted(self._owned_indexes(ipr)):
@@ -256,8 +253,8 @@ class NetQoSExecutor:
         for handle in sorted(stale, key=lambda h: _depth(h, current), reverse=True):
             # No kind: pyroute2 would build (and fail on) class options for a delete.
             ipr.tc("del-class", index=index, handle=handle)
-            self._change(report, "netqos_class_removed", f"{device}: removed class {_tc_id(handle)}",
-                         device=device, classid=_tc_id(handle))
+            self._change(report, "netqos_class_removed", f"{device}: removed class {tc_id(handle)}",
+                         device=device, classid=tc_id(handle))
             current.pop(handle)
         for spec in tree.classes:  # parents first
             have = current.get(spec.handle)
@@ -269,9 +266,9 @@ class NetQoSExecutor:
             verb = "added" if have is None else "changed"
             self._change(
                 report, f"netqos_class_{verb}",
-                f"{device}: {verb} class {_tc_id(spec.handle)} rate {spec.rate_bps} ceil "
+                f"{device}: {verb} class {tc_id(spec.handle)} rate {spec.rate_bps} ceil "
                 f"{spec.ceil_bps} prio {spec.prio} ({spec.label})",
-                device=device, classid=_tc_id(spec.handle), rate_bps=spec.rate_bps,
+                device=device, classid=tc_id(spec.handle), rate_bps=spec.rate_bps,
                 ceil_bps=spec.ceil_bps, prio=spec.prio, label=spec.label,
             )
 
@@ -292,7 +289,7 @@ class NetQoSExecutor:
     def _remove_qdisc(self, ipr: IPRoute, index: int, name: str, report: NetReport, why: str) -> None:
         try:
             ipr.tc("del", index=index, handle=_QDISC_HANDLE, parent=_TC_H_ROOT)
-        except _netlink_errors() as err:
+        except netlink_errors() as err:
             report.failures.append(f"{name}: removing htb {HTB_MAJOR:x}: failed: {_netlink_error(err)}")
             self._log.warning("netqos_tc_failed", device=name, error=_netlink_error(err))
             return
@@ -353,7 +350,7 @@ class NetQoSExecutor:
                      fingerprint=plan.fingerprint)
 
 
-def _tc_id(handle: int) -> str:
+def tc_id(handle: int) -> str:
     return f"{handle >> 16:x}:{handle & 0xFFFF:x}"
 
 
@@ -394,99 +391,6 @@ def _pyroute2() -> Any:
     return pyroute2
 
 
-def _netlink_errors() -> type[Exception]:
+def netlink_errors() -> type[Exception]:
     """pyroute2's NetlinkError, for except clauses (evaluated only when something was raised)."""
     return _pyroute2().NetlinkError
-
-
-# ---------------------------------------------------------------------------------------------
-# Controller
-
-
-def pod_network_from_status(status: Any) -> tuple[tuple[str, ...], bool]:
-    """(IPs, host_network) from a CRI PodSandboxStatus message."""
-    network = status.network
-    ips = [network.ip] if network.ip else []
-    ips += [extra.ip for extra in network.additional_ips if extra.ip]
-    # NamespaceMode NODE = 2: the pod shares the node's network namespace.
-    host_network = status.linux.namespaces.options.network == 2
-    return tuple(dict.fromkeys(ips)), host_network
-
-
-class NetQoSController:
-    """Runs the network policy: shaping when enabled, nothing of ours when disabled."""
-
-    def __init__(self, config: NetQoSConfig, executor: NetQoSExecutor | None = None, *, logger: Any = None) -> None:
-        self.config = config
-        self.executor = executor or NetQoSExecutor(logger=logger)
-        self._log = logger if logger is not None else structlog.get_logger("koordnode.netqos")
-        self.last_report = NetReport(enabled=config.enable)
-        # Dry run: plan and report what would be configured; no tc or nft change.
-        self.dry_run = False
-
-    def update_config(self, config: NetQoSConfig) -> None:
-        self.config = config
-
-    def uplinks(self) -> list[str]:
-        return list(self.config.interfaces) or self.executor.default_route_interfaces()
-
-    def reconcile(self, pods: Iterable[PodNetwork]) -> NetReport:
-        if not self.config.enable:
-            if self.dry_run:
-                report = NetReport(enabled=False)
-                report.changes = [f"would remove koordnode's qdisc on {device}"
-                                  for device in self.executor.owned_devices()]
-            else:
-                report = self.executor.remove_all()
-            self.last_report = report
-            return report
-        report = NetReport(enabled=True)
-        pods = list(pods)
-        try:
-            uplinks = self.uplinks()
-            if not uplinks:
-                report.failures.append("no uplink: [net] interfaces is empty and there is no default route")
-            limited = [ip for pod in pods for ip in pod.ips
-                       if self.config.pod_limits and pod.annotations.get(NETWORK_QOS_ANNOTATION)]
-            route_devices = self.executor.route_devices(limited) if limited else {}
-            plan = plan_network(self.config, pods, uplinks, route_devices=route_devices,
-                                local_ips=self.executor.local_addresses())
-        except (_netlink_errors(), OSError, ValueError) as err:
-            report.failures.append(f"planning failed: {err}")
-            self._log.warning("netqos_plan_failed", error=str(err))
-            self.last_report = report
-            return report
-        report.uplinks = list(plan.uplinks)
-        report.skipped = [f"{s.pod}: {s.reason}" for s in plan.skipped]
-        if self.dry_run:
-            report.changes = _describe_plan(plan)
-            if report.changes != self.last_report.changes:
-                for line in report.changes:
-                    self._log.info("netqos_dry_run", would=line)
-            self.last_report = report
-            return report
-        self.executor.apply(plan, report=report)
-        self.last_report = report
-        return report
-
-    def status(self) -> dict[str, Any]:
-        report = self.last_report
-        status = {"enabled": report.enabled, "uplinks": report.uplinks,
-                  "failures": list(report.failures), "skipped": list(report.skipped)}
-        if self.dry_run:
-            status["would"] = list(report.changes)
-        return status
-
-
-def _describe_plan(plan: NetPlan) -> list[str]:
-    """What applying the plan would configure, one line per qdisc, class and nft table."""
-    lines = []
-    for tree in plan.trees:
-        lines.append(f"would set HTB qdisc {HTB_MAJOR:x}: on {tree.device} ({tree.role}), "
-                     f"default class {HTB_MAJOR:x}:{tree.default_minor:x}")
-        for spec in tree.classes:
-            lines.append(f"would set class {_tc_id(spec.handle)} on {tree.device}: rate "
-                         f"{spec.rate_bps} ceil {spec.ceil_bps} bit/s prio {spec.prio} ({spec.label})")
-    pods = len(plan.egress4) + len(plan.egress6) + len(plan.ingress4) + len(plan.ingress6)
-    lines.append(f"would load nftables table {NFT_FAMILY} {NFT_TABLE} classifying {pods} pod address(es)")
-    return lines

@@ -26,6 +26,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from koordnode.model.cpulist import CpuListError
+from koordnode.model.cpulist import format_cpu_list as format_cpu_list  # re-exported
+from koordnode.model.cpulist import parse_cpu_list as _model_parse_cpu_list
+from koordnode.model.kernel import CFS_PERIOD_MAX_US as CFS_PERIOD_MAX_US  # re-exported
+from koordnode.model.kernel import CFS_PERIOD_MIN_US as CFS_PERIOD_MIN_US
+from koordnode.model.kernel import CFS_QUOTA_MIN_US as CFS_QUOTA_MIN_US
+from koordnode.model.kernel import CFS_RUNTIME_MAX_US as CFS_RUNTIME_MAX_US
+from koordnode.model.kernel import CPU_SHARES_MAX as CPU_SHARES_MAX
+from koordnode.model.kernel import CPU_SHARES_MIN as CPU_SHARES_MIN
+from koordnode.model.kernel import shares_to_weight as shares_to_weight
+
 
 class InvalidValueError(ValueError):
     """A value is malformed or outside the resource's range."""
@@ -44,27 +55,15 @@ class FileFormatError(ValueError):
 
 UNLIMITED = -1
 
-CPU_SHARES_MIN = 2
-CPU_SHARES_MAX = 262144
-CPU_WEIGHT_MIN = 1
-CPU_WEIGHT_MAX = 10000
-CFS_PERIOD_MIN_US = 1000
-CFS_PERIOD_MAX_US = 1_000_000
-CFS_QUOTA_MIN_US = 1000
-# The kernel's bandwidth limit: (1 << 44) - 1 microseconds.
-CFS_RUNTIME_MAX_US = (1 << 44) - 1
 INT64_MAX = (1 << 63) - 1
 # v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on x86_64);
 # anything this large is unlimited for comparison purposes.
 MEMORY_UNLIMITED_THRESHOLD = 1 << 62
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-MAX_CPU_ID = 65535
-MAX_CPU_LIST_CHARS = 64 * 1024
 MAX_VALUE_LENGTH = 4096
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _INT = re.compile(r"^[+-]?\d+\Z", re.ASCII)
-_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*\Z", re.ASCII)
 _DEVICE_VALUE = re.compile(r"^(\d+):(\d+)\s+(\d+|max)\Z", re.ASCII)
 
 
@@ -129,47 +128,12 @@ def parse_memory_bytes(value: object, resource: str) -> int:
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:
-    """Kernel list format ("0-3,8,10-11"); empty means no CPUs."""
-    text = text.strip()
-    if text == "":
-        return frozenset()
-    if len(text) > MAX_CPU_LIST_CHARS:
-        raise InvalidValueError(f"cpu list of {len(text)} characters is longer than {MAX_CPU_LIST_CHARS}")
-    if not _CPU_LIST.match(text):
-        raise InvalidValueError(f"malformed cpu list: {text[:80]!r}")
-    ranges: list[tuple[int, int]] = []
-    for chunk in text.split(","):
-        first, _, last = chunk.partition("-")
-        if len(first) > 9 or len(last) > 9:
-            raise InvalidValueError(f"bad range {chunk[:40]!r} in cpu list")
-        lo = int(first)
-        hi = int(last) if last else lo
-        if lo > hi or hi > MAX_CPU_ID:
-            raise InvalidValueError(f"bad range {chunk!r} in cpu list {text[:80]!r}")
-        ranges.append((lo, hi))
-    # Merged before expanding: repeated ranges cost nothing more than one.
-    ranges.sort()
-    ids: list[int] = []
-    covered = -1
-    for lo, hi in ranges:
-        if hi > covered:
-            ids.extend(range(max(lo, covered + 1), hi + 1))
-            covered = hi
-    return frozenset(ids)
-
-
-def format_cpu_list(ids: frozenset[int] | set[int]) -> str:
-    """Canonical kernel spelling: sorted, consecutive ids collapsed into ranges."""
-    ordered = sorted(ids)
-    chunks: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        chunks.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(chunks)
+    """Kernel list format ("0-3,8,10-11"); empty means no CPUs. The model's parser, with the
+    executor's error type."""
+    try:
+        return _model_parse_cpu_list(text)
+    except CpuListError as err:
+        raise InvalidValueError(str(err)) from None
 
 
 def _parse_cpuset(value: object, resource: str) -> frozenset[int]:
@@ -208,12 +172,6 @@ def _parse_device_limit(value: object, resource: str) -> DeviceLimit:
     if number > INT64_MAX:
         raise InvalidValueError(f"{resource}: {number} too large")
     return DeviceLimit(int(major), int(minor), number)
-
-
-def shares_to_weight(shares: int) -> int:
-    """cgroup v1 cpu.shares -> v2 cpu.weight, the conversion runc and kubelet use."""
-    shares = max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, shares))
-    return 1 + ((shares - CPU_SHARES_MIN) * 9999) // (CPU_SHARES_MAX - CPU_SHARES_MIN)
 
 
 # --------------------------------------------------------------------------- file formats

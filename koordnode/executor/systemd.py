@@ -1,8 +1,9 @@
-"""Slice properties through systemd, for cgroups that systemd owns (the systemd cgroup driver).
+"""Slices through systemd, for cgroups that systemd owns (the systemd cgroup driver).
 
 With that driver a slice's cgroup directory belongs to systemd: it creates it when a unit
-inside needs it and rewrites its files from the unit's properties, so an idle slice must be
-idle *as systemd sees it* (`CPUWeight=idle`, systemd >= 251; it writes cpu.idle = 1).
+inside needs it and rewrites its files from the unit's properties whenever it realizes the
+unit again (a scope started below it, `daemon-reload`), so an idle slice must be idle *as
+systemd sees it*: `CPUWeight=idle` (systemd >= 252 writes cpu.idle = 1 for it).
 """
 
 from __future__ import annotations
@@ -16,22 +17,45 @@ _SLICE = re.compile(r"^[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*\.slice$")
 SYSTEMD_RUNNING = Path("/run/systemd/system")
 
 
-def set_slice_idle(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
-    """`systemctl set-property --runtime SLICE CPUWeight=idle`; the problem, or None.
-
-    Works before the slice exists: systemd keeps the property for when it is started."""
-    if not _SLICE.match(slice_name):
-        return f"not a slice name: {slice_name!r}"
+def _systemctl(args: list[str], timeout_s: float) -> str | None:
+    """Run systemctl; the problem, or None."""
     if not SYSTEMD_RUNNING.is_dir():
         return "systemd is not running (no /run/systemd/system)"
     systemctl = shutil.which("systemctl")
     if systemctl is None:
         return "systemctl not found"
     try:
-        done = subprocess.run([systemctl, "set-property", "--runtime", slice_name, "CPUWeight=idle"],
-                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        done = subprocess.run([systemctl, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"systemctl set-property {slice_name}: {exc}"
+        return f"systemctl {' '.join(args)}: {exc}"
     if done.returncode != 0:
-        return f"systemctl set-property {slice_name} CPUWeight=idle: {done.stderr.strip() or done.returncode}"
+        return f"systemctl {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}"
     return None
+
+
+def set_slice_idle(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
+    """`systemctl set-property --runtime SLICE CPUWeight=idle`; the problem, or None.
+
+    Works before the slice exists: the property is a runtime drop-in
+    (/run/systemd/system.control), which systemd keeps over `daemon-reload` until reboot."""
+    if not _SLICE.match(slice_name):
+        return f"not a slice name: {slice_name!r}"
+    return _systemctl(["set-property", "--runtime", slice_name, "CPUWeight=idle"], timeout_s)
+
+
+def start_idle_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
+    """Give a slice CPUWeight=idle and start it (systemd creates its cgroup, and its parent
+    slices by the dashes of its name); the problem, or None."""
+    problem = set_slice_idle(slice_name, timeout_s=timeout_s)
+    if problem is not None:
+        return problem
+    return _systemctl(["start", slice_name], timeout_s)
+
+
+def stop_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
+    """`systemctl stop SLICE` (systemd removes its cgroup); the problem, or None.
+
+    Stopping a slice stops every unit inside it: callers stop only empty slices."""
+    if not _SLICE.match(slice_name):
+        return f"not a slice name: {slice_name!r}"
+    return _systemctl(["stop", slice_name], timeout_s)

@@ -15,8 +15,8 @@ import dataclasses
 import inspect
 import time
 from collections import Counter
+from typing import Any, Protocol
 from collections.abc import Awaitable
-from typing import Any
 
 import structlog
 
@@ -55,8 +55,21 @@ class CallContext:
         return self.grpc_status == 0
 
 
+class PreEffect(Protocol):
+    """State a Pre hook set aside for its result (e.g. CPUs it reserved for the request it
+    rewrote). The chain commits it where it keeps the hook's result and releases it where it
+    drops the result (the hook failed or overran its timeout, even when it finishes late), so
+    nothing outlives a result the runtime never saw. Both are called on the event loop."""
+
+    def commit(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class RuntimeHook:
-    """Base class: override `pre` and/or `post` (plain or async) for the methods you list."""
+    """Base class: override `pre` and/or `post` (plain or async) for the methods you list.
+
+    `pre` may return a PreEffect (see there); anything else it returns is ignored."""
 
     name = "hook"
     methods: frozenset[str] = frozenset()
@@ -64,7 +77,7 @@ class RuntimeHook:
     # can fail under failure_policy = "fail". None: all of `methods`.
     pre_methods: frozenset[str] | None = None
 
-    def pre(self, call: CallContext) -> None:  # noqa: B027 - optional override
+    def pre(self, call: CallContext) -> PreEffect | None:  # noqa: B027 - optional override
         pass
 
     def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
@@ -135,6 +148,7 @@ class HookChain:
             ok = await self._invoke(hook, "pre", call)
             if not ok:
                 call.request = before
+                # Its effect (if it ever returns one) goes with its dropped result: _settle_pre.
                 if self.failure_policy == "fail":
                     raise HookFailed(hook.name, "pre", call.hook_failures[-1])
 
@@ -170,8 +184,12 @@ class HookChain:
         timeout = self.timeout_s
         if inspect.iscoroutinefunction(fn):
             work = asyncio.ensure_future(fn(call))
+            source: asyncio.Future[Any] | concurrent.futures.Future[Any] = work
         else:
-            work = asyncio.get_running_loop().run_in_executor(self._pool, fn, call)
+            # The thread's own future: it still carries the result when the hook ends after
+            # the chain gave up on it (the asyncio wrapper is cancelled by then).
+            source = self._pool.submit(fn, call)
+            work = asyncio.wrap_future(source)
         try:
             if run_to_end:
                 await asyncio.wait({work}, timeout=timeout)
@@ -187,12 +205,16 @@ class HookChain:
                     return False
                 work.result()
             else:
-                await asyncio.wait_for(work, timeout)
+                result = await asyncio.wait_for(work, timeout)
+                if phase == "pre" and _is_effect(result):
+                    result.commit()  # the chain keeps this result: here, before the call goes on
             return True
         except TimeoutError:
             kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)
+        if phase == "pre":
+            _release_when_done(source, hook.name)
         self._failed(hook, phase, call, kind, reason, started)
         return False
 
@@ -215,6 +237,38 @@ class HookChain:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _is_effect(result: Any) -> bool:
+    return result is not None and callable(getattr(result, "commit", None)) and callable(
+        getattr(result, "release", None))
+
+
+def _release_when_done(source: asyncio.Future[Any] | concurrent.futures.Future[Any], hook: str) -> None:
+    """A dropped Pre result: release the PreEffect the hook returns, on the event loop, whenever
+    it returns -- a hook that overran its timeout may finish long after the call went on."""
+    loop = asyncio.get_running_loop()
+
+    def release(_: object = None) -> None:
+        if source.cancelled() or source.exception() is not None:
+            return  # it never returned an effect
+        effect = source.result()
+        if _is_effect(effect):
+            try:
+                effect.release()
+            except Exception:
+                log.exception("hook_effect_release_failed", hook=hook)
+
+    if isinstance(source, concurrent.futures.Future):
+        def from_thread(_: object) -> None:
+            try:
+                loop.call_soon_threadsafe(release)
+            except RuntimeError:  # the loop is closed: koordnode is exiting, nothing to keep
+                pass
+
+        source.add_done_callback(from_thread)
+    else:
+        source.add_done_callback(release)
 
 
 def call_ids(call: CallContext) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Applies the QoS policy to real pods: the glue between CRI calls, policy, allocator and executor.
 
-Policy (hooks/policy.py) is pure; this module owns the state that policy needs across calls
+Policy (policy/class_policy.py) is pure; this module owns the state that policy needs across calls
 (CPU allocations, kubelet's original resources, what was applied and verified) and hands the
 plans to the executor. Hook threads and the reconcile pass call it concurrently, so every entry
 point takes one lock: plans and writes for a node are cheap, and serialising them keeps the
@@ -26,21 +26,24 @@ import structlog
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
-from koordnode.executor.systemd import set_slice_idle
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
-from koordnode.hooks.cpuset_allocator import (
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
+from koordnode.policy.cpuset import (
+    Allocation,
     CpusetAllocator,
     CpusetDecision,
     allocator_from_config,
     cpuset_owner_id,
 )
-from koordnode.hooks.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
-from koordnode.hooks.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
+from koordnode.model.be_group import (
+    be_group_of, be_group_parent, in_be_group, systemd_group_of_kubepods, systemd_group_slice,
+)
+from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
-from koordnode.hooks.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.hooks.policy import (
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
     ContainerResources,
@@ -55,8 +58,9 @@ from koordnode.hooks.policy import (
 )
 from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
-from koordnode.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
+from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
+from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 
 log = structlog.get_logger("koordnode.qos")
 
@@ -69,7 +73,6 @@ KUBELET_RESOURCES_ANNOTATION = "koordnode.io/kubelet-resources"
 # (e.g. a fallback container's share-pool set) is never taken for an allocation.
 CPU_ALLOCATION_ANNOTATION = "koordnode.io/cpu-allocation"
 _MAX_ALLOCATION_RECORD_CHARS = 64 * 1024
-_CREATE_POST_DONE = "qos.create_post_done"  # CallContext.scratch key
 
 
 def allocation_to_annotation(owner: str, qos_class: QoSClass, cpus: frozenset[int]) -> str:
@@ -205,9 +208,31 @@ class PublishedStatus:
     container_records: Mapping[str, Record]
 
 
+class CpuReservation:
+    """CPUs a CreateContainer Pre hook set aside for the request it rewrote (a PreEffect, see
+    hooks/chain.py): committed where the chain keeps the rewritten request, cancelled where it
+    drops it. Quick and lock-light: the event loop calls it."""
+
+    def __init__(self, allocator: CpusetAllocator, allocation: Allocation,
+                 on_settled: Callable[[], None]) -> None:
+        self._allocator = allocator
+        self.allocation = allocation
+        self._on_settled = on_settled
+
+    def commit(self) -> None:
+        self._allocator.commit(self.allocation)
+        self._on_settled()
+
+    def release(self) -> None:
+        self._allocator.cancel(self.allocation)
+        self._on_settled()
+
+
 class QoSEngine:
     def __init__(self, config: Any, state: NodeState, *, executor: CgroupExecutor | None = None,
-                 topology: CpuTopology | None = None, resized: ResizedResources | None = None) -> None:
+                 topology: CpuTopology | None = None, resized: ResizedResources | None = None,
+                 be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
@@ -232,7 +257,7 @@ class QoSEngine:
         self._metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
         self.pod_records: dict[str, Record] = {}
         # While the QoS manager suppresses BE by cpuset, BE containers must start inside its set.
-        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = None
+        self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
         self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
@@ -245,6 +270,8 @@ class QoSEngine:
         with self.lock:
             self._publish_status()
         self._be_groups: set[str] = set()  # cgroupfs BE groups seen, swept by the reconcile pass
+        # systemd driver: the group slices, made idle through systemd off the CRI path.
+        self.be_slices = SystemdBeGroup(lambda cgroup: self.executor.read(cgroup, "cpu.idle"))
 
     def _apply_config(self, config: Any) -> None:
         old = getattr(self, "allocator", None)
@@ -318,7 +345,7 @@ class QoSEngine:
                         problem=decision.label_problem, qos_class=decision.qos_class.value)
         return decision
 
-    # ---- koordnode's BE group (hooks/be_group.py) ---------------------------------------------
+    # ---- koordnode's BE group (model/be_group.py) ---------------------------------------------
 
     def place_be_pod(self, cfg: pb.PodSandboxConfig, decision: ClassDecision) -> str | None:
         """RunPodSandbox: move a BestEffort pod of class BE into the idle BE group by rewriting
@@ -370,9 +397,11 @@ class QoSEngine:
             log.info("dry_run_would_make_be_group_idle", group=group)
             return None
         slice_name = systemd_group_slice(pod_parent)
-        if slice_name is not None and not self.executor.cgroup_exists(group):
-            # systemd owns the slice: it creates it with the pod's slice and must know it is idle.
-            return set_slice_idle(slice_name)
+        if slice_name is not None:
+            # systemd owns the slice (and starts it with the pod's): it must know it is idle.
+            # Half the hook's time bound at most: the call goes on without the move after that.
+            wait_s = self.config.proxy.hook_timeout_ms / 2000
+            return self.be_slices.ready(slice_name, group, wait_s)
         try:
             self.executor.make_cgroup(group, "cpu")
         except (OSError, UnsafePathError) as exc:
@@ -385,8 +414,11 @@ class QoSEngine:
     def remove_be_pod_cgroup(self, cgroup_parent: str) -> None:
         """After StopPodSandbox / RemovePodSandbox: kubelet removes its own pod cgroup, the one
         in the BE group is koordnode's to remove (runc never removes a parent)."""
-        if not in_be_group(cgroup_parent) or systemd_group_slice(cgroup_parent) is not None:
-            return  # systemd removes the slices it made once nothing is left in them
+        if not in_be_group(cgroup_parent):
+            return
+        if systemd_group_slice(cgroup_parent) is not None:
+            self._stop_be_pod_slice(cgroup_parent)
+            return
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
             problems = self.executor.remove_cgroup(pod_cgroup)
@@ -395,20 +427,66 @@ class QoSEngine:
         if problems:
             log.info("be_pod_cgroup_not_removed_yet", cgroup_parent=cgroup_parent, problems=problems)
 
+    def _stop_be_pod_slice(self, cgroup_parent: str) -> bool:
+        """systemd keeps a pod slice it started for a scope after the scope is gone: stop it
+        once empty (no scope left below it). True when a stop was requested."""
+        if self.executor.dry_run:
+            return False
+        try:
+            pod_cgroup = self._pod_cgroup(cgroup_parent)
+            if not self.executor.cgroup_exists(pod_cgroup) or self.executor.child_cgroups(pod_cgroup) \
+                    or self.executor.read_pids(pod_cgroup):
+                return False
+        except UnsafePathError:
+            return False
+        self.be_slices.stop_pod_slice(cgroup_parent.strip("/").rsplit("/", 1)[-1])
+        return True
+
+    def _systemd_be_groups(self, view: NodeView) -> dict[str, str]:
+        """Group slice -> its cgroup, for the systemd driver: the one beside kubelet's tiers
+        (from [qos_manager] kubepods_cgroup or the driver, once kubelet has made that slice)
+        and those of recorded pods."""
+        cg = self.config.cgroup
+        if not (cg.be_idle_group and cg.be_idle_group_systemd) or self.executor.dry_run:
+            return {}
+        groups: dict[str, str] = {}
+        kubepods = getattr(getattr(self.config, "qos_manager", None), "kubepods_cgroup", "") or ""
+        if not kubepods and cg.driver != "cgroupfs" and (
+                cg.driver == "systemd" or self.executor.cgroup_exists("/kubepods.slice")):
+            kubepods = "/kubepods.slice"
+        default = systemd_group_of_kubepods(kubepods) if cg.driver != "cgroupfs" else None
+        # Only beside a kubepods slice kubelet made: starting the group would start its parents.
+        if default is not None and self.executor.cgroup_exists(kubepods):
+            groups[default[0]] = default[1]
+        for pod in view.pods.values():
+            slice_name = systemd_group_slice(pod.cgroup_parent)
+            if slice_name is None:
+                continue
+            try:
+                groups[slice_name] = be_group_of(self._pod_cgroup(pod.cgroup_parent))
+            except UnsafePathError:
+                continue
+        return groups
+
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()
         with self.lock:
             self._apply_pod(view, sandbox_id, self.pod_input(cfg), force=False)
             self._publish_status()
 
-    def container_create_pre(self, req: pb.CreateContainerRequest,
-                             scratch: dict[str, Any] | None = None) -> ContainerPlan:
-        """Rewrite the CreateContainer request in place; returns the plan for the record.
+    def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
+        """plan_create with the CPUs it reserved committed at once: for callers that forward
+        the request as rewritten."""
+        plan, reservation = self.plan_create(req)
+        if reservation is not None:
+            reservation.commit()
+        return plan
 
-        `scratch`: the call's scratch dict, shared with container_created. A Pre hook that
-        overran its timeout may still finish after the call's Post step: then the CPUs it
-        took were never forwarded, and it gives them back itself."""
-        scratch = scratch if scratch is not None else {}
+    def plan_create(self, req: pb.CreateContainerRequest) -> tuple[ContainerPlan, CpuReservation | None]:
+        """Rewrite the CreateContainer request in place; returns the plan for the record and the
+        CPUs reserved for it (None if none). The caller commits the reservation where the
+        rewritten request is kept and cancels it where it is dropped: the hook chain does
+        (hooks/chain.py PreEffect), also for a hook that finishes after its timeout."""
         pod = self.pod_input(req.sandbox_config)
         decision = self.classify(pod.labels, pod.cgroup_parent)
         kubelet = resources_from_pb(req.config.linux.resources)
@@ -416,18 +494,34 @@ class QoSEngine:
         # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
         req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
         owner = self._owner_id(pod, container.name)
+        reservation: CpuReservation | None = None
         with self.lock:
-            held_before = self.allocator.allocation_of(owner) is not None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
+            if cpuset.allocation is not None:
+                problem = self.allocator.reserve(cpuset.allocation)
+                if problem is None:
+                    reservation = CpuReservation(self.allocator, cpuset.allocation, self._republish_cpus)
+                else:  # cannot happen: decisions count reservations as held
+                    cpuset = dataclasses.replace(self.allocator.pool_for(QoSClass.LS), fallback=True,
+                                                 reason=f"{decision.qos_class.value}: {problem}")
             plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
                                   features=self.features, cpuset=cpuset, node=self.config.node)
-            allocation = self.allocator.allocation_of(owner) if cpuset.exclusive else None
-            if scratch.get(_CREATE_POST_DONE) and not held_before and owner not in self.cpu_owner.values():
-                self.allocator.release(owner)  # too late: the call went on without these CPUs
-                allocation = None
-                self._refresh_pools(self.state.view())
+            allocation = None
+            if cpuset.exclusive:
+                allocation = (cpuset.allocation or self.allocator.allocation_of(owner)
+                              or self.allocator.reservation_of(owner))
             self._publish_status()
+        try:
+            self._rewrite_create(req, plan, kubelet, owner, allocation, cpuset, pod, container)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()  # the hook fails: nothing of it may stay
+            raise
+        return plan, reservation
+
+    def _rewrite_create(self, req: pb.CreateContainerRequest, plan: ContainerPlan, kubelet: ContainerResources,
+                        owner: str, allocation: Any, cpuset: Any, pod: PodInput, container: ContainerInput) -> None:
         apply_overrides(req.config.linux.resources, plan)
         req.config.annotations[KUBELET_RESOURCES_ANNOTATION] = resources_to_annotation(kubelet)
         if allocation is not None:
@@ -438,15 +532,13 @@ class QoSEngine:
         if cpuset.fallback:
             log.warning("not_enough_free_cpus", detail="container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
-        return plan
 
     @staticmethod
     def _owner_id(pod: PodInput | PodRecord, container_name: str) -> str:
         return cpuset_owner_id(pod.uid, container_name,
                                parse_pod_annotations(pod.annotations).has_scheduler_cpuset)
 
-    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None,
-                          scratch: dict[str, Any] | None = None) -> None:
+    def container_created(self, req: pb.CreateContainerRequest, container_id: str | None) -> None:
         """After CreateContainer: remember the container, or undo the allocation if the call
         failed or went on without it (a Pre hook that failed or timed out has its request
         changes dropped: then the runtime never saw the CPUs, and they go back)."""
@@ -456,8 +548,6 @@ class QoSEngine:
         forwarded = record is not None and record[0] == owner
         view = self.state.view()
         with self.lock:
-            if scratch is not None:
-                scratch[_CREATE_POST_DONE] = True
             if container_id:
                 self.container_pod[container_id] = req.pod_sandbox_id
                 self.kubelet_resources[container_id] = resources_from_annotation(
@@ -520,6 +610,7 @@ class QoSEngine:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
                 self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
+                self._publish_status()
 
     def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources) -> PodResourcesPlan | None:
         try:
@@ -579,6 +670,8 @@ class QoSEngine:
             # Its recorded allocation was refused at restore (e.g. CPUs gone offline): ask again.
             cpuset = allocate_cpuset(self.allocator, self.pod_input_from_record(pod),
                                      ContainerInput(name=name, resources=kubelet), decision.qos_class)
+            if cpuset.allocation is not None and self.allocator.record(cpuset.allocation) is not None:
+                cpuset = self.allocator.pool_for(QoSClass.LS)  # taken meanwhile: ask again next pass
             owner = self._owner_id(pod, name)
             if cpuset.exclusive and self.allocator.allocation_of(owner) is not None:
                 self.cpu_owner[container_id] = owner
@@ -645,6 +738,10 @@ class QoSEngine:
         if in_be_group(pod.cgroup_parent):
             # Re-asserted by every reconcile: the group's idleness is what protects LS.
             writes.insert(0, CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group"))
+            if systemd_group_slice(pod.cgroup_parent) is not None:
+                # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
+                # the slice (each container start): the group's idleness is what protects LS.
+                writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
         container_plans: dict[str, tuple[ContainerPlan, int]] = {}
         memories = []
         containers = view.containers_of(sandbox_id)
@@ -762,6 +859,9 @@ class QoSEngine:
         (the annotation written at CreateContainer), never from cpusets found on containers.
         Returns the pods' classes, as reconcile does."""
         view = view if view is not None else self.state.view()
+        # Before the first BE pod arrives: its group slice made idle through systemd (worker).
+        for slice_name, group in self._systemd_be_groups(view).items():
+            self.be_slices.prepare(slice_name, group)
         with self.lock:
             self.resized.keep_only(set(view.containers))
             for c in view.containers.values():
@@ -825,6 +925,45 @@ class QoSEngine:
         apply_overrides(target, plan)
         return target
 
+    def memory_plan(self, view: NodeView | None = None) -> list[CgroupWrite]:
+        """The memory protection writes (memory.min/low/high, memory.wmark_*) the hooks decide
+        now for every ready pod and its running containers, for the QoS manager's memory_qos
+        strategy to keep applied. Allocates nothing: the CPUs do not change memory values."""
+        view = view if view is not None else self.state.view()
+        writes: list[CgroupWrite] = []
+        with self.lock:
+            for pod in view.pods.values():
+                if pod.state != POD_READY or skip_requested(pod.labels):
+                    continue
+                decision = self._decision(pod)
+                try:
+                    pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
+                except UnsafePathError:
+                    continue
+                config = self.config.qos.for_class(decision.qos_class)
+                memories = []
+                for c in view.containers_of(pod.sandbox_id):
+                    if c.state != CONTAINER_RUNNING:
+                        continue
+                    try:
+                        plan = plan_container(
+                            self.pod_input_from_record(pod),
+                            ContainerInput(name=c.name, resources=self._kubelet_resources(view, c.container_id),
+                                           id=c.container_id),
+                            decision=decision, config=config, features=self.features,
+                            cpuset=self.allocator.pool_for(decision.qos_class), node=self.config.node,
+                            container_cgroup=self._container_cgroup(pod.cgroup_parent, c.container_id))
+                    except UnsafePathError:
+                        continue
+                    writes.extend(plan.cri_mirror)  # what went through CRI (unified), as cgroup writes
+                    writes.extend(plan.writes)
+                    memories.append(plan.memory)
+                pod_level = self.pod_resources.get(pod.sandbox_id)
+                resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
+                writes.extend(resized.writes if resized is not None
+                              else plan_pod_memory(pod_cgroup, decision.qos_class, memories))
+        return [w for w in writes if w.resource in MEMORY_QOS_RESOURCES]
+
     def reconcile(self, force: bool = True, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files).
 
@@ -833,6 +972,8 @@ class QoSEngine:
         view = view if view is not None else self.state.view()
         classes: dict[str, tuple[str, str]] = {}
         with self.lock:
+            # First, before this pass re-asserts cpu.idle itself: whether systemd still has it.
+            self._sweep_systemd_be_groups(view)
             for pod in view.pods.values():
                 if pod.state != POD_READY:
                     continue
@@ -872,10 +1013,25 @@ class QoSEngine:
                 if not problems:
                     log.info("leftover_be_pod_cgroup_removed", cgroup=child)
 
+    def _sweep_systemd_be_groups(self, view: NodeView) -> None:
+        """systemd driver: a group slice that lost its idleness is made idle through systemd
+        again; pod slices of pods that are gone (koordnode stopped in between), empty and a
+        minute old, are stopped."""
+        live = {pod.cgroup_parent.strip("/").rsplit("/", 1)[-1] for pod in view.pods.values()}
+        stops = 0
+        for slice_name, group in self._systemd_be_groups(view).items():
+            self.be_slices.check(slice_name, group)
+            for child, age_s in self.executor.child_cgroups(group).items():
+                name = child.rsplit("/", 1)[-1]
+                if name in live or systemd_group_slice(name) is None or age_s < BE_GROUP_SWEEP_AGE_S:
+                    continue
+                if stops < MAX_STOPS_PER_PASS and self._stop_be_pod_slice(name):
+                    stops += 1
+
     # ---- views ----------------------------------------------------------------------------
 
     def _cpu_status(self) -> dict[str, Any]:
-        """CPU pools and allocations as containers really get them (called under the lock)."""
+        """CPU pools and allocations as containers really get them (reads only the allocator)."""
         allocator = self.allocator
         share_pool, be_pool = allocator.share_pool(), allocator.be_pool()
         ls_runs_on = allocator.pool_for(QoSClass.LS).cpus
@@ -887,13 +1043,16 @@ class QoSEngine:
         if not be_pool:
             notes.append(f"the BE pool is empty: BE containers run on CPUs {format_cpu_list(be_runs_on)}")
         allocations = {}
-        for owner, a in allocator.allocations().items():
+        held = {**{o: a for o, a in allocator.reservations().items()}, **allocator.allocations()}
+        for owner, a in held.items():
             # LSR cores are shared with BE by design; LSE cores with nobody.
             shared_with = ls_runs_on | (be_runs_on if a.qos_class is QoSClass.LSE else frozenset())
             overlap = a.cpus & shared_with
             allocations[owner] = {"class": a.qos_class.value, "cpus": sorted(a.cpus),
                                   "exclusive": not overlap,
-                                  **({"shared_cpus": sorted(overlap)} if overlap else {})}
+                                  **({"shared_cpus": sorted(overlap)} if overlap else {}),
+                                  # held for a CreateContainer not forwarded yet
+                                  **({"reserved": True} if allocator.allocation_of(owner) is None else {})}
         return {
             "share_pool": sorted(share_pool),
             "be_pool": sorted(be_pool),
@@ -905,6 +1064,19 @@ class QoSEngine:
             "notes": notes,
         }
 
+    def _be_slice_notes(self) -> list[str]:
+        be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
+        problems = dict(be_slices.problems) if be_slices is not None else {}
+        return [f"BE group slice {name} not idle (BE pods stay in kubelet's slice): {problem}"
+                for name, problem in sorted(problems.items())]
+
+    def _republish_cpus(self) -> None:
+        """After a reservation was committed or cancelled (on the loop, without the lock): the CPU
+        part of the status again. A worker's publish racing with it can only show a reservation
+        a moment longer; the next publish corrects it."""
+        published = self._published
+        self._published = dataclasses.replace(published, engine={**published.engine, "cpus": self._cpu_status()})
+
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""
         self._published = PublishedStatus(
@@ -914,7 +1086,7 @@ class QoSEngine:
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
-                "notes": list(self.notes),
+                "notes": list(self.notes) + self._be_slice_notes(),
             },
             pod_records=dict(self.pod_records),
             container_records=dict(self.container_records),

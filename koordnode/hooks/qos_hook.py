@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from koordnode.hooks.chain import CallContext, RuntimeHook
 from koordnode.cri.methods import INTERCEPTED_METHODS
-from koordnode.hooks.qos_engine import QoSEngine
+from koordnode.hooks.qos_engine import CpuReservation, QoSEngine
 
 UNIMPLEMENTED = 12  # grpc status code
 
@@ -23,7 +23,9 @@ class QoSHook(RuntimeHook):
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine
 
-    def pre(self, call: CallContext) -> None:
+    def pre(self, call: CallContext) -> CpuReservation | None:
+        """Rewrites the request; returns the CPUs reserved for a CreateContainer (the chain
+        commits them with the kept request, or cancels them with a dropped one)."""
         req = call.request
         if call.method == "RunPodSandbox":
             decision = self.engine.pod_sandbox_pre(req.config)
@@ -33,11 +35,13 @@ class QoSHook(RuntimeHook):
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
             self.engine.follow_sandbox_parent(req)
-            self.engine.container_create_pre(req, call.scratch)
+            _, reservation = self.engine.plan_create(req)
+            return reservation
         elif call.method == "UpdateContainerResources":
             self.engine.update_resources_pre(req)
         elif call.method == "UpdatePodSandboxResources":
             self.engine.pod_resources_pre(req)
+        return None
 
     def post(self, call: CallContext) -> None:
         req, resp = call.request, call.response
@@ -46,7 +50,7 @@ class QoSHook(RuntimeHook):
             if ok:
                 self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
         elif call.method == "CreateContainer":
-            self.engine.container_created(req, resp.container_id if ok else None, call.scratch)
+            self.engine.container_created(req, resp.container_id if ok else None)
         elif call.method == "StartContainer":
             if ok:
                 self.engine.container_started(req.container_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import CallContext, RuntimeHook
 from koordnode.cri.methods import INTERCEPTED_METHODS
-from koordnode.state import (
+from koordnode.model.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
     CONTAINER_RUNNING,

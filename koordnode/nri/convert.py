@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from koordnode.cri import api_pb2 as cri
 from koordnode.nri import api_pb2 as nri
-from koordnode.state import (
+from koordnode.model.state import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
     CONTAINER_RUNNING,

@@ -31,8 +31,8 @@ from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
 from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
-from koordnode.nri.ttrpc import INTERNAL, Handler, TtrpcClient, TtrpcError, TtrpcServer
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView
+from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer, Handler
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView
 
 log = structlog.get_logger("koordnode.nri")
 

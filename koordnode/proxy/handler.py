@@ -1,18 +1,19 @@
-"""Turns an intercepted call's bytes into a CallContext for the hook chain, and back."""
+"""Turns an intercepted call's bytes into a request for the interceptor (the hook chain, handed
+in by the daemon: proxy/interceptor.py), and back."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from google.protobuf.message import DecodeError
 
-from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
 from koordnode.proxy import h2wire
+from koordnode.proxy.interceptor import Interceptor
 from koordnode.cri.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
 from koordnode.proxy.relay import BeforeResult
-from koordnode.state import NodeState
 
 log = structlog.get_logger("koordnode.proxy")
 
@@ -32,17 +33,23 @@ class ProxyStats:
         self.dry_run_would_fail = 0
 
 
-class HookCallHandler:
-    def __init__(self, chain: HookChain, state: NodeState, stats: ProxyStats | None = None) -> None:
-        self.chain = chain
-        self.state = state
+class InterceptingHandler:
+    """The relay's CallHandler: decodes intercepted requests, asks the interceptor, re-encodes.
+
+    ``on_completed(path, grpc_status, seconds)`` is told of every relayed call (CRI call metrics).
+    Dry run (``dry_run``, switched by reloads): the interceptor runs and decides as usual, but
+    every request goes to the runtime as the client sent it, and no call is failed by
+    failure_policy.
+    """
+
+    def __init__(self, interceptor: Interceptor, stats: ProxyStats | None = None, *,
+                 on_completed: Callable[[str, int | None, float], None] | None = None,
+                 dry_run: bool = False) -> None:
+        self.interceptor = interceptor
         self.stats = stats or ProxyStats()
         self._old_api_logged = False
-        # Set by the daemon to feed the CRI call metrics; None keeps the relay free of them.
-        self.on_completed = None
-        # Dry run: the hooks run and decide as usual, but every request goes to the runtime as
-        # the client sent it, and no call is failed by failure_policy.
-        self.dry_run = False
+        self._on_completed = on_completed
+        self.dry_run = dry_run
         self.last_dry_run_changes: dict[str, list[str]] = {}  # method -> the last would-be diff
 
     def opened(self) -> None:
@@ -54,8 +61,8 @@ class HookCallHandler:
 
     def completed(self, path: str, grpc_status: int | None, seconds: float) -> None:
         """Every relayed call, intercepted or not, once its status is known."""
-        if self.on_completed is not None:
-            self.on_completed(path, grpc_status, seconds)
+        if self._on_completed is not None:
+            self._on_completed(path, grpc_status, seconds)
 
     def lookup(self, path: str) -> MethodSpec | None:
         spec = SPECS_BY_PATH.get(path)
@@ -79,37 +86,33 @@ class HookCallHandler:
             log.warning("request_body_not_parsed", detail="forwarded unchanged", method=spec.name)
             return BeforeResult(body=body, ctx=None)
         self.stats.intercepted_calls += 1
-        call = CallContext(
-            method=spec.name, request=request, pod_labels=self.state.pod_labels_for(spec.name, request)
-        )
-        try:
-            await self.chain.run_pre(call)
-        except HookFailed as exc:
+        started = time.monotonic()
+        seen = await self.interceptor.before(spec.name, request)
+        if seen.failure is not None:
             if self.dry_run:
                 self.stats.dry_run_would_fail += 1
                 log.warning("dry_run_would_fail_call", detail="failure_policy = fail; forwarded",
-                            method=spec.name, error=str(exc))
-                return BeforeResult(body=body, ctx=(spec, call))
+                            method=spec.name, error=seen.failure)
+                return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
             self.stats.failed_by_policy += 1
-            return BeforeResult(body=body, ctx=(spec, call), fail=(h2wire.GRPC_INTERNAL, f"koordnode: {exc}"))
+            return BeforeResult(body=body, ctx=(spec, seen.token, request, started),
+                                fail=(h2wire.GRPC_INTERNAL, f"koordnode: {seen.failure}"))
         if self.dry_run:
-            self._report_dry_run_change(spec.name, request, call)
-            # The Post hooks (state recorder) see what the runtime really received.
-            call.request = request
-            return BeforeResult(body=body, ctx=(spec, call))
-        if call.request is not request:
-            changed = call.request.SerializeToString()
+            self._report_dry_run_change(spec.name, request, seen.request, seen.log_fields)
+            return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
+        if seen.request is not request:
+            changed = seen.request.SerializeToString()
             # Re-encoding may reorder unknown fields and map entries; send the client's own bytes
             # unless a hook really changed something.
             if changed != request.SerializeToString():
                 body = h2wire.encode_grpc_message(changed)
-        return BeforeResult(body=body, ctx=(spec, call))
+        return BeforeResult(body=body, ctx=(spec, seen.token, seen.request, started))
 
-    def _report_dry_run_change(self, method: str, original: Any, call: CallContext) -> None:
-        if call.request is original:
+    def _report_dry_run_change(self, method: str, original: Any, changed: Any, ids: Any) -> None:
+        if changed is original:
             return
         try:
-            changes = message_changes(original, call.request)
+            changes = message_changes(original, changed)
         except Exception as exc:  # a report only: never in the way of the call
             changes = [f"(difference not described: {exc!r})"]
         if not changes:
@@ -117,33 +120,30 @@ class HookCallHandler:
         self.stats.dry_run_changed_requests += 1
         self.last_dry_run_changes[method] = changes
         log.info("dry_run_request_forwarded_unchanged", detail="the hooks would have changed it",
-                 method=method, **call_ids(call), would=changes)
+                 method=method, **ids, would=changes)
 
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None:
         if ctx is None:
             return
-        spec, call = ctx
-        call.grpc_status = grpc_status
-        call.grpc_message = grpc_message
+        spec, token, sent, started = ctx
+        response = None
         if grpc_status == 0:
             message = h2wire.decode_grpc_message(body)
             if message is not None:
                 try:
-                    call.response = spec.response_cls.FromString(message)
+                    response = spec.response_cls.FromString(message)
                 except DecodeError:
-                    call.response = None
+                    response = None
+        fields = dict(self.interceptor.after(token, sent, response, grpc_status, grpc_message))
+        fields.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 3))
         log.info(
             "cri_call",
             method=spec.name,
-            **call_ids(call),
-            duration_ms=round((time.monotonic() - call.started) * 1000, 3),
             outcome="ok" if grpc_status == 0 else "error",
             grpc_status=grpc_status,
             grpc_message=grpc_message or None,
-            hook_failures=call.hook_failures or None,
-            hooks_skipped=call.skip_hooks or None,
+            **fields,
         )
-        self.chain.schedule_post(call)
 
 
 def message_changes(old: Any, new: Any, prefix: str = "", limit: int = 40) -> list[str]:

@@ -1,7 +1,7 @@
 """The QoS manager: collectors, bounded history, PSI triggers, strategies and the loop.
 
 Entry points: `QoSManager` (manager.py), the config sections (re-exported from koordnode.config), the pure
-strategy functions (strategies/). The manager is imported lazily, so the policy modules
+strategies (koordnode/policy/strategies/). The manager is imported lazily, so the policy modules
 living next to it (net_policy, resctrl_policy) can be imported by the executor without
 pulling the manager (and the executor) in.
 """

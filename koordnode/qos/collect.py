@@ -144,6 +144,12 @@ class Collector:
         root = self.cgroup_root
         self._v1_dirs: dict[str, str | None] = {}
         self._normalized: dict[str, str] = {}  # cgroup path as given -> normalised
+        # Each controller's mount (None: not mounted here).
+        self._cpu: str | None
+        self._cpuacct: str | None
+        self._memory: str | None
+        self._cpuset: str | None
+        self._psi: str | None
         if self.version is CgroupVersion.V2:
             self._cpu = self._cpuacct = self._memory = self._cpuset = self._psi = root
         else:

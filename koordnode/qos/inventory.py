@@ -1,5 +1,6 @@
 """What the QoS manager works on: the node's running pods and containers, with their QoS
-class and cgroup paths, as an immutable snapshot of NodeState.
+class and cgroup paths, as an immutable snapshot of NodeState (the view types are the
+strategies', policy/strategies/base.py).
 
 Built on the event loop thread (the only one touching NodeState), then handed to the tick,
 which may run in a worker thread. Pure apart from reading the NodeState passed in.
@@ -9,68 +10,32 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Any
 
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
-from koordnode.hooks.annotations import parse_pod_annotations
-from koordnode.hooks.be_group import BE_GROUP
-from koordnode.hooks.qos_class import (
+from koordnode.model.annotations import parse_pod_annotations
+from koordnode.model.be_group import BE_GROUP
+from koordnode.model.qos_class import (
     CPU_OWNING_CLASSES,
     DEFAULT_KUBE_QOS_MAPPING,
     KubeQoS,
     QoSClass,
-    parse_qos_class,
-    resolve_qos_class,
+    pod_qos_class,
 )
-from koordnode.state import CONTAINER_RUNNING, POD_READY, NodeState
+from koordnode.policy.strategies.base import NON_BE_CLASSES, ContainerView, Inventory, PodView
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
-# Classes whose usage counts against the BE budget (everything but BE).
-NON_BE_CLASSES = frozenset({QoSClass.SYSTEM, QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 __all__ = [
     "CPU_OWNING_CLASSES", "ContainerView", "Inventory", "InventoryBuilder", "NON_BE_CLASSES", "PodView",
     "build_inventory", "tier_cgroups",
 ]
 
 
-@dataclass(frozen=True)
-class ContainerView:
-    container_id: str
-    name: str
-    cgroup: str
-    cpu_quota_us: int  # 0 = no limit
-    cpu_period_us: int
-    cpuset: frozenset[int] | None  # as requested through CRI; None = not set
-    batch_cpu_milli: int | None  # BE: kubernetes.io/batch-cpu request
-
-
-@dataclass(frozen=True)
-class PodView:
-    sandbox_id: str
-    name: str  # namespace/name
-    qos_class: QoSClass
-    cgroup: str
-    priority: int
-    containers: tuple[ContainerView, ...]
-
-    @property
-    def tier(self) -> str:
-        return posixpath.dirname(self.cgroup.rstrip("/")) or "/"
-
-
-@dataclass(frozen=True)
-class Inventory:
-    pods: tuple[PodView, ...]
-    skipped: tuple[str, ...] = ()  # pods left out, with the reason
-
-    def of_class(self, *classes: QoSClass) -> list[PodView]:
-        return [p for p in self.pods if p.qos_class in classes]
-
-
 def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
     """The besteffort and burstable tier cgroups under kubelet's top pod cgroup, and koordnode's
-    BE group beside them (hooks/be_group.py)."""
+    BE group beside them (model/be_group.py)."""
     kubepods = "/" + kubepods.strip("/")
     systemd = driver == "systemd" or (driver == "auto" and kubepods.endswith(".slice"))
     if systemd:
@@ -105,42 +70,48 @@ class InventoryBuilder:
     annotation parsing, cgroup paths) between calls: a pod's labels and cgroup parent never
     change, and a container's resources change only with an updated record."""
 
-    def __init__(self, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING) -> None:
+    def __init__(self, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING,
+                 driver: str = "auto") -> None:
         self.mapping = mapping
-        self._pods: dict[str, tuple[tuple, tuple[str, QoSClass, str, int, object] | str]] = {}
-        self._containers: dict[str, tuple[tuple, ContainerView | str]] = {}
+        self.driver = driver  # [cgroup] driver: the cgroup paths are the engine's (hooks/qos_engine.py)
+        self._pods: dict[str, tuple[tuple[object, ...], tuple[str, QoSClass, str, int, Any] | str]] = {}
+        self._containers: dict[str, tuple[tuple[object, ...], ContainerView | str]] = {}
 
     def set_mapping(self, mapping: Mapping[KubeQoS, QoSClass]) -> None:
         if mapping != self.mapping:
             self.mapping = mapping
             self._pods.clear()
 
-    def _pod(self, pod) -> tuple[str, QoSClass, str, int, object] | str:  # type: ignore[no-untyped-def]
+    def set_driver(self, driver: str) -> None:
+        if driver != self.driver:
+            self.driver = driver
+            self._pods.clear()
+            self._containers.clear()
+
+    def _pod(self, pod: PodRecord) -> tuple[str, QoSClass, str, int, Any] | str:
         key = (pod.cgroup_parent, pod.qos_class, pod.updated_at)
         cached = self._pods.get(pod.sandbox_id)
         if cached is not None and cached[0] == key:
             return cached[1]
         label = f"{pod.namespace}/{pod.name}"
         try:
-            cgroup = pod_cgroup_path(pod.cgroup_parent)
+            cgroup = pod_cgroup_path(pod.cgroup_parent, self.driver)
         except UnsafePathError as err:
-            value: tuple[str, QoSClass, str, int, object] | str = f"{label}: {err}"
+            value: tuple[str, QoSClass, str, int, Any] | str = f"{label}: {err}"
         else:
-            qos = parse_qos_class(pod.qos_class) if pod.qos_class else None
-            if qos is None:
-                qos = resolve_qos_class(pod.labels, pod.cgroup_parent, self.mapping).qos_class
+            qos = pod_qos_class(pod.qos_class, pod.labels, pod.cgroup_parent, self.mapping)
             annotations = parse_pod_annotations(pod.annotations) if qos is QoSClass.BE else None
             value = (label, qos, cgroup, _priority(pod.labels), annotations)
         self._pods[pod.sandbox_id] = (key, value)
         return value
 
-    def _container(self, c, cgroup_parent: str, label: str, annotations) -> ContainerView | str:  # type: ignore[no-untyped-def]
+    def _container(self, c: ContainerRecord, cgroup_parent: str, label: str, annotations: Any) -> ContainerView | str:
         key = (cgroup_parent, c.updated_at, id(annotations))
         cached = self._containers.get(c.container_id)
         if cached is not None and cached[0] == key:
             return cached[1]
         try:
-            path = container_cgroup_path(cgroup_parent, c.container_id)
+            path = container_cgroup_path(cgroup_parent, c.container_id, self.driver)
         except UnsafePathError as err:
             value: ContainerView | str = f"{label}/{c.name}: {err}"
         else:
@@ -161,7 +132,7 @@ class InventoryBuilder:
     def build(self, state: NodeState) -> Inventory:
         pods: list[PodView] = []
         skipped: list[str] = []
-        by_pod: dict[str, list] = {}
+        by_pod: dict[str, list[ContainerRecord]] = {}
         for c in state.containers.values():
             if c.state == CONTAINER_RUNNING:
                 by_pod.setdefault(c.sandbox_id, []).append(c)
@@ -190,6 +161,7 @@ class InventoryBuilder:
         return Inventory(tuple(pods), tuple(skipped))
 
 
-def build_inventory(state: NodeState, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING) -> Inventory:
+def build_inventory(state: NodeState, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING,
+                    driver: str = "auto") -> Inventory:
     """One-off inventory (no caching)."""
-    return InventoryBuilder(mapping).build(state)
+    return InventoryBuilder(mapping, driver).build(state)

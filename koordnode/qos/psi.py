@@ -19,6 +19,12 @@ to ~2 s). When a trigger is refused (EINVAL / EPERM / EACCES, or no PSI at all) 
 falls back to polling the pressure files' `some total` every `poll_interval_s` and firing
 when the stall within the window exceeds the same threshold - the trigger's rule evaluated
 in user space - and says so in `mode`.
+
+Layering: registering a trigger is a write to a kernel file, and this module is the one
+documented exception to "kernel writes only in executor/" (tests/test_layers.py allows it by
+name): the write creates no state to plan, compare or undo - it is a subscription that lives
+exactly as long as the file descriptor the watch then polls, so it belongs with its poller.
+Dry run registers no trigger (the manager polls instead).
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ class PsiTrigger:
             self.close()
             raise TriggerRefused(errno.EPERM, NOT_POLLABLE)
         try:
-            # The kernel parses the buffer as a C string: include the terminating NUL.
+            # The one kernel write outside executor/ (see the module docstring). The kernel
+            # parses the buffer as a C string: include the terminating NUL.
             os.write(self._fd, self.spec.encode() + b"\0")
         except OSError as err:
             self.close()

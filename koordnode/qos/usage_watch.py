@@ -37,6 +37,8 @@ from typing import Any
 
 import structlog
 
+from koordnode.model.cpulist import parse_cpu_list
+
 log = structlog.get_logger("koordnode.qos.usage")
 
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331, "riscv64": 241}
@@ -60,7 +62,7 @@ MODE_OFF = "off"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _attr(period_ns: int) -> ctypes.Array:
+def _attr(period_ns: int) -> ctypes.Array[ctypes.c_char]:
     # type, size, config, sample_period, sample_type, read_format, flags, wakeup_events, bp_type
     raw = struct.pack("IIQQQQQII", _PERF_TYPE_SOFTWARE, _ATTR_SIZE, _PERF_COUNT_SW_CPU_CLOCK, period_ns,
                       0, 0, _ATTR_DISABLED, 1, 0)
@@ -75,15 +77,8 @@ def online_cpus() -> list[int]:
 
 
 def _parse_online() -> set[int]:
-    cpus: set[int] = set()
     with open("/sys/devices/system/cpu/online") as f:
-        for part in f.read().strip().split(","):
-            if "-" in part:
-                a, b = part.split("-")
-                cpus.update(range(int(a), int(b) + 1))
-            elif part:
-                cpus.add(int(part))
-    return cpus
+        return set(parse_cpu_list(f.read()))
 
 
 class _Event:

@@ -104,7 +104,9 @@ def systemd_bed(containerd_release, tmp_path_factory):
 def guest_koordnode(systemd_bed, tmp_path_factory):
     port = free_port()
     extra = (
-        f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n'
+        # These tests check BE pods in kubelet's besteffort slice; the idle BE group (on by
+        # default) has its own test, test_be_group_systemd_v2.py.
+        f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\nbe_idle_group_systemd = false\n'
         f'[node]\nblkio_devices = ["{disk_dev()}"]\n'
     )
     kn = GuestKoordnode(tmp_path_factory.mktemp("kn"), str(systemd_bed.socket), extra_toml=extra,

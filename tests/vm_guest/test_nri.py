@@ -11,7 +11,7 @@ import time
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.cpulist import parse_cpu_list
+from koordnode.model.cpulist import parse_cpu_list
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess, short_socket_dir
 from testbed.systemd_bed import KUBEPODS_SLICE, SystemdBed, kubelet_tiers

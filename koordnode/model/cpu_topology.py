@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from koordnode.hooks.cpulist import CpuListError, parse_cpu_list
+from koordnode.model.cpulist import CpuListError, parse_cpu_list
 
 
 class TopologyError(RuntimeError):

@@ -15,13 +15,14 @@ CreateContainer (before the runtime assigns a container id) and again after a re
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from koordnode.hooks.cpu_topology import CpuTopology
-from koordnode.hooks.cpulist import CpuListError, format_cpu_list, parse_cpu_list
-from koordnode.hooks.qos_class import CPU_OWNING_CLASSES, QoSClass
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.cpulist import CpuListError, format_cpu_list, parse_cpu_list
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.config.node import NodeConfig
 
 
@@ -46,6 +47,9 @@ class CpusetDecision:
     reason: str
     # NUMA nodes of `cpus` (for cpuset_mems when the node config asks for it).
     mems: frozenset[int] = frozenset()
+    # A new allocation this decision needs recorded (CpusetAllocator.record) to hold; None
+    # for pools, fallbacks and an owner's existing CPUs.
+    allocation: Allocation | None = None
 
     @property
     def cpuset_cpus(self) -> str:
@@ -126,7 +130,12 @@ class CpusetAllocator:
         self._reserved = frozenset(reserved) & topology.online
         # SYSTEM pods run on these when set; they are not removed from the pools.
         self._system_cpus = frozenset(system_cpus) & topology.online
+        # Copy-on-write (replaced, never changed in place) under _lock: readers in other threads
+        # always see a whole dict. _reservations: allocations decided for a request that is not
+        # forwarded yet (reserve/commit/cancel); their CPUs count as held for new decisions.
+        self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}
+        self._reservations: dict[str, Allocation] = {}
         # Bumped on every change, so the caller knows the pools moved and running LS/BE
         # containers need their cpuset updated.
         self.version = 0
@@ -213,14 +222,104 @@ class CpusetAllocator:
         n_cpus: int,
         preferred: Iterable[int] | None = None,
     ) -> CpusetDecision:
-        """CPUs for an owner of `qos_class`. Never raises for lack of CPUs: falls back to the pool.
+        """decide() and record() at once."""
+        decision = self.decide(owner_id, qos_class, n_cpus, preferred)
+        if decision.allocation is not None:
+            problem = self.record(decision.allocation)
+            if problem is not None:  # another thread took the CPUs in between
+                return self._fallback(qos_class, [problem])
+        return decision
+
+    def decide(
+        self,
+        owner_id: str,
+        qos_class: QoSClass,
+        n_cpus: int,
+        preferred: Iterable[int] | None = None,
+        pending: Iterable[Allocation] = (),
+    ) -> CpusetDecision:
+        """CPUs for an owner of `qos_class`, without changing anything: a new allocation comes back
+        in the decision's `allocation`, for record(). `pending`: allocations decided but not
+        recorded yet, whose CPUs count as held. Never raises for lack of CPUs: falls back to the
+        pool.
 
         LSE: whole free cores (all SMT siblings), at least n_cpus CPUs, one NUMA node if
         possible, else one socket, else anywhere. LSR: n_cpus CPUs, whole free cores first.
         `preferred` (the scheduler's resource-status cpuset) is honoured if every CPU is online,
-        not node-reserved and not owned by another owner. Other classes get their pool and
-        no state changes. Allocating again for the same owner returns its existing CPUs.
+        not node-reserved and not owned by another owner. Other classes get their pool.
+        Deciding again for an owner that holds CPUs returns them.
         """
+        probe = self._with(pending)
+        return probe._decide(owner_id, qos_class, n_cpus, preferred)
+
+    def _with(self, pending: Iterable[Allocation]) -> CpusetAllocator:
+        """A copy of this allocator with the reservations and `pending` held too (decisions run
+        on it, so the allocator itself does not change)."""
+        probe = CpusetAllocator.__new__(CpusetAllocator)
+        probe.__dict__.update(self.__dict__)
+        held = dict(self._allocations)
+        for allocation in (*self._reservations.values(), *pending):
+            held.setdefault(allocation.owner_id, allocation)
+        probe._allocations = held
+        probe._reservations = {}
+        return probe
+
+    def _refusal(self, allocation: Allocation) -> str | None:
+        existing = self._allocations.get(allocation.owner_id) or self._reservations.get(allocation.owner_id)
+        if existing is not None:
+            return None if existing == allocation else (
+                f"{allocation.owner_id} already holds {format_cpu_list(existing.cpus)}")
+        return self._with(())._preferred_problem(allocation.cpus, allocation.owner_id)
+
+    def record(self, allocation: Allocation) -> str | None:
+        """Hold a decided allocation; refused (the problem comes back) if its CPUs are no longer
+        free, so a CPU is never owned twice."""
+        with self._lock:
+            problem = self._refusal(allocation)
+            if problem is None and allocation.owner_id not in self._allocations:
+                self._record(allocation)
+            return problem
+
+    def reserve(self, allocation: Allocation) -> str | None:
+        """Hold a decided allocation for a request not forwarded yet: commit() makes it an
+        allocation (the request goes on), cancel() drops it (the request was dropped). Refused
+        like record()."""
+        with self._lock:
+            problem = self._refusal(allocation)
+            if problem is None and allocation.owner_id not in self._allocations:
+                self._reservations = {**self._reservations, allocation.owner_id: allocation}
+            return problem
+
+    def commit(self, allocation: Allocation) -> bool:
+        """The reserved allocation's request went on: it becomes the owner's allocation."""
+        with self._lock:
+            if self._reservations.get(allocation.owner_id) is not allocation:
+                return False
+            self._reservations = {k: v for k, v in self._reservations.items() if k != allocation.owner_id}
+            self._record(allocation)
+            return True
+
+    def cancel(self, allocation: Allocation) -> bool:
+        """The reserved allocation's request was dropped: its CPUs are free again."""
+        with self._lock:
+            if self._reservations.get(allocation.owner_id) is not allocation:
+                return False
+            self._reservations = {k: v for k, v in self._reservations.items() if k != allocation.owner_id}
+            return True
+
+    def reservation_of(self, owner_id: str) -> Allocation | None:
+        return self._reservations.get(owner_id)
+
+    def reservations(self) -> Mapping[str, Allocation]:
+        return MappingProxyType(dict(self._reservations))
+
+    def _decide(
+        self,
+        owner_id: str,
+        qos_class: QoSClass,
+        n_cpus: int,
+        preferred: Iterable[int] | None,
+    ) -> CpusetDecision:
         if qos_class not in CPU_OWNING_CLASSES:
             return self.pool_for(qos_class)
         existing = self._allocations.get(owner_id)
@@ -234,9 +333,9 @@ class CpusetAllocator:
             wanted = frozenset(preferred)
             problem = self._preferred_problem(wanted, owner_id) or self._share_floor_problem(wanted)
             if problem is None:
-                self._record(Allocation(owner_id, qos_class, wanted, "scheduler"))
                 reason = f"{qos_class.value}: scheduler's cpuset {format_cpu_list(wanted)} (resource-status)"
-                return self._decision(wanted, True, False, reason)
+                return replace(self._decision(wanted, True, False, reason),
+                               allocation=Allocation(owner_id, qos_class, wanted, "scheduler"))
             notes.append(f"scheduler's cpuset {format_cpu_list(wanted)} not usable ({problem})")
 
         if n_cpus <= 0:
@@ -251,7 +350,6 @@ class CpusetAllocator:
         floor = self._share_floor_problem(chosen)
         if floor is not None:
             return self._fallback(qos_class, notes + [floor])
-        self._record(Allocation(owner_id, qos_class, chosen, "allocated"))
         shape = "whole cores" if qos_class is QoSClass.LSE else "reserved"
         nodes = format_cpu_list(self._topology.numa_nodes_of(chosen))
         reason = (
@@ -259,7 +357,8 @@ class CpusetAllocator:
         )
         if notes:
             reason += "; " + "; ".join(notes)
-        return self._decision(chosen, True, False, reason)
+        return replace(self._decision(chosen, True, False, reason),
+                       allocation=Allocation(owner_id, qos_class, chosen, "allocated"))
 
     def _fallback(self, qos_class: QoSClass, notes: list[str]) -> CpusetDecision:
         reason = f"{qos_class.value}: not enough free CPUs, falling back to the share pool: " + "; ".join(
@@ -291,16 +390,19 @@ class CpusetAllocator:
                 f" [node] min_shared_cpus = {self._min_shared}")
 
     def _record(self, allocation: Allocation) -> None:
-        self._allocations[allocation.owner_id] = allocation
+        # Callers hold _lock (restore takes it itself).
+        self._allocations = {**self._allocations, allocation.owner_id: allocation}
         self.version += 1
 
     def release(self, owner_id: str) -> frozenset[int]:
         """Give the owner's CPUs back; returns them (empty if it held none)."""
-        allocation = self._allocations.pop(owner_id, None)
-        if allocation is None:
-            return frozenset()
-        self.version += 1
-        return allocation.cpus
+        with self._lock:
+            allocation = self._allocations.get(owner_id)
+            if allocation is None:
+                return frozenset()
+            self._allocations = {k: v for k, v in self._allocations.items() if k != owner_id}
+            self.version += 1
+            return allocation.cpus
 
     def restore(self, owner_id: str, qos_class: QoSClass, cpus: Iterable[int]) -> RestoreResult:
         """Re-register a running container's CPUs after a restart.
@@ -319,7 +421,8 @@ class CpusetAllocator:
         problem = self._preferred_problem(wanted, owner_id)
         if problem is not None:
             return RestoreResult(False, f"cannot restore {format_cpu_list(wanted)} for {owner_id}: {problem}")
-        self._record(Allocation(owner_id, qos_class, wanted, "restored"))
+        with self._lock:
+            self._record(Allocation(owner_id, qos_class, wanted, "restored"))
         return RestoreResult(True, f"restored {qos_class.value} {format_cpu_list(wanted)}")
 
     # --- the choice of CPUs ---

@@ -12,6 +12,7 @@ a snapshot no later change can alter, and hands back results the loop applies.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -96,6 +97,8 @@ class NodeState:
         self._view = NodeView()
         self.rebuilt_at: float | None = None
         self.rebuild_error: str | None = None
+        # The one thread that changes this state (the event loop's): bound at the first change.
+        self._owner: int | None = None
 
     # ---- queries (any thread: they read the current immutable view) -----------------------
 
@@ -135,11 +138,22 @@ class NodeState:
 
     def _publish(self, pods: dict[str, PodRecord] | None = None,
                  containers: dict[str, ContainerRecord] | None = None) -> None:
+        self._check_owner()
         view = self._view
         self._view = NodeView(
             pods=view.pods if pods is None else MappingProxyType(pods),
             containers=view.containers if containers is None else MappingProxyType(containers),
         )
+
+    def _check_owner(self) -> None:
+        """Only the event loop changes the state; workers read view() snapshots and hand back
+        results the loop records. A change from another thread is a bug: refuse it loudly."""
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError("NodeState is changed by the event loop's thread only; "
+                               "a worker must return its result for the loop to record")
 
     def put_pod(self, pod: PodRecord) -> None:
         self._publish(pods={**self._view.pods, pod.sandbox_id: pod})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
-from koordnode.hooks.be_group import BE_GROUP
+from koordnode.model.be_group import BE_GROUP
 
 QOS_CLASS_LABEL = "koordinator.sh/qosClass"
 
@@ -26,6 +26,10 @@ class QoSClass(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+# The class names as users write them (labels, config keys), highest priority first.
+CLASS_NAMES: tuple[str, ...] = tuple(c.value for c in QoSClass)
 
 
 class KubeQoS(str, Enum):
@@ -60,7 +64,7 @@ DEFAULT_KUBE_QOS_MAPPING: Mapping[KubeQoS, QoSClass] = MappingProxyType(
 
 # systemd driver: "kubepods-besteffort.slice", "kubepods-burstable-pod<uid>.slice",
 # "kubepods-pod<uid>.slice" (Guaranteed pods sit directly under kubepods).
-# koordnode's own BE group (hooks/be_group.py) holds BestEffort pods moved out of the tier.
+# koordnode's own BE group (model/be_group.py) holds BestEffort pods moved out of the tier.
 _SYSTEMD_TIER = re.compile(r"^kubepods-(besteffort|burstable|" + BE_GROUP + r")(?:-pod[^/]*)?\.slice$")
 _SYSTEMD_POD = re.compile(r"^kubepods(?:-besteffort|-burstable|-" + BE_GROUP + r")?-pod([^/.]+)\.slice$")
 _CGROUPFS_POD = re.compile(r"^pod([0-9a-fA-F_-]+)$")
@@ -155,3 +159,18 @@ def resolve_qos_class(
         kube_qos=kube_qos,
         label_problem=label_problem,
     )
+
+
+def pod_qos_class(
+    recorded: str | None,
+    labels: Mapping[str, str] | None,
+    cgroup_parent: str,
+    mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING,
+) -> QoSClass:
+    """The class of a known pod: the one the QoS engine recorded on it, else resolved from its
+    labels and cgroup parent (resolve_qos_class: the one resolver). Never raises."""
+    if recorded:
+        known = parse_qos_class(recorded)
+        if known is not None:
+            return known
+    return resolve_qos_class(labels, cgroup_parent, mapping).qos_class

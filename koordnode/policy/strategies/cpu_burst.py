@@ -15,14 +15,18 @@ Pure: inputs, config and the previous state in; writes, explanation and new stat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.executor.resources import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.kernel import CFS_QUOTA_MIN_US, CFS_RUNTIME_MAX_US, DEFAULT_CFS_PERIOD_US
+from koordnode.model.qos_class import QoSClass
+from koordnode.policy.strategies.base import TickSnapshot
+from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
 from koordnode.config.strategies import CpuBurstConfig
-from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded
 
 NAME = "cpu_burst"
 
@@ -32,7 +36,7 @@ class BurstContainer:
     container_id: str
     cgroup: str
     quota_us: int  # the limit kubelet set, per period; <= 0 = no CPU limit
-    period_us: int = 100_000
+    period_us: int = DEFAULT_CFS_PERIOD_US
     throttled: int = 0  # nr_throttled increase since the previous tick
 
 
@@ -68,6 +72,10 @@ class CpuBurstState:
     scales: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # cgroup -> cfs_burst_us last written
     bursts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # container cgroup -> nr_throttled at the previous decision (kept by the plug-in)
+    throttled: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # when every burst value was last re-emitted; None = never
+    last_reconcile: float | None = None
 
 
 def burst_us(quota_us: int, cfg: CpuBurstConfig) -> int:
@@ -81,7 +89,7 @@ def _scaled(quota_us: int, scale: float) -> int:
 
 def _quota_writes(pod: BurstPod, scale: float, growing: bool, reason: str) -> list[CgroupWrite]:
     containers = [CgroupWrite(c.cgroup, "cpu.cfs_quota_us", _scaled(c.quota_us, scale), reason) for c in pod.limited]
-    period = pod.limited[0].period_us if pod.limited else 100_000
+    period = pod.limited[0].period_us if pod.limited else DEFAULT_CFS_PERIOD_US
     pod_limit = pod.pod_limit_us(period)
     pod_write = [CgroupWrite(pod.cgroup, "cpu.cfs_quota_us", _scaled(pod_limit, scale), reason)] if pod_limit else []
     return pod_write + containers if growing else containers + pod_write
@@ -165,3 +173,68 @@ def restore_cpu_burst(pods: tuple[BurstPod, ...], state: CpuBurstState) -> Strat
     explanation = Explanation(NAME, {"pods_restored": len(state.scales), "bursts_cleared": len(state.bursts)},
                               "restore", "disabled")
     return StrategyResult(explanation, writes=tuple(writes), state=CpuBurstState())
+
+
+# ---------------------------------------------------------------------- the plug-in
+
+
+def burst_pods(snap: TickSnapshot, previous: Mapping[str, int]) -> tuple[tuple[BurstPod, ...], dict[str, int]]:
+    """The LS pods with their throttling since the previous decision (read through the probe),
+    and the nr_throttled counters to remember (only of the containers listed now)."""
+    pods = []
+    counters: dict[str, int] = {}
+    for pod in snap.inventory.of_class(QoSClass.LS):
+        containers = []
+        for c in pod.containers:
+            throttled = 0
+            if c.cpu_quota_us > 0:
+                now = snap.probe.nr_throttled(c.cgroup)
+                if now is None and c.cgroup in previous:
+                    counters[c.cgroup] = previous[c.cgroup]  # unreadable this tick: keep the old count
+                elif now is not None:
+                    counters[c.cgroup] = now
+                    prev = previous.get(c.cgroup)
+                    throttled = max(0, now - prev) if prev is not None else 0
+            containers.append(BurstContainer(c.container_id, c.cgroup, c.cpu_quota_us, c.cpu_period_us, throttled))
+        pods.append(BurstPod(pod.sandbox_id, pod.name, pod.cgroup, tuple(containers)))
+    return tuple(pods), counters
+
+
+class CpuBurst:
+    name = NAME
+    early = False
+    precheck = True  # the reconcile pass re-emits values mostly in place
+    evicts = False
+
+    def initial_state(self) -> CpuBurstState:
+        return CpuBurstState()
+
+    def decide(self, snap: TickSnapshot, cfg: CpuBurstConfig, state: CpuBurstState,
+               earlier: Mapping[str, StrategyResult]) -> StrategyResult:
+        pods, counters = burst_pods(snap, state.throttled)
+        pool_cpus = len(snap.online_cpus - snap.excluded_cpus)
+        pool_pct = None
+        if snap.node_used_cpus is not None and pool_cpus:
+            pool_pct = 100.0 * max(0.0, snap.node_used_cpus - snap.lse_lsr_used_cpus) / pool_cpus
+        reconcile = snap.due(state.last_reconcile)
+        result = decide_cpu_burst(CpuBurstInput(pods, pool_pct, reconcile), cfg, state)
+        new_state = dataclasses.replace(
+            result.state, throttled=MappingProxyType(counters),
+            last_reconcile=snap.now if reconcile else state.last_reconcile)
+        return dataclasses.replace(result, state=new_state)
+
+    def restore_config(self, old: CpuBurstConfig | None, new: CpuBurstConfig) -> CpuBurstConfig | None:
+        return old if old is not None and old.enable and not new.enable else None
+
+    def restore(self, snap: TickSnapshot, cfg: CpuBurstConfig, state: CpuBurstState) -> StrategyResult:
+        pods, _ = burst_pods(snap, {})
+        return restore_cpu_burst(pods, state)
+
+    def status(self, cfg: CpuBurstConfig, state: CpuBurstState) -> dict[str, Any]:
+        return {}
+
+
+    def confines_be_cpuset(self, cfg: CpuBurstConfig) -> bool:
+        return False
+
+STRATEGY = CpuBurst()

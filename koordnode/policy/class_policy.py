@@ -18,18 +18,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.hooks.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
-from koordnode.hooks.cpuset_allocator import CpusetAllocator, CpusetDecision, cpuset_owner_id
-from koordnode.hooks.qos_class import ClassDecision, KubeQoS, QoSClass
-from koordnode.config.classes import MAX_SHARES, MIN_SHARES, QoSClassConfig
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.annotations import BatchResources, ParseProblem, PodAnnotations, parse_pod_annotations
+from koordnode.policy.cpuset import Allocation, CpusetAllocator, CpusetDecision, cpuset_owner_id
+from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 from koordnode.config.node import NodeConfig
+from koordnode.config.classes import QoSClassConfig
+from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
+from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
+from koordnode.model.kernel import (
+    CFS_PERIOD_MAX_US,
+    CFS_PERIOD_MIN_US,
+    CFS_QUOTA_MIN_US,
+    CFS_RUNTIME_MAX_US,
+    DEFAULT_CFS_PERIOD_US,
+    KUBELET_SHARES_PER_CPU,
+)
 
-KUBELET_SHARES_PER_CPU = 1024
-DEFAULT_CFS_PERIOD_US = 100_000
-MIN_CFS_QUOTA_US = 1000
-MAX_CFS_QUOTA_US = (1 << 44) - 1  # the kernel's largest CFS runtime
-CFS_PERIOD_RANGE_US = (1000, 1_000_000)  # what the kernel accepts
+MIN_CFS_QUOTA_US = CFS_QUOTA_MIN_US
+MAX_CFS_QUOTA_US = CFS_RUNTIME_MAX_US
+CFS_PERIOD_RANGE_US = (CFS_PERIOD_MIN_US, CFS_PERIOD_MAX_US)
 CGROUP_VERSIONS = ("v1", "v2")
 
 
@@ -169,13 +177,16 @@ def requested_cpus(resources: ContainerResources) -> int:
 
 
 def allocate_cpuset(
-    allocator: CpusetAllocator, pod: PodInput, container: ContainerInput, qos_class: QoSClass
+    allocator: CpusetAllocator, pod: PodInput, container: ContainerInput, qos_class: QoSClass,
+    pending: Iterable[Allocation] = (),
 ) -> CpusetDecision:
-    """Ask the allocator for a container's CPUs: its class, whole-CPU request and the scheduler's
-    resource-status cpuset if any. Pools for LS/BE/SYSTEM; the only state touched is the allocator's."""
+    """A container's CPUs from its class, whole-CPU request and the scheduler's resource-status
+    cpuset if any; pools for LS/BE/SYSTEM. Changes nothing: a new allocation comes back in the
+    decision's `allocation`, for the caller to record where the decision is applied.
+    `pending`: allocations decided but not recorded yet (their CPUs count as held)."""
     preferred = parse_pod_annotations(pod.annotations).scheduler_cpuset
     owner = cpuset_owner_id(pod.uid, container.name, preferred is not None)
-    return allocator.allocate(owner, qos_class, requested_cpus(container.resources), preferred)
+    return allocator.decide(owner, qos_class, requested_cpus(container.resources), preferred, pending)
 
 
 def cpu_shares_for(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from koordnode.hooks.cpulist import CpuListError, format_cpu_list, parse_cpu_list
+from koordnode.model.cpulist import CpuListError, format_cpu_list, parse_cpu_list
 
 EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
 MEMORY_QOS = "koordinator.sh/memoryQOS"

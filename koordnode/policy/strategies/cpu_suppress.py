@@ -16,12 +16,18 @@ Pure: inputs and config in, writes and an explanation out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
-from koordnode.executor.plan import CgroupWrite
-from koordnode.executor.resources import format_cpu_list
+from koordnode.policy.plan import CgroupWrite
+from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
+from koordnode.model.qos_class import QoSClass
+from koordnode.policy.strategies.base import TickSnapshot
+from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
 from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
-from koordnode.qos.strategies.common import Explanation, StrategyResult, rounded
 
 NAME = "cpu_suppress"
 UNLIMITED = -1
@@ -37,7 +43,7 @@ class CpuSuppressInput:
     ls_pressure_percent: float | None  # LS CPU "some" pressure; None = not measurable
     be_tier: str  # the BE tier cgroup ("/kubepods/besteffort")
     current_quota_us: int | None = None  # the tier's quota now (-1 unlimited); None = tier missing
-    period_us: int = 100_000
+    period_us: int = DEFAULT_CFS_PERIOD_US
     elapsed_s: float | None = None  # since the previous decision; None = first one
     tick_s: float = 1.0
     # cpuset policy
@@ -55,7 +61,7 @@ def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> floa
     first_x, first_y = curve[0]
     if pressure_percent <= first_x:
         return first_y
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
         if pressure_percent <= x1:
             return y0 + (y1 - y0) * (pressure_percent - x0) / (x1 - x0)
     return curve[-1][1]
@@ -152,7 +158,7 @@ def _decide_cpuset(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget
     pool = sorted(inp.online_cpus - inp.excluded_cpus)
     current = inp.current_be_cpus
     inputs.update(
-        pool=format_cpu_list(pool),
+        pool=format_cpu_list(frozenset(pool)),
         excluded=format_cpu_list(inp.excluded_cpus),
         current_cpus=format_cpu_list(current) if current is not None else None,
     )
@@ -193,3 +199,96 @@ def restore_cpu_suppress(inp: CpuSuppressInput, policy: str) -> StrategyResult:
         return StrategyResult(Explanation(NAME, {"policy": policy}, f"restore cpuset {text}", "disabled"), writes=writes)
     write = CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", UNLIMITED, "cpu_suppress disabled: no BE quota")
     return StrategyResult(Explanation(NAME, {"policy": policy}, "restore quota -1", "disabled"), writes=(write,))
+
+
+# ---------------------------------------------------------------------- the plug-in
+
+
+def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
+    """The strategy's input from the tick's snapshot (reads the BE tier's quota or cpuset)."""
+    tier = snap.be_tier
+    quota = period = None
+    current_cpus = None
+    cpuset_cgroups: tuple[str, ...] = ()
+    if policy == "cpuset":
+        current_cpus = snap.probe.cpuset_cpus(tier)
+        cgroups = [tier]
+        for pod in snap.inventory.of_class(QoSClass.BE):
+            if pod.tier == tier:
+                cgroups.append(pod.cgroup)
+                cgroups += [c.cgroup for c in pod.containers]
+        cpuset_cgroups = tuple(cgroups)
+    else:
+        found = snap.probe.cfs_quota(tier)
+        if found is not None:
+            quota, period = found
+    return CpuSuppressInput(
+        node_cpus=len(snap.online_cpus),
+        ls_used_cpus=snap.ls_used_cpus,
+        be_used_cpus=snap.be_used_cpus,
+        system_used_cpus=snap.system_used_cpus or 0.0,
+        reserved_cpus=float(len(snap.reserved_cpus)),
+        ls_pressure_percent=snap.ls_pressure_percent,
+        be_tier=tier,
+        current_quota_us=quota,
+        period_us=period or DEFAULT_CFS_PERIOD_US,
+        elapsed_s=snap.elapsed_s,
+        tick_s=snap.tick_s,
+        online_cpus=snap.online_cpus,
+        excluded_cpus=snap.excluded_cpus,
+        current_be_cpus=current_cpus,
+        be_cpuset_cgroups=cpuset_cgroups,
+    )
+
+
+def at_minimum(inp: CpuSuppressInput, cfg: CpuSuppressConfig, result: StrategyResult) -> bool:
+    """Whether BE is now suppressed as far as the policy goes (quota floor, fewest CPUs)."""
+    if cfg.policy == "cpuset":
+        value = result.writes[0].value if result.writes else inp.current_be_cpus
+        cpus = parse_cpu_list(value) if isinstance(value, str) else value
+        return isinstance(cpus, frozenset) and len(cpus) <= cfg.min_cpus
+    quota = result.writes[0].value if result.writes else inp.current_quota_us
+    return isinstance(quota, int) and 0 < quota <= cfg.min_quota_us
+
+
+class CpuSuppress:
+    name = NAME
+    early = True  # the reason for pressure and usage wake-ups
+    precheck = False  # decided against the values just read
+    evicts = False
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snap: TickSnapshot, cfg: CpuSuppressConfig, state: Any,
+               earlier: Mapping[str, StrategyResult]) -> StrategyResult:
+        inp = suppress_input(snap, cfg.policy)
+        if not snap.rates_ready:
+            return StrategyResult(Explanation(NAME, {}, "no change", "warming up: usage rates need two samples"))
+        result = decide_cpu_suppress(inp, cfg)
+        return StrategyResult(
+            result.explanation, writes=result.writes,
+            facts=MappingProxyType({"be_budget_cpus": be_budget(inp, cfg).cpus}),
+            saturated=at_minimum(inp, cfg, result),
+        )
+
+    def restore_config(self, old: CpuSuppressConfig | None, new: CpuSuppressConfig) -> CpuSuppressConfig | None:
+        if old is None:
+            # Started with the strategy off: a quota an earlier run left on the BE tier or
+            # group (koordnode's own, it outlives restarts) must not hold BE down for good.
+            return new if not new.enable else None
+        if old.enable and (not new.enable or new.policy != old.policy):
+            return old
+        return None
+
+    def restore(self, snap: TickSnapshot, cfg: CpuSuppressConfig, state: Any) -> StrategyResult:
+        return restore_cpu_suppress(suppress_input(snap, cfg.policy), cfg.policy)
+
+    def status(self, cfg: CpuSuppressConfig, state: Any) -> dict[str, Any]:
+        return {"policy": cfg.policy}
+
+
+    def confines_be_cpuset(self, cfg: CpuSuppressConfig) -> bool:
+        return cfg.enable and cfg.policy == "cpuset"
+
+STRATEGY = CpuSuppress()

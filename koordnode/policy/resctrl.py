@@ -1,7 +1,8 @@
 """resctrl policy: hardware facts + per-class config -> the schemata text of each group.
 
-Pure: no file access. The executor (koordnode/executor/resctrl.py) reads the hardware facts
-from the mounted resctrl filesystem, calls :func:`plan_groups`, and converges the groups.
+Pure: no file access. The controller (koordnode/qos/resctrl_control.py) has the hardware facts read
+from the mounted resctrl filesystem, calls :func:`plan_groups`, and has the executor
+(koordnode/executor/resctrl.py) converge the groups.
 
 Facts this relies on (Linux Documentation/arch/x86/resctrl.rst):
 
@@ -26,9 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordnode.executor.paths import CgroupDriver, UnsafePathError, container_cgroup_path
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES, ResctrlClassConfig
-from koordnode.state import CONTAINER_EXITED, POD_READY, NodeState
 
 __all__ = [
     "AMD_MB_UNLIMITED",
@@ -41,7 +40,6 @@ __all__ = [
     "SchemataError",
     "Vendor",
     "cache_mask",
-    "containers_by_group",
     "group_name",
     "group_of_class",
     "group_schemata",
@@ -322,26 +320,3 @@ def threads_to_move(wanted: Iterable[int], in_group: Iterable[int]) -> list[int]
     """Thread ids of ``wanted`` not yet in the group, ascending (each one write)."""
     present = set(in_group)
     return sorted({tid for tid in wanted if tid not in present})
-
-
-def containers_by_group(
-    state: NodeState, driver: CgroupDriver | str = CgroupDriver.AUTO
-) -> dict[str, list[str]]:
-    """Group class -> cgroup paths of the live containers of ready pods in that group.
-
-    Pods without a class or of class SYSTEM are left out (they stay in the root group).
-    """
-    out: dict[str, list[str]] = {}
-    for pod in sorted(state.pods.values(), key=lambda p: p.sandbox_id):
-        group = group_of_class(pod.qos_class)
-        if group is None or pod.state != POD_READY:
-            continue
-        for container in sorted(state.containers_of(pod.sandbox_id), key=lambda c: c.container_id):
-            if container.state == CONTAINER_EXITED:
-                continue
-            try:
-                path = container_cgroup_path(pod.cgroup_parent, container.container_id, driver)
-            except UnsafePathError:
-                continue
-            out.setdefault(group, []).append(path)
-    return out

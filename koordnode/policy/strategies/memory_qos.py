@@ -11,13 +11,17 @@ Pure: the plan comes in as data (the manager calls the hooks' planner); nothing 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
+from koordnode.policy.strategies.base import TickSnapshot
+from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.config.strategies import MemoryQoSConfig
-from koordnode.qos.strategies.common import Explanation, StrategyResult
 
 NAME = "memory_qos"
 
@@ -66,3 +70,43 @@ def decide_memory_qos(inp: MemoryQoSInput, cfg: MemoryQoSConfig) -> StrategyResu
         Explanation(NAME, inputs, decision, "periodic pass: the executor rewrites only values that differ"),
         writes=writes, sysctls=tuple(sysctls), state=inp.now,
     )
+
+
+# ---------------------------------------------------------------------- the plug-in
+
+
+class MemoryQoS:
+    name = NAME
+    early = False
+    precheck = True  # a reconcile pass finds most values in place
+    evicts = False
+
+    def initial_state(self) -> float | None:
+        return None  # when the last reconcile pass ran
+
+    def decide(self, snap: TickSnapshot, cfg: MemoryQoSConfig, state: float | None,
+               earlier: Mapping[str, StrategyResult]) -> StrategyResult:
+        planned: tuple[CgroupWrite, ...] | None = None
+        if snap.due(state):
+            planned = snap.probe.memory_plan()  # only when a pass is due: it plans every pod
+        result = decide_memory_qos(
+            MemoryQoSInput(snap.now, state, planned or (), snap.reconcile_interval_s,
+                           have_planner=planned is not None or not snap.due(state)),
+            cfg)
+        # A waiting pass has nothing new to show.
+        return dataclasses.replace(result, explain=bool(result.writes or result.sysctls))
+
+    def restore_config(self, old: MemoryQoSConfig | None, new: MemoryQoSConfig) -> None:
+        return None  # the values it keeps are the hooks' own: nothing to undo
+
+    def restore(self, snap: TickSnapshot, cfg: MemoryQoSConfig, state: float | None) -> StrategyResult:
+        return StrategyResult(Explanation(NAME, {}, "no change", "nothing to restore"), state=state)
+
+    def status(self, cfg: MemoryQoSConfig, state: float | None) -> dict[str, Any]:
+        return {}
+
+
+    def confines_be_cpuset(self, cfg: MemoryQoSConfig) -> bool:
+        return False
+
+STRATEGY = MemoryQoS()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from koordnode.executor.executor import SysctlWrite
-from koordnode.executor.plan import CgroupWrite
+from koordnode.policy.plan import SysctlWrite
+from koordnode.policy.plan import CgroupWrite
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class StrategyResult:
     evictions: tuple[Eviction, ...] = ()
     # The strategy's memory for its next call (None for stateless strategies).
     state: Any = None
+    # Facts for the strategies deciding after this one in the same tick (e.g. the BE budget).
+    facts: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # True: a tick woken early could not change this decision (e.g. BE is suppressed as far
+    # as it goes), so such wake-ups are skipped; None: no opinion this tick.
+    saturated: bool | None = None
+    # False: nothing new to show; status keeps the previous explanation (once there is one).
+    explain: bool = True
 
 
 def rounded(value: float | None, digits: int = 3) -> float | None:

@@ -19,12 +19,15 @@ Pure: inputs, config and the previous state in; evictions, explanation and new s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
+from koordnode.model.qos_class import QoSClass
+from koordnode.policy.strategies.base import TickSnapshot
+from koordnode.policy.strategies.common import Eviction, Explanation, StrategyResult, rounded
 from koordnode.config.strategies import BeEvictConfig
-from koordnode.qos.strategies.common import Eviction, Explanation, StrategyResult, rounded
 
 NAME = "be_evict"
 _GIB = 1 << 30
@@ -62,8 +65,10 @@ class BeEvictState:
     evicted_total: int = 0
 
 
-def _pick(candidates: list[EvictCandidate], amount: float, size) -> list[EvictCandidate]:  # type: ignore[no-untyped-def]
-    chosen, released = [], 0.0
+def _pick(candidates: list[EvictCandidate], amount: float,
+          size: Callable[[EvictCandidate], float]) -> list[EvictCandidate]:
+    chosen: list[EvictCandidate] = []
+    released = 0.0
     for candidate in candidates:
         if released >= amount:
             break
@@ -105,7 +110,7 @@ def decide_be_evict(inp: BeEvictInput, cfg: BeEvictConfig, state: BeEvictState) 
         "evicted_total": state.evicted_total,
     }
 
-    def result(decision: str, reason: str, evictions: tuple[Eviction, ...] = (), **changes) -> StrategyResult:  # type: ignore[no-untyped-def]
+    def result(decision: str, reason: str, evictions: tuple[Eviction, ...] = (), **changes: Any) -> StrategyResult:
         new_state = BeEvictState(
             last_round_at=changes.get("last_round_at", state.last_round_at),
             low_satisfaction_since=changes.get("since", since),
@@ -137,7 +142,7 @@ def decide_be_evict(inp: BeEvictInput, cfg: BeEvictConfig, state: BeEvictState) 
                 f"{release / _GIB:.2f} GiB; {c.pod} uses {c.memory_bytes / _GIB:.2f} GiB, priority {c.priority}"
             )
         inputs["memory_release_bytes"] = int(release)
-    if cpu_short and budget is not None:
+    if cpu_short and budget is not None and since is not None:
         release_cpus = request - budget / (floor / 100.0)
         order = sorted((c for c in free if c.container_id not in reasons),
                        key=lambda c: (c.priority, -c.cpu_request_cpus, c.container_id))
@@ -161,3 +166,64 @@ def decide_be_evict(inp: BeEvictInput, cfg: BeEvictConfig, state: BeEvictState) 
     # A CPU round restarts the satisfaction clock: the next round needs a new full duration.
     restart = None if cpu_short else since
     return result(decision, f"short of {reason}", evictions, last_round_at=now, pending=new_pending, since=restart)
+
+
+# ---------------------------------------------------------------------- the plug-in
+
+
+def evict_input(snap: TickSnapshot, cfg: BeEvictConfig, budget: float | None) -> BeEvictInput:
+    """The candidates (BE containers) and the node's numbers; per-container memory is read
+    (through the probe) only when memory is short, to pick the victims."""
+    total = snap.memory_total_bytes or 0
+    used = snap.memory_used_bytes or 0
+    need_memory = snap.memory_total_bytes is not None and total > 0 and \
+        100.0 * used / total >= cfg.memory_threshold_percent
+    candidates = []
+    request = 0.0
+    for pod in snap.inventory.of_class(QoSClass.BE):
+        for c in pod.containers:
+            working_set = (snap.probe.working_set_bytes(c.cgroup) or 0) if need_memory else 0
+            cpus = (c.batch_cpu_milli or 0) / 1000.0
+            request += cpus
+            candidates.append(EvictCandidate(c.container_id, pod.sandbox_id, pod.name, pod.priority, working_set, cpus))
+    return BeEvictInput(
+        now=snap.now,
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+        candidates=tuple(candidates),
+        be_cpu_budget_cpus=budget,
+        be_cpu_used_cpus=snap.be_used_cpus,
+        be_cpu_request_cpus=request,
+    )
+
+
+class BeEvict:
+    name = NAME
+    early = False
+    precheck = False  # writes nothing
+    evicts = True
+
+    def initial_state(self) -> BeEvictState:
+        return BeEvictState()
+
+    def decide(self, snap: TickSnapshot, cfg: BeEvictConfig, state: BeEvictState,
+               earlier: Mapping[str, StrategyResult]) -> StrategyResult:
+        # The BE CPU budget cpu_suppress found this tick (None: it is off or warming up).
+        suppress = earlier.get("cpu_suppress")
+        budget = suppress.facts.get("be_budget_cpus") if suppress is not None else None
+        return decide_be_evict(evict_input(snap, cfg, budget), cfg, state)
+
+    def restore_config(self, old: BeEvictConfig | None, new: BeEvictConfig) -> None:
+        return None  # stopped containers are kubelet's to restart
+
+    def restore(self, snap: TickSnapshot, cfg: BeEvictConfig, state: BeEvictState) -> StrategyResult:
+        return StrategyResult(Explanation(NAME, {}, "no change", "nothing to restore"), state=state)
+
+    def status(self, cfg: BeEvictConfig, state: BeEvictState) -> dict[str, Any]:
+        return {}
+
+
+    def confines_be_cpuset(self, cfg: BeEvictConfig) -> bool:
+        return False
+
+STRATEGY = BeEvict()

@@ -1,7 +1,8 @@
 """Network QoS policy: pods, their classes and IPs -> HTB trees and an nftables classifier.
 
-Pure: no netlink, no subprocess. koordnode/executor/netqos.py resolves the interfaces, calls
-:func:`plan_network`, and converges the kernel to the returned :class:`NetPlan`.
+Pure: no netlink, no subprocess. The controller (koordnode/qos/net_control.py) has the
+interfaces resolved, calls :func:`plan_network`, and has koordnode/executor/netqos.py converge
+the kernel to the returned :class:`NetPlan`.
 
 How pod traffic is classified (README material)
 -----------------------------------------------
@@ -46,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordnode.hooks.annotations import QuantityError, quantity_to_int
+from koordnode.model.annotations import QuantityError, quantity_to_int
 from koordnode.config.netqos import NET_CLASS_NAMES, NetQoSConfig
 
 __all__ = [

@@ -1,0 +1,156 @@
+"""koordnode's BE group under the systemd cgroup driver: its slices, made through systemd.
+
+With kubelet's systemd driver, containerd's runc places a sandbox whose cgroup parent is
+`kubepods-koordnode_be-pod<uid>.slice` in a scope inside that slice, and systemd starts the
+slice and its parents (`kubepods-koordnode_be.slice`, named by the dashes) on demand. The
+group slice is therefore made idle through systemd (`CPUWeight=idle`), so that systemd itself
+writes cpu.idle = 1 whenever it realizes the slice again. Talking to systemd takes a fork and
+a D-Bus round trip (tens of ms, more on a busy node), too slow for the CRI path: the group is
+prepared in a worker thread (at start, and again whenever it is found not idle), and
+RunPodSandbox only moves a pod into a group that already reads cpu.idle = 1. Pod slices in the
+group are koordnode's to stop (systemd keeps a slice it started until told otherwise).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import structlog
+
+from koordnode.executor import systemd
+
+log = structlog.get_logger("koordnode.be_group")
+
+# At most this many leftover pod slices are stopped per reconcile pass (each is a systemctl call).
+MAX_STOPS_PER_PASS = 20
+# After a failed attempt (no systemd, systemd < 252, ...) the next one waits this long: BE pods
+# meanwhile stay in kubelet's tier at no cost to the CRI call.
+RETRY_AFTER_S = 60.0
+
+
+class SystemdBeGroup:
+    """Makes BE group slices idle through systemd and stops pod slices, off the CRI path.
+
+    `read_idle(cgroup)` reads a cgroup's cpu.idle (None when missing); `start_idle` and
+    `stop` are the systemd calls (executor.systemd), replaceable in tests."""
+
+    def __init__(self, read_idle: Callable[[str], str | None], *,
+                 start_idle: Callable[[str], str | None] = systemd.start_idle_slice,
+                 stop: Callable[[str], str | None] = systemd.stop_slice,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read_idle = read_idle
+        self._clock = clock
+        self._failed_at: dict[str, float] = {}
+        self._start_idle = start_idle
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._ensured: set[str] = set()  # slices this process made idle through systemd
+        self._pending: dict[str, Future[str | None]] = {}
+        self.problems: dict[str, str] = {}  # slice -> why it is not idle (for status)
+        self._worker: ThreadPoolExecutor | None = None
+
+    def _submit(self, fn: Callable[..., str | None], *args: str) -> Future[str | None]:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="koordnode-systemd")
+        return self._worker.submit(fn, *args)
+
+    def _idle(self, group: str) -> bool:
+        try:
+            return self._read_idle(group) == "1"
+        except Exception:
+            return False
+
+    def _retry_later(self, slice_name: str) -> bool:
+        failed_at = self._failed_at.get(slice_name)
+        return failed_at is not None and self._clock() - failed_at < RETRY_AFTER_S
+
+    def prepare(self, slice_name: str, group: str) -> Future[str | None]:
+        """Make the group slice idle through systemd, in the worker (one run per slice at a time)."""
+        with self._lock:
+            pending = self._pending.get(slice_name)
+            if pending is not None:
+                return pending
+            self._failed_at.pop(slice_name, None)
+            self._ensured.discard(slice_name)
+            future = self._submit(self._prepare, slice_name, group)
+            self._pending[slice_name] = future
+            return future
+
+    def _prepare(self, slice_name: str, group: str) -> str | None:
+        try:
+            problem = self._start_idle(slice_name)
+        except Exception as exc:  # a failed prepare leaves BE pods in kubelet's tier, never more
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None and not self._idle(group):
+            problem = (f"{slice_name} has CPUWeight=idle but {group}/cpu.idle is not 1 "
+                       "(systemd older than 252 does not map it to cpu.idle)")
+        with self._lock:
+            self._pending.pop(slice_name, None)
+            if problem is None:
+                self._ensured.add(slice_name)
+                self.problems.pop(slice_name, None)
+            else:
+                self.problems[slice_name] = problem
+                self._failed_at[slice_name] = self._clock()
+        if problem is None:
+            log.info("be_group_slice_idle", slice=slice_name, cgroup=group)
+        else:
+            log.warning("be_group_slice_not_idle", slice=slice_name, cgroup=group, problem=problem)
+        return problem
+
+    def ready(self, slice_name: str, group: str, wait_s: float) -> str | None:
+        """None when pods may go into the group now (it reads cpu.idle = 1), else why not.
+
+        A group found idle but not (or no longer known to be) made idle by this process, e.g.
+        left by a previous koordnode, is re-asserted through systemd in the background; one
+        that is not idle is prepared, waiting at most `wait_s` (a bound inside the hook's)."""
+        idle = self._idle(group)
+        with self._lock:
+            ensured = slice_name in self._ensured
+        if idle and ensured:
+            return None
+        with self._lock:
+            if self._retry_later(slice_name):
+                return None if idle else self.problems.get(slice_name, "not idle")
+        future = self.prepare(slice_name, group)
+        if idle:
+            return None
+        try:
+            future.result(timeout=max(wait_s, 0.0))
+        except Exception:
+            pass
+        if self._idle(group):
+            return None
+        with self._lock:
+            return self.problems.get(slice_name) or f"{slice_name} is being made idle through systemd"
+
+    def check(self, slice_name: str, group: str) -> None:
+        """Reconcile: a group slice that is not idle any more (its systemd property lost) is
+        made idle through systemd again."""
+        with self._lock:
+            if self._retry_later(slice_name):
+                return
+        if not self._idle(group):
+            self.prepare(slice_name, group)
+
+    def stop_pod_slice(self, slice_name: str) -> Future[str | None]:
+        """Stop an (empty) pod slice of the group in the worker."""
+        return self._submit(self._stop_logged, slice_name)
+
+    def _stop_logged(self, slice_name: str) -> str | None:
+        try:
+            problem = self._stop(slice_name)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            log.info("be_pod_slice_stopped", slice=slice_name)
+        else:
+            log.info("be_pod_slice_not_stopped", slice=slice_name, problem=problem)
+        return problem
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)

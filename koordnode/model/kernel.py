@@ -1,0 +1,27 @@
+"""Kernel and kubelet constants that more than one layer needs: CFS bandwidth bounds, cpu.shares
+and cpu.weight ranges and the conversion between them. The one place these numbers live."""
+
+from __future__ import annotations
+
+# cpu.shares (cgroup v1) and cpu.weight (cgroup v2) ranges the kernel accepts.
+CPU_SHARES_MIN = 2
+CPU_SHARES_MAX = 262144
+CPU_WEIGHT_MIN = 1
+CPU_WEIGHT_MAX = 10000
+# kubelet gives 1024 shares per requested CPU.
+KUBELET_SHARES_PER_CPU = 1024
+
+# CFS bandwidth: the period the kernel accepts, the smallest quota, the largest runtime
+# ((1 << 44) - 1 microseconds), and the period kubelet and runc use when none is given.
+CFS_PERIOD_MIN_US = 1000
+CFS_PERIOD_MAX_US = 1_000_000
+CFS_QUOTA_MIN_US = 1000
+CFS_RUNTIME_MAX_US = (1 << 44) - 1
+DEFAULT_CFS_PERIOD_US = 100_000
+
+
+def shares_to_weight(shares: int) -> int:
+    """cgroup v1 cpu.shares -> v2 cpu.weight, the conversion runc and kubelet use."""
+    shares = max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, shares))
+    return CPU_WEIGHT_MIN + ((shares - CPU_SHARES_MIN) * (CPU_WEIGHT_MAX - CPU_WEIGHT_MIN)) // (
+        CPU_SHARES_MAX - CPU_SHARES_MIN)

@@ -1,0 +1,215 @@
+"""The idle BE group under the systemd driver, host side (hooks/be_slices.py, the engine's use of it).
+
+systemd itself is in the VM lane (tests/vm_guest/test_be_group_systemd_v2.py: systemd 257,
+containerd, runc). Here the two systemd calls are replaced by fakes shaped like systemd's
+effect on the cgroup tree: `start_idle` creates the group slice's cgroup with cpu.idle = 1
+(systemd >= 252 for CPUWeight=idle), `stop` removes a pod slice's cgroup. What is checked is
+koordnode's side: the CRI path never waits for systemd beyond its bound, pods only go into a
+group that reads idle, empty pod slices are stopped and busy ones are not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from faketree import add_cgroup, read_cgroup_file, write_cgroup_file
+from koordnode.model.be_group import systemd_group_of_kubepods
+from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
+from test_qos_engine import Node, slice_path
+
+GROUP_SLICE = "kubepods-koordnode_be.slice"
+GROUP = "/kubepods.slice/kubepods-koordnode_be.slice"
+
+
+class FakeSystemd:
+    """systemctl's effect on a fake cgroup tree; `idle_value` "0" is systemd < 252."""
+
+    def __init__(self, root: Path, *, delay_s: float = 0.0, idle_value: str = "1", fail: str | None = None):
+        self.root, self.delay_s, self.idle_value, self.fail = root, delay_s, idle_value, fail
+        self.started: list[str] = []
+        self.stopped: list[str] = []
+
+    def start_idle(self, slice_name: str) -> str | None:
+        time.sleep(self.delay_s)
+        self.started.append(slice_name)
+        if self.fail:
+            return self.fail
+        cgroup = slice_path(slice_name)
+        add_cgroup(self.root, cgroup)
+        write_cgroup_file(self.root, cgroup, "cpu.idle", self.idle_value)
+        return None
+
+    def stop(self, slice_name: str) -> str | None:
+        self.stopped.append(slice_name)
+        return None
+
+
+def group_of(root: Path, systemd: FakeSystemd, **kwargs) -> SystemdBeGroup:
+    def read_idle(cgroup: str) -> str | None:
+        try:
+            return read_cgroup_file(root, cgroup, "cpu.idle").strip()
+        except FileNotFoundError:
+            return None
+    return SystemdBeGroup(read_idle, start_idle=systemd.start_idle, stop=systemd.stop, **kwargs)
+
+
+@pytest.fixture
+def systemd_node(tmp_path):
+    nodes: list[Node] = []
+
+    def make(systemd_kwargs: dict | None = None) -> tuple[Node, FakeSystemd]:
+        node = Node(tmp_path / f"node{len(nodes)}", version="v2", be_idle_group=True,
+                    toml='driver = "systemd"\n')
+        systemd = FakeSystemd(node.root, **(systemd_kwargs or {}))
+        node.engine.be_slices = group_of(node.root, systemd)
+        nodes.append(node)
+        return node, systemd
+
+    yield make
+    for node in nodes:
+        node.engine.be_slices.close()
+        node.close()
+
+
+def wait_until(check, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def parent_of(node: Node, pod) -> str:
+    """The cgroup parent containerd got (the state records the forwarded request)."""
+    return node.state.pods[pod.sandbox_id].cgroup_parent
+
+
+def be_parent(uid: str) -> str:
+    return f"kubepods-besteffort-pod{uid}.slice"
+
+
+def test_group_slice_of_kubelets_top_slice():
+    assert systemd_group_of_kubepods("/kubepods.slice") == (GROUP_SLICE, GROUP)
+    assert systemd_group_of_kubepods("/custom.slice/custom-kubepods.slice") == (
+        "custom-kubepods-koordnode_be.slice", "/custom.slice/custom-kubepods.slice/custom-kubepods-koordnode_be.slice")
+    assert systemd_group_of_kubepods("/kubepods") is None
+    assert systemd_group_of_kubepods("") is None
+
+
+def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
+    node, systemd = systemd_node()
+    shutil.rmtree(node.root / "kubepods.slice", ignore_errors=True)
+    node.engine.adopt()  # the daemon's start, once the state is rebuilt
+    time.sleep(0.2)
+    assert systemd.started == []  # kubelet has not made kubepods.slice yet: nothing is started
+    add_cgroup(node.root, "/kubepods.slice")
+    node.engine.reconcile()  # the next pass finds it
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
+    pod = node.run_pod("batch", parent=be_parent("u1"))
+    assert parent_of(node, pod) == "kubepods-koordnode_be-podu1.slice"
+    # Ready and made idle by this process: the CRI path asks systemd nothing more.
+    node.run_pod("batch2", parent=be_parent("u2"))
+    assert systemd.started == [GROUP_SLICE]
+    # systemd rewrites a pod slice's cpu.idle at each realization: only the group's is koordnode's.
+    add_cgroup(node.root, slice_path(parent_of(node, pod)))
+    node.engine.reconcile()
+    assert read_cgroup_file(node.root, slice_path(parent_of(node, pod)), "cpu.idle").strip() == "0"
+    assert read_cgroup_file(node.root, GROUP, "cpu.idle").strip() == "1"
+    # Burstable pods stay in kubelet's slices.
+    ls = node.run_pod("web", parent="kubepods-burstable-podu3.slice")
+    assert parent_of(node, ls) == "kubepods-burstable-podu3.slice"
+
+
+def test_a_slow_systemd_never_holds_the_call_beyond_its_bound(systemd_node):
+    node, systemd = systemd_node({"delay_s": 1.0})
+    started = time.monotonic()
+    pod = node.run_pod("batch", parent=be_parent("u1"))
+    took = time.monotonic() - started
+    # hook_timeout_ms 200: at most half of it waiting for systemd; the pod stays where kubelet put it.
+    assert took < 0.9, took
+    assert parent_of(node, pod) == be_parent("u1")
+    assert any("being made idle" in note for note in node.engine.notes), node.engine.notes
+    deadline = time.monotonic() + 5
+    while systemd.started != [GROUP_SLICE] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    later = node.run_pod("batch2", parent=be_parent("u2"))
+    assert parent_of(node, later) == "kubepods-koordnode_be-podu2.slice"
+
+
+def test_a_slice_systemd_does_not_make_idle_keeps_be_pods_in_kubelets_tier(systemd_node):
+    node, systemd = systemd_node({"idle_value": "0"})  # systemd < 252: CPUWeight=idle not mapped
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = node.run_pod("batch", parent=be_parent("u1"))
+    assert parent_of(node, pod) == be_parent("u1")
+    assert any("252" in note for note in node.engine.notes), node.engine.notes
+    node.engine.reconcile()  # publishes the status
+    assert any("not idle" in note and "252" in note for note in node.engine.status()["notes"])
+    # No systemctl per pod after a failure: the next attempt waits RETRY_AFTER_S.
+    node.run_pod("batch2", parent=be_parent("u2"))
+    assert systemd.started == [GROUP_SLICE]
+
+
+def test_retry_after_a_failure(tmp_path):
+    (tmp_path / "cgroup.controllers").parent.mkdir(exist_ok=True)
+    now = [1000.0]
+    systemd = FakeSystemd(tmp_path, fail="systemd is not running (no /run/systemd/system)")
+    group = SystemdBeGroup(lambda cgroup: None, start_idle=systemd.start_idle, stop=systemd.stop,
+                           clock=lambda: now[0])
+    try:
+        assert "not running" in group.ready(GROUP_SLICE, GROUP, 1.0)
+        assert "not running" in group.ready(GROUP_SLICE, GROUP, 1.0)
+        group.check(GROUP_SLICE, GROUP)
+        assert len(systemd.started) == 1
+        now[0] += RETRY_AFTER_S + 1
+        group.ready(GROUP_SLICE, GROUP, 1.0)
+        assert len(systemd.started) == 2
+    finally:
+        group.close()
+
+
+def test_removed_pods_slices_are_stopped_once_empty(systemd_node):
+    node, systemd = systemd_node()
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = node.run_pod("batch", parent=be_parent("u1"))
+    moved = parent_of(node, pod)
+    add_cgroup(node.root, slice_path(moved) + "/cri-containerd-abc.scope")  # systemd + runc's doing
+    # A scope still inside (the sandbox not gone yet): the slice is not stopped.
+    node.engine.remove_be_pod_cgroup(moved)
+    time.sleep(0.2)
+    assert systemd.stopped == []
+    shutil.rmtree(node.root / (slice_path(moved) + "/cri-containerd-abc.scope").lstrip("/"))  # the scope stopped
+    node.remove_pod(pod)
+    deadline = time.monotonic() + 5
+    while not systemd.stopped and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert systemd.stopped == [moved]
+
+
+def test_reconcile_stops_leftover_pod_slices_and_reasserts_the_group(systemd_node):
+    node, systemd = systemd_node()
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    live = node.run_pod("batch", parent=be_parent("live"))
+    add_cgroup(node.root, slice_path(parent_of(node, live)))
+    # Left by pods removed while koordnode was down: one empty, one with a scope still inside.
+    empty, busy = "kubepods-koordnode_be-podgone1.slice", "kubepods-koordnode_be-podgone2.slice"
+    add_cgroup(node.root, slice_path(empty))
+    add_cgroup(node.root, slice_path(busy) + "/cri-containerd-x.scope")
+    old = time.time() - 3600
+    for name in (empty, busy, parent_of(node, live)):
+        os.utime(node.root / slice_path(name).lstrip("/"), (old, old))
+    # systemd lost the group's property (e.g. the drop-in removed, then daemon-reload).
+    write_cgroup_file(node.root, GROUP, "cpu.idle", "0")
+    node.engine.reconcile()
+    deadline = time.monotonic() + 5
+    while (len(systemd.started) < 2 or not systemd.stopped) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    assert systemd.stopped == [empty]
+    assert systemd.started == [GROUP_SLICE, GROUP_SLICE]
+    assert read_cgroup_file(node.root, GROUP, "cpu.idle").strip() == "1"
+
