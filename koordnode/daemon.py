@@ -90,8 +90,8 @@ class Daemon:
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=self.qos.memory_plan,
                     reserved_cpus=lambda: self.qos.allocator.reserved,
+                    on_tick=self._on_qos_tick,
                 )
-                self.qos_manager.on_tick = self._on_qos_tick  # arch-manager: a constructor argument
             except Exception as exc:
                 log.error("qos_manager_disabled", error=str(exc))
                 self.qos_error = f"QoS manager disabled: {exc}"

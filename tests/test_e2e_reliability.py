@@ -83,8 +83,14 @@ def test_hostile_resource_status_pod_starts_and_other_calls_keep_answering(conta
                                     resources=GUARANTEED_1CPU if labels else {"cpu_shares": 2})
         stop.set()
         caller.join()
-        pod = next(p for p in kn.status()["pods"] if p["sandbox_id"] == sid)
-        notes = " ".join(pod["containers"][0]["notes"])
+        # The container's record is published by the hooks after the call returned: wait for it.
+        deadline = time.monotonic() + 20
+        while True:
+            pod = next(p for p in kn.status()["pods"] if p["sandbox_id"] == sid)
+            if "notes" in pod["containers"][0] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        notes = " ".join(pod["containers"][0].get("notes", []))
         assert "resource-status" in notes and "longer than" in notes, notes
         # The LSE pod still got a CPU of its own (the annotation is ignored, not obeyed).
         assert len(cpuset_of(sb, cid)) == 1

@@ -96,6 +96,7 @@ class QoSManager:
         reserved_cpus: ReservedCpus = None,
         topology: CpuTopology | None = None,
         strategies: Sequence[Strategy] = REGISTRY,
+        on_tick: Callable[[TickReport], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -115,6 +116,7 @@ class QoSManager:
             from config.node.reserved_cpus the CPU allocator's way (on `topology`, default read
             under config.sysfs.root).
         strategies: the strategies to run (default: policy/strategies/registry.py).
+        on_tick: called in the tick's thread after every tick (the daemon feeds its metrics from it).
         """
         self._config = config
         self._strategy, self._settings = settings_of(config)
@@ -133,8 +135,7 @@ class QoSManager:
         self._runner = StrategyRunner(strategies, self._strategy, executor, self._procfs, self.collector, self._book)
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
-        # Called in the tick's thread after every tick (the daemon feeds its metrics from it).
-        self.on_tick: Callable[[TickReport], None] | None = None
+        self.on_tick = on_tick
 
         # Loop side.
         self._loop: asyncio.AbstractEventLoop | None = None
