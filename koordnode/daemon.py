@@ -18,7 +18,8 @@ from koordnode.admin.server import AdminServer
 from koordnode.config import ConfigError, reload_config
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import RUNTIME_SERVICE, CriClient, CriError
+from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.qos.net_control import NetQoSController
 from koordnode.model.network import pod_network_from_status
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path

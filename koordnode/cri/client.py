@@ -28,9 +28,8 @@ from koordnode.cri.grpc_wire import (
     unescape_grpc_message,
     unframe_grpc_message,
 )
-from koordnode.cri.methods import IMAGE_SERVICE, RUNTIME_SERVICE
 
-__all__ = ["IMAGE_SERVICE", "RUNTIME_SERVICE", "CriClient", "CriError", "grpc_timeout"]
+__all__ = ["CriClient", "CriError", "grpc_timeout"]
 
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = (
     Status.OK, Status.CANCELLED, Status.UNKNOWN, Status.DEADLINE_EXCEEDED, Status.INTERNAL,

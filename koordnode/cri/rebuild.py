@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import RUNTIME_SERVICE as RT, CriClient, CriError
+from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.methods import RUNTIME_SERVICE as RT
 from koordnode.model.network import pod_network_from_status
 from koordnode.model.state import (
     CONTAINER_CREATED,

@@ -21,7 +21,7 @@ import pytest
 
 from guestlib import CG, RECONCILE_S, Pod, disk_dev, make_pod, wait_for
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.resources import shares_to_weight
+from koordnode.model.kernel import shares_to_weight
 from support.cri import Cri, remove_pod
 from testbed.systemd_bed import set_properties
 
