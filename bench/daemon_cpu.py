@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +57,19 @@ def make_pods(bed, cri, n: int) -> list[str]:
     return sids
 
 
-def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: float) -> dict:
+def start_profiler(pid: int, out: str, seconds: float) -> subprocess.Popen:
+    """py-spy (not a dependency: `pip install py-spy` to use --profile) sampling every thread of
+    the daemon over the measured window, as collapsed stacks (one line per stack, then a count)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "1000", "--nonblocking",
+                             "--format", "raw", "--output", out, "--duration", str(int(seconds))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: float,
+              profile: str | None = None) -> dict:
     from tests.support.cri import Cri, remove_pod
     from tests.support.koordnode_runner import KoordnodeProcess
 
@@ -67,9 +81,12 @@ def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: fl
         kn.wait_rebuilt()
         sids = make_pods(bed, cri, pods)
         time.sleep(settle)
+        spy = start_profiler(kn.proc.pid, f"{profile}.{setup}.txt", seconds) if profile else None
         c0, t0 = cpu_seconds(kn.proc.pid), time.monotonic()
         time.sleep(seconds)
         c1, t1 = cpu_seconds(kn.proc.pid), time.monotonic()
+        if spy is not None:
+            spy.wait(30)
         manager = kn.status()["qos_manager"]
         return {
             "setup": setup,
@@ -96,6 +113,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--settle", type=float, default=10.0)
     ap.add_argument("--setups", default="default,tier")
+    ap.add_argument("--profile", metavar="PREFIX", help=argparse.SUPPRESS)  # py-spy stacks to PREFIX.SETUP.txt
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -110,7 +128,8 @@ def main() -> int:
             prepare_qos_tiers(bed.kubepods_cgroup)
             kubelet_update_qos_cgroups(bed.kubepods_cgroup)
             for setup in args.setups.split(","):
-                rows.append(run_setup(bed, Path(tmp), setup.strip(), args.pods, args.settle, args.seconds))
+                rows.append(run_setup(bed, Path(tmp), setup.strip(), args.pods, args.settle, args.seconds,
+                                        args.profile))
                 print(rows[-1], flush=True)
     print(f"\n{os.cpu_count()} CPUs, {args.pods} pods, {args.seconds:.0f} s; load average {load:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after\n")

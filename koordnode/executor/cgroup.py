@@ -22,7 +22,32 @@ from koordnode.executor.paths import (
 
 
 def _within(path: Path, base: Path) -> bool:
-    return path == base or base in path.parents
+    # Both are absolute and normalised (resolved): a string prefix is a parents check.
+    inner, outer = str(path), str(base)
+    return inner == outer or inner.startswith(outer if outer.endswith("/") else outer + "/")
+
+
+def _realpath(path: Path) -> str:
+    """os.path.realpath, with the kernel resolving the path when it exists.
+
+    An O_PATH descriptor and the link /proc/self/fd/N name the file as the kernel reached it,
+    every symlink followed: three system calls instead of an lstat per path component (the
+    reconcile pass resolves a few hundred cgroup files). A missing path, a path removed in
+    between or no /proc: os.path.realpath, as before.
+    """
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        resolved = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    finally:
+        os.close(fd)
+    if not resolved.startswith("/") or resolved.endswith(" (deleted)"):
+        return os.path.realpath(path)
+    return resolved
 
 
 def resolve_beneath(base: Path, relative: str) -> Path:
@@ -33,7 +58,7 @@ def resolve_beneath(base: Path, relative: str) -> Path:
     """
     normalized = normalize_cgroup_path(relative)
     candidate = base / normalized.lstrip("/")
-    resolved = Path(os.path.realpath(candidate))
+    resolved = Path(_realpath(candidate))
     if not _within(resolved, base):
         raise UnsafePathError(f"{candidate} resolves to {resolved}, outside {base}")
     return resolved
@@ -123,7 +148,7 @@ class CgroupFS:
         """Resolved path of a file in a cgroup directory; a symlinked file pointing out is refused."""
         if "/" in filename or filename in ("", ".", ".."):
             raise UnsafePathError(f"bad cgroup file name {filename!r}")
-        resolved = Path(os.path.realpath(cgroup_dir / filename))
+        resolved = Path(_realpath(cgroup_dir / filename))
         if not _within(resolved, hierarchy):
             raise UnsafePathError(f"{cgroup_dir / filename} resolves to {resolved}, outside {hierarchy}")
         return resolved
