@@ -340,7 +340,9 @@ class Daemon:
     async def reconcile_once(self) -> None:
         if self.qos is not None:
             try:
-                classes = await asyncio.to_thread(self.qos.reconcile, True, self.state.view())
+                # Not forced: every file is read and compared, and only values another writer
+                # changed are written back (a rewrite of the same value changes nothing in the kernel).
+                classes = await asyncio.to_thread(self.qos.reconcile, False, self.state.view())
                 self._record_classes(classes)
             except Exception:
                 log.exception("reconcile_pass_failed")
