@@ -611,6 +611,68 @@ def test_symlinked_controller_pointing_out_is_refused(tmp_path: Path, outside: P
     assert_untouched(outside)
 
 
+def test_a_cgroup_dir_swapped_for_a_link_out_after_a_write_is_refused(tmp_path: Path, outside: Path) -> None:
+    """Located files are remembered between writes; the directory is checked each time."""
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2), W(CTR, "cpuset.cpus", "0")]
+    assert [r.status for r in ex.apply(plan)] == [WriteStatus.WRITTEN] * 2
+    for controller in ("cpu", "cpuset"):
+        real = root / controller / CTR.lstrip("/")
+        real.rename(real.with_name("c1-moved"))
+        real.symlink_to(outside)
+    results = ex.apply(plan)
+    assert [r.status for r in results] == [WriteStatus.REFUSED] * 2, results
+    assert_untouched(outside)
+
+
+def test_a_recreated_cgroup_is_found_again(tmp_path: Path) -> None:
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2)]
+    assert ex.apply(plan)[0].status is WriteStatus.WRITTEN
+    for controller in ("cpu", "cpuset", "cpuacct", "memory", "blkio", "pids"):
+        directory = root / controller / CTR.lstrip("/")
+        for child in directory.iterdir():
+            child.unlink()
+        directory.rmdir()
+    assert ex.apply(plan)[0].status is WriteStatus.MISSING
+    add_cgroup(root, CTR)  # kubelet recreated it: fresh defaults
+    assert ex.apply(plan)[0].status is WriteStatus.WRITTEN
+    assert read_cgroup_file(root, CTR, "cpu.shares") == "2"
+
+
+def test_a_file_gone_under_a_remembered_location_is_looked_up_again(tmp_path: Path) -> None:
+    """v2: cpu.max goes away when the parent stops delegating the cpu controller; the write is
+    then what a first write would be (unsupported), not a stale "missing"."""
+    root = tree(tmp_path, "v2")
+    ex = CgroupExecutor(root)
+    assert ex.apply([W(CTR, "cpu.cfs_quota_us", 50000)])[0].status is WriteStatus.WRITTEN
+    remove_cgroup_file(root, CTR, "cpu.max")
+    again = ex.apply([W(CTR, "cpu.cfs_quota_us", 60000)])[0]
+    fresh = CgroupExecutor(root).apply([W(CTR, "cpu.cfs_quota_us", 60000)])[0]
+    assert (again.status, again.detail) == (fresh.status, fresh.detail) == (WriteStatus.SKIPPED, fresh.detail)
+
+
+def test_a_remembered_location_is_not_resolved_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconcile pass checks the same files every period: after the first write each one
+    costs a stat of its directory and a read, not a path resolution."""
+    import koordnode.executor.cgroup as cgroup_module
+
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2), W(CTR, "cpu.cfs_quota_us", 50000), W(CTR, "cpuset.cpus", "0")]
+    ex.apply(plan)
+    resolved: list[Path] = []
+    real = cgroup_module._realpath
+    monkeypatch.setattr(cgroup_module, "_realpath", lambda path: resolved.append(path) or real(path))
+    assert [r.status for r in ex.apply(plan)] == [WriteStatus.UNCHANGED] * 3
+    assert resolved == []
+    ex.forget_unsupported()  # a config reload looks everything up again
+    ex.apply(plan)
+    assert resolved
+
+
 def test_symlink_inside_the_root_is_followed(tmp_path: Path) -> None:
     """The co-mounted v1 layout relies on in-root symlinks (cpu -> cpu,cpuacct)."""
     root = tree(tmp_path, "v1", combined_cpu_cpuacct=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import errno
 import os
+import stat
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -89,6 +90,24 @@ class _Target:
     fmt: FileFormat
     value: Any
     expected: Hashable
+    # Inode of the file's directory when already known (saves a stat per check).
+    dir_inode: int | None = None
+    # Found in the executor's cache of located files (looked up again if the file is gone).
+    cached: bool = False
+
+
+@dataclass
+class _Located:
+    """Where a (resource, cgroup) was found: its file, the directory's identity, and the
+    siblings read to decide whether a write is blocked (resolved once, on first use)."""
+
+    hierarchy: Path
+    directory: Path
+    dir_id: tuple[int, int]
+    path: Path
+    fmt: FileFormat
+    file_in_dir: bool  # the file is not a link to another directory (its dir_id is the directory's)
+    siblings: dict[str, Path]
 
 
 class _Outcome(Exception):
@@ -154,10 +173,13 @@ class _Converger:
         except OSError:
             return -1
 
+    def _target_dir_inode(self, target: _Target) -> int:
+        return target.dir_inode if target.dir_inode is not None else self._dir_inode(target.path)
+
     def _check_overwrite(self, target: _Target, current: str) -> bool:
         """Whether the file lost the value koordnode last put there (someone else wrote it)."""
         owned = self._owned.get(target.path)
-        if owned is None or owned[0] != self._dir_inode(target.path):
+        if owned is None or owned[0] != self._target_dir_inode(target):
             return False
         try:
             found = target.fmt.extract(current, target.value)
@@ -177,7 +199,7 @@ class _Converger:
             self._owned = {p: v for p, v in self._owned.items() if p.parent.is_dir()}
             if len(self._owned) >= self._MAX_OWNED:
                 self._owned.clear()  # never unbounded; only overwrite detection is lost
-        self._owned[target.path] = (self._dir_inode(target.path), target.expected)
+        self._owned[target.path] = (self._target_dir_inode(target), target.expected)
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
@@ -297,6 +319,10 @@ class CgroupExecutor(_Converger):
         # (resource, is_root_cgroup) -> reason. Keyed on the root separately because some
         # files exist only below the root (v2 cpu.max, v1 blkio.bfq.weight).
         self._unsupported: dict[tuple[str, bool], str] = {}
+        # (resource, cgroup) -> where its file was found. Every write re-checks, with one stat,
+        # that the directory is still the one found (same device and inode); anything else
+        # (gone, recreated, the file missing) looks the path up again, resolved and confined.
+        self._located: dict[tuple[str, str], _Located] = {}
 
     @property
     def root(self) -> Path:
@@ -317,6 +343,7 @@ class CgroupExecutor(_Converger):
         """Re-probe support on the next apply (e.g. after a config reload)."""
         with self._lock:
             self._unsupported.clear()
+            self._located.clear()
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         fields = {"reason": write.reason}
@@ -463,7 +490,41 @@ class CgroupExecutor(_Converger):
             target = self._locate(write)
         except _Outcome as outcome:
             return outcome.result
-        return self._converge(target, force)
+        result = self._converge(target, force)
+        if result.status is WriteStatus.MISSING and target.cached:
+            # The file went away under a cached location (v2 controller disabled, cgroup
+            # removed): look again, as a first write would.
+            self._forget_located(write)
+            try:
+                target = self._locate(write)
+            except _Outcome as outcome:
+                return outcome.result
+            result = self._converge(target, force)
+        return result
+
+    _MAX_LOCATED = 65536  # bound on cached locations; cleared beyond it (only a lookup is lost)
+
+    def _forget_located(self, write: CgroupWrite) -> None:
+        try:
+            key = (get_resource(write.resource).name, normalize_cgroup_path(write.cgroup))
+        except (UnknownResourceError, UnsafePathError):
+            return
+        self._located.pop(key, None)
+
+    def _cached_target(self, write: CgroupWrite, resource: Resource, cgroup: str, value: Any) -> _Target | None:
+        located = self._located.get((resource.name, cgroup))
+        if located is None:
+            return None
+        try:
+            st = os.stat(located.directory)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != located.dir_id:
+            del self._located[(resource.name, cgroup)]
+            return None
+        self._check_not_blocked(write, resource, located)
+        return _Target(write, located.path, located.fmt, value, located.fmt.expected(value),
+                       dir_inode=st.st_ino if located.file_in_dir else None, cached=True)
 
     def _unsupported_outcome(self, write: CgroupWrite, key: tuple[str, bool], reason: str) -> _Outcome:
         self._unsupported[key] = reason
@@ -489,29 +550,44 @@ class CgroupExecutor(_Converger):
                 write, key, f"{resource.name} has no cgroup {self._fs.version.value} equivalent"
             )
         try:
+            cached = self._cached_target(write, resource, cgroup, value)
+            if cached is not None:
+                return cached
             hierarchy = self._fs.hierarchy(resource.v1_controller)
             if hierarchy is None:
                 raise self._unsupported_outcome(
                     write, key, f"cgroup v1 controller {resource.v1_controller} is not mounted under {self.root}"
                 )
             directory = self._fs.cgroup_dir(hierarchy, cgroup)
-            if not directory.is_dir():
+            try:
+                st = os.stat(directory)
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISDIR(st.st_mode):
                 self._log.debug("cgroup_missing", path=str(directory), **self._log_fields(write))
                 raise _Outcome(WriteResult(write, WriteStatus.MISSING, str(directory), detail="cgroup does not exist"))
             for fmt in formats:
                 path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
                 if path.is_file():
-                    self._check_not_blocked(write, resource, hierarchy, directory)
-                    return _Target(write, path, fmt, value, fmt.expected(value))
+                    located = _Located(hierarchy, directory, (st.st_dev, st.st_ino), path, fmt,
+                                       path.parent == directory, {})
+                    if len(self._located) >= self._MAX_LOCATED:
+                        self._located.clear()
+                    self._located[(resource.name, cgroup)] = located
+                    self._check_not_blocked(write, resource, located)
+                    return _Target(write, path, fmt, value, fmt.expected(value),
+                                   dir_inode=st.st_ino if located.file_in_dir else None)
         except UnsafePathError as err:
             raise self._refused(write, str(err)) from None
         names = " or ".join(fmt.filename for fmt in formats)
         raise self._unsupported_outcome(write, key, f"{names} not present on this kernel ({resource.support})")
 
-    def _check_not_blocked(self, write: CgroupWrite, resource: Resource, hierarchy: Path, directory: Path) -> None:
+    def _check_not_blocked(self, write: CgroupWrite, resource: Resource, located: _Located) -> None:
         for sibling, content, why in resource.blocked_when:
+            if sibling not in located.siblings:
+                located.siblings[sibling] = self._fs.cgroup_file(located.hierarchy, located.directory, sibling)
             try:
-                current = read_file(self._fs.cgroup_file(hierarchy, directory, sibling)).strip()
+                current = read_file(located.siblings[sibling]).strip()
             except OSError:
                 continue
             if current == content:
@@ -547,6 +623,10 @@ class CgroupExecutor(_Converger):
         for index, target, _depth in sorted(targets, key=lambda item: -item[2]):
             if results[index] is None:
                 results[index] = self._converge(target, force, original_old.get(index))
+        for index, target, _depth in targets:
+            result = results[index]
+            if target.cached and result is not None and result.status is WriteStatus.MISSING:
+                self._forget_located(plan[index])  # looked up again next time
 
     def _widen(self, target: _Target, force: bool) -> WriteResult | str | None:
         """Make the set a superset of its old and new value.
