@@ -503,6 +503,26 @@ def test_anolis_v2_group_identity_is_detected(make_node):
     assert node.read(be.cgroup, "cpu.idle") == "0"
 
 
+def test_group_identity_is_not_probed_again_once_a_pod_cgroup_shows_the_kernel_lacks_it(make_node):
+    node = make_node(version="v1", anolis=False)
+    probes: list[str] = []
+    read = node.engine.executor.read
+
+    def counting_read(cgroup: str, resource: str) -> str | None:
+        if resource == "cpu.bvt_warp_ns":
+            probes.append(cgroup)
+        return read(cgroup, resource)
+
+    node.engine.executor.read = counting_read  # type: ignore[method-assign]
+    for name in ("a", "b", "c"):
+        pod = node.run_pod(name, parent=f"/kubepods/burstable/pod{name}")
+        node.run_container(pod, cpu_shares=512)
+    node.engine.reconcile(force=False)
+    node.engine.reconcile(force=False)
+    assert probes == ["/kubepods/burstable/poda"]
+    assert node.engine.features.group_identity is False
+
+
 def test_plain_v1_skips_anolis_files_and_says_why(make_node):
     node = make_node(version="v1", anolis=False)
     assert node.engine.features.group_identity is False

@@ -240,6 +240,7 @@ class QoSEngine:
         self.features = KernelFeatures(
             cgroup_version=self.executor.version.value, group_identity=self._has_group_identity()
         )
+        self._group_identity_absent = False  # an existing pod cgroup had no cpu.bvt_warp_ns
         self.notes: list[str] = []
         if topology is None:
             try:
@@ -293,10 +294,18 @@ class QoSEngine:
             self._publish_status()
 
     def _probe_group_identity(self, cgroup: str) -> bool:
-        try:
-            return self.executor.read(cgroup, "cpu.bvt_warp_ns") is not None
-        except Exception:
+        # The file comes with the kernel (Anolis), not with the pod: once an existing pod
+        # cgroup with the cpu controller lacks it, the reconcile passes stop probing every pod.
+        if self._group_identity_absent:
             return False
+        try:
+            if self.executor.read(cgroup, "cpu.bvt_warp_ns") is not None:
+                return True
+            # Conclusive only where the cpu controller's own files are there (v2: enabled).
+            self._group_identity_absent = self.executor.read(cgroup, "cpu.shares") is not None
+        except Exception:
+            pass
+        return False
 
     def _has_group_identity(self) -> bool:
         # On cgroup v2 the root cgroup has no cpu.* files: look at the kubepods tiers too.
