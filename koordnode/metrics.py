@@ -332,11 +332,14 @@ class Metrics:
         ignored: list[str] = []
         with self._lock:
             series = self._applied.get(key)
+            published: dict[str, float] | None = None  # what the gauges hold now, if known
             if series is None:
                 series = self._applied[key] = _AppliedSeries(qos_class)
             elif series.qos_class != qos_class:
                 self._remove_series(key, series)
                 series.qos_class = qos_class
+            else:
+                published = dict(series.values)
             for raw_key, raw_value in values.items():
                 name = _ALIASES.get(raw_key, raw_key)
                 if name not in _APPLIED_KEYS:
@@ -346,7 +349,8 @@ class Metrics:
                     self._update(series, name, raw_value)
                 except (TypeError, ValueError):
                     ignored.append(raw_key)
-            self._publish(key, series)
+            if series.values != published:  # every reconcile pass reports the same values again
+                self._publish(key, series)
         return ignored
 
     def drop_container(self, namespace: str, pod: str, container: str) -> None:
