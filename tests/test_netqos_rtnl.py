@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from koordnode.executor import rtnl
-from koordnode.executor.netqos import NetQoSExecutor
+from koordnode.config.netqos import NetQoSConfig
+from koordnode.executor.netqos import NetQoSExecutor, NetReport
+from koordnode.qos.net_control import NetQoSController
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = 0xFFFFFFFF
@@ -119,6 +121,37 @@ def test_remove_all_goes_to_pyroute2_when_ours_or_unsure(monkeypatch, dump_resul
     executor = _executor(monkeypatch, dump)
     with pytest.raises(_NoPyroute2):
         executor.remove_all()
+
+
+def test_disabled_passes_stop_looking_once_nothing_of_ours_is_left(monkeypatch) -> None:
+    """Disabled, the first pass (start, reload) removes what koordnode left; as only koordnode
+    adds its qdiscs and table, the next passes neither dump qdiscs nor run nft."""
+    looks: list[str] = []
+    executor = _executor(monkeypatch, lambda: looks.append("dump") or [rtnl.Qdisc(1, 0, ROOT, "noqueue")])
+    monkeypatch.setattr(executor, "_nft_fingerprint", lambda: looks.append("nft") or None)
+    controller = NetQoSController(NetQoSConfig(enable=False), executor)
+    for _ in range(3):
+        report = controller.reconcile([])
+        assert not report.changes and not report.failures
+    assert looks == ["dump", "nft"]
+    controller.update_config(NetQoSConfig(enable=False))  # a reload looks again
+    controller.reconcile([])
+    assert looks == ["dump", "nft"] * 2
+
+
+def test_a_failed_disabled_pass_is_retried(monkeypatch) -> None:
+    executor = _executor(monkeypatch, lambda: [])
+    calls: list[int] = []
+
+    def remove_all(report=None):
+        calls.append(1)
+        return NetReport(enabled=False, failures=["nft delete table: busy"] if len(calls) == 1 else [])
+
+    monkeypatch.setattr(executor, "remove_all", remove_all)
+    controller = NetQoSController(NetQoSConfig(enable=False), executor)
+    for _ in range(3):
+        controller.reconcile([])
+    assert len(calls) == 2
 
 
 def test_importing_the_daemon_does_not_load_pyroute2() -> None:

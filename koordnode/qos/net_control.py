@@ -25,9 +25,13 @@ class NetQoSController:
         self.last_report = NetReport(enabled=config.enable)
         # Dry run: plan and report what would be configured; no tc or nft change.
         self.dry_run = False
+        # Disabled, and a pass left nothing of ours: later passes have nothing to remove (only
+        # koordnode adds its qdiscs and table) and skip the netlink dump and the nft run.
+        self._clean_while_disabled = False
 
     def update_config(self, config: NetQoSConfig) -> None:
         self.config = config
+        self._clean_while_disabled = False  # the reload's pass looks again
 
     def uplinks(self) -> list[str]:
         return list(self.config.interfaces) or self.executor.default_route_interfaces()
@@ -38,8 +42,11 @@ class NetQoSController:
                 report = NetReport(enabled=False)
                 report.changes = [f"would remove koordnode's qdisc on {device}"
                                   for device in self.executor.owned_devices()]
+            elif self._clean_while_disabled:
+                report = NetReport(enabled=False)
             else:
                 report = self.executor.remove_all()
+                self._clean_while_disabled = not report.failures
             self.last_report = report
             return report
         report = NetReport(enabled=True)
