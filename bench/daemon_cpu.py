@@ -3,8 +3,8 @@
 
 Half the pods are LS (Burstable, 1 CPU requested, a short burst of work every second), half BE
 (BestEffort, a short burst every second), as kubelet would create them (its QoS tiers and pod
-cgroups are reproduced). After a settle time the daemon's utime + stime over --seconds is
-reported as percent of one core, with how its wake-ups are made (pressure polling or not, LS
+cgroups are reproduced). After a settle time the daemon's utime + stime (with the children it
+ran, such as nft) over --seconds is reported as percent of one core, with how its wake-ups are made (pressure polling or not, LS
 usage events). Setups:
 
     default    koordnode's defaults (BE pods in the idle BE group, LS usage events)
@@ -35,8 +35,9 @@ BURST = "while :; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; sleep 1; d
 
 
 def cpu_seconds(pid: int) -> float:
+    """utime + stime of the daemon and of the children it waited for (tc, nft, ...)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def make_pods(bed, cri, n: int) -> list[str]:
