@@ -4,8 +4,8 @@
 Half the pods are LS (Burstable, 1 CPU requested, a short burst of work every second), half BE
 (BestEffort, a short burst every second), as kubelet would create them (its QoS tiers and pod
 cgroups are reproduced). After a settle time the daemon's utime + stime (with the children it
-ran, such as nft) over --seconds is reported as percent of one core, with how its wake-ups are made (pressure polling or not, LS
-usage events). Setups:
+ran, such as nft) over --seconds is reported as percent of one core, with how its wake-ups are
+made (pressure polling or not, LS usage events). Setups:
 
     default    koordnode's defaults (BE pods in the idle BE group, LS usage events)
     tier       BE pods left in kubelet's besteffort tier (be_idle_group = false): pressure polling
