@@ -267,13 +267,17 @@ class Metrics:
     def record_writes(self, results: Iterable[Any]) -> None:
         """Count executor results (``WriteResult``: ``.write.resource`` or ``.write.name``
         for sysctls, and ``.status``)."""
+        counts: dict[tuple[str, str], int] = {}  # one counter update per label set (a reconcile pass has hundreds)
         for result in results:
             write = getattr(result, "write", None)
             resource = getattr(write, "resource", None) or getattr(write, "name", None) or "unknown"
             status = getattr(result, "status", "unknown")
-            self.record_write(str(resource), str(getattr(status, "value", status)))
+            key = (str(resource), str(getattr(status, "value", status)))
+            counts[key] = counts.get(key, 0) + 1
             if getattr(result, "overwritten", False) is True:
                 self.cgroup_overwrites.labels(str(resource)).inc()
+        for (resource, outcome), count in counts.items():
+            self.executor_writes.labels(resource, outcome).inc(count)
 
     def record_eviction(self, reason: str, count: int = 1) -> None:
         """Count evictions by a short reason (``memory``, ``cpu``). A free-text reason, such as

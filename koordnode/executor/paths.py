@@ -9,6 +9,7 @@ never containing "." or ".." components.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from pathlib import Path
 
@@ -94,6 +95,12 @@ def normalize_cgroup_path(cgroup: str) -> str:
     """
     if not isinstance(cgroup, str):
         raise UnsafePathError(f"cgroup path must be a string, got {type(cgroup).__name__}")
+    return _normalize(cgroup)
+
+
+# Every write, read and tick normalises the same few paths again; refusals are not cached.
+@functools.lru_cache(maxsize=1024)
+def _normalize(cgroup: str) -> str:
     if _CONTROL_CHARS.search(cgroup):
         raise UnsafePathError(f"cgroup path contains control characters: {cgroup!r}")
     parts = []
