@@ -78,6 +78,10 @@ class CollectorProbe:
     def cpuset_cpus(self, cgroup: str) -> frozenset[int] | None:
         return self._collector.cpuset_cpus(cgroup)
 
+    def cpu_idle(self, cgroup: str) -> bool | None:
+        text = self._collector.cgroup_file_text("cpu", cgroup, "cpu.idle")
+        return None if text is None else text.strip() == "1"
+
     def nr_throttled(self, cgroup: str) -> int | None:
         stat = self._collector.cpu_stat(cgroup)
         return stat.nr_throttled if stat is not None else None
