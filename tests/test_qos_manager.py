@@ -543,3 +543,52 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
     node.add_pod("be2", "BE", group)
     manager.tick()
     assert manager.be_tier == group
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
+    """Every BE pod in koordnode's idle BE group (cpu.idle = 1, as the hooks make it): the
+    budget uses idle_group_threshold_percent (95%), not threshold_percent (65%); an LS step
+    still pulls the group's quota down at once; a group that is not idle gets 65%."""
+    node = FakeNode(tmp_path, version)
+    group = "/kubepods/koordnode_be"
+    add_cgroup(node.root, group)
+    write_cgroup_file(node.root, group, "cpu.idle", "1")
+    ls = node.add_pod("ls1", "LS", BURSTABLE)
+    be = node.add_pod("be1", "BE", group)
+    config = dataclasses.replace(settings())
+    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    manager = make_manager(node, config)
+
+    def group_quota() -> int:
+        if version == "v1":
+            return int(read_cgroup_file(node.root, group, "cpu.cfs_quota_us"))
+        quota = read_cgroup_file(node.root, group, "cpu.max").split()[0]
+        return -1 if quota == "max" else int(quota)
+
+    manager.tick()
+    assert manager.be_tier == group
+    # LS 0.5 CPU: 4 x 95% - 0.5 - 0.2 (system) = 3.1 CPUs for BE (at 65%: 1.9)
+    node.advance(1.0, {ls: 0.5, be: 2.9})
+    report = manager.tick()
+    assert group_quota() == 310_000
+    explanation = report.results["cpu_suppress"].explanation
+    assert explanation.inputs["be_idle"] is True and explanation.inputs["threshold_percent"] == 95.0
+    # LS steps to 3.7 busy CPUs: nothing left for BE, the quota falls to its floor at once
+    node.advance(1.0, {ls: 3.7, be: 0.1})
+    manager.tick()
+    assert group_quota() == 2000
+    # The group is no longer idle (someone wrote cpu.idle = 0): BE does not yield in the kernel,
+    # threshold_percent applies again. LS idle: 4 x 65% - 0 - 0.2 = 2.4 CPUs, grown 0.4 per tick.
+    write_cgroup_file(node.root, group, "cpu.idle", "0")
+    for _ in range(8):
+        node.advance(1.0, {ls: 0.0, be: 2.0})
+        report = manager.tick()
+    assert group_quota() == 240_000
+    assert report.results["cpu_suppress"].explanation.inputs["be_idle"] is False
+    # Idle again: grows on towards 4 x 95% - 0.2 = 3.6 CPUs.
+    write_cgroup_file(node.root, group, "cpu.idle", "1")
+    for _ in range(4):
+        node.advance(1.0, {ls: 0.0, be: 2.4})
+        manager.tick()
+    assert group_quota() == 360_000
