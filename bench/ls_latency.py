@@ -80,7 +80,7 @@ class IdleLatencyHold:
     def __init__(self) -> None:
         self._fd: int | None = None
 
-    def __enter__(self) -> "IdleLatencyHold":
+    def __enter__(self) -> IdleLatencyHold:
         try:
             self._fd = os.open(CPU_DMA_LATENCY, os.O_WRONLY)
             os.write(self._fd, struct.pack("=i", 0))  # a 4-byte write is taken as a binary s32, in us
