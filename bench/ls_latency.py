@@ -263,15 +263,18 @@ class Bench:
                         time.sleep(1.0)
                         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpu")
                         with_be = self.measure(cri, ls_cid, ip, be_cid)
+                        suppress = suppress_decision(kn) if kn is not None else None
                     finally:
                         self.remove(cri, be_sid)
                 finally:
                     self.remove(cri, ls_sid)
-                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg}
+                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress}
                 print(f"  {setup:20s} {cls:3s} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
                     f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
                     for v in ("probe", "rr")), flush=True)
+                if suppress:
+                    print(f"  {'':20s}     cpu_suppress with BE: {suppress}", flush=True)
         finally:
             cri.close()
             if kn is not None:
@@ -279,6 +282,23 @@ class Bench:
         return out
 
 
+
+
+def suppress_decision(kn) -> str | None:
+    """koordnode's last cpu_suppress decision in a line: the threshold it used (BE group idle or
+    not) and the BE quota, so the table's BE share can be read against it."""
+    try:
+        strategy = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]
+    except Exception as err:  # noqa: BLE001 - a report line, never a reason to fail the run
+        return f"status unavailable: {err}"
+    if not strategy.get("enabled"):
+        return "off"
+    decision = strategy.get("decision") or {}
+    inputs = decision.get("inputs") or {}
+    return (f"BE cgroup {inputs.get('be_tier')} (idle: {inputs.get('be_idle')}), threshold "
+            f"{inputs.get('threshold_percent')}%, LS {inputs.get('ls_used_cpus')} / system "
+            f"{inputs.get('system_used_cpus')} CPUs -> budget {inputs.get('be_budget_cpus')} CPUs; "
+            f"{decision.get('decision') or ''}").rstrip("; ")
 
 
 def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
