@@ -193,12 +193,13 @@ class Daemon:
     async def _run_nri(self) -> None:
         """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
         resources kubelet itself asked for (NRI adjustments change the OCI spec, not that)."""
-        kubelet_view: NodeState | None = NodeState()
+        kubelet_view: NodeState | None = None
         cri = CriClient(self.config.proxy.backend)
         try:
-            await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
+            read = NodeState()
+            await asyncio.wait_for(rebuild(read, cri), 10.0)
+            kubelet_view = read
         except (TimeoutError, CriError, OSError) as exc:
-            kubelet_view = None
             log.warning("kubelet_resources_not_read",
                         detail="kubelet's container resources not read from CRI; the runtime's are used",
                         backend=self.config.proxy.backend, error=str(exc) or type(exc).__name__)
