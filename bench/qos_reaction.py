@@ -49,7 +49,7 @@ from pathlib import Path
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
-from koordnode.qos import QoSManager
+from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.model.state import NodeState, PodRecord

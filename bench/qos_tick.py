@@ -30,12 +30,12 @@ from pathlib import Path
 import psutil
 import structlog
 
-from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyConfig
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 from tests.faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
 from tests.support.fakeproc import format_pressure, make_procfs, write_proc_stat

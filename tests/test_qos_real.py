@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
-from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
 from koordnode.model.state import NodeState, PodRecord
 
 CGROUP = Path("/sys/fs/cgroup")
