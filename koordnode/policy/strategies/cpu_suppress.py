@@ -6,7 +6,7 @@
 threshold% is `threshold_percent` while BE runs in kubelet's besteffort tier, and
 `idle_group_threshold_percent` while the cgroup holding every BE pod is idle (koordnode's
 BE group, cpu.idle = 1). In an idle group the kernel already runs a waking LS task before
-BE, so holding back a third of the node buys LS no latency (measured: bench/ls_latency.py)
+BE, so holding CPU back (35% of the node at 65%) buys LS no latency (measured: bench/ls_latency.py)
 and only costs BE throughput; the quota is then left to keep BE out of the CPU that LS, the
 system and the reservation use, and to follow an LS step within a tick (bench/qos_reaction.py).
 
