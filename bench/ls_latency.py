@@ -261,6 +261,7 @@ class Bench:
                     be_sid, be_cid = self.pod(cri, "be", "BE", ["sh", "-c", f"{loops} & wait"])
                     try:
                         time.sleep(1.0)
+                        settled_s = settle_suppression(kn) if kn is not None else None
                         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpu")
                         with_be = self.measure(cri, ls_cid, ip, be_cid)
                         suppress = suppress_decision(kn) if kn is not None else None
@@ -268,13 +269,16 @@ class Bench:
                         self.remove(cri, be_sid)
                 finally:
                     self.remove(cri, ls_sid)
-                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress}
+                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress,
+                            "suppress_settled_s": settled_s}
                 print(f"  {setup:20s} {cls:3s} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
                     f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
                     for v in ("probe", "rr")), flush=True)
                 if suppress:
-                    print(f"  {'':20s}     cpu_suppress with BE: {suppress}", flush=True)
+                    settled = ("" if suppress == "off" else " (quota not settled)" if settled_s is None
+                               else f" (quota at its target {1 + settled_s:.1f} s after BE started)")
+                    print(f"  {'':20s}     cpu_suppress with BE{settled}: {suppress}", flush=True)
         finally:
             cri.close()
             if kn is not None:
@@ -282,6 +286,28 @@ class Bench:
         return out
 
 
+
+
+def settle_suppression(kn, timeout_s: float = 30.0) -> float | None:
+    """Wait until koordnode's BE quota has reached its target with BE running (the last
+    decision saw BE use CPU and did not have to limit its growth), so "with BE" measures LS
+    beside BE as it runs for good, not while the quota still grows by max_growth_percent per
+    tick from where an earlier class left it. Seconds waited, or None when it did not settle
+    within timeout_s (or the strategy is off)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            strategy = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]
+        except Exception:  # noqa: BLE001 - status not answering yet: keep waiting
+            strategy = {}
+        if strategy and not strategy.get("enabled"):
+            return None
+        decision = strategy.get("decision") or {}
+        be_used = (decision.get("inputs") or {}).get("be_used_cpus") or 0
+        if be_used > 0.05 and "grow (limited)" not in (decision.get("reason") or ""):
+            return time.monotonic() - started
+        time.sleep(0.25)
+    return None
 
 
 def suppress_decision(kn) -> str | None:
