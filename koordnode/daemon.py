@@ -15,7 +15,7 @@ import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
-from koordnode.config import ConfigError, reload_config
+from koordnode.config import ConfigError, EngineSettings, ManagerSettings, reload_config
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri.client import CriClient, CriError
@@ -69,7 +69,7 @@ class Daemon:
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            self.qos = QoSEngine(config, self.state, resized=resized, be_cpuset=self._be_cpuset)
+            self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized, be_cpuset=self._be_cpuset)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -85,7 +85,7 @@ class Daemon:
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
-                    config, self.state, self.qos.executor,
+                    ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.evict,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
@@ -439,9 +439,9 @@ class Daemon:
                         detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
         if self.qos is not None:
-            await asyncio.to_thread(self.qos.reconfigure, new)
+            await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
         if self.qos_manager is not None:
-            await asyncio.to_thread(self.qos_manager.reconfigure, new)
+            await asyncio.to_thread(self.qos_manager.reconfigure, ManagerSettings.of(new))
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
         self.resctrl.forget_probe()  # resctrl may have been mounted since
         self.netqos.update_config(new.net)

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import types
 import json
 from pathlib import Path
 
 import pytest
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 
-from koordnode.config import from_dict
+from koordnode.config import CgroupConfig, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.qos import QoSManager, ManagerSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
@@ -114,10 +113,10 @@ class FakeNode:
         return -1 if quota == "max" else int(quota)
 
 
-def settings(**changes) -> QoSSettings:
+def settings(**changes) -> ManagerSettings:
     strategy = StrategyConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(StrategyConfig)}})
     manager = QoSManagerConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(QoSManagerConfig)}})
-    return QoSSettings(strategy, manager)
+    return ManagerSettings(strategy, manager)
 
 
 def make_manager(node: FakeNode, config=None, **kwargs) -> QoSManager:
@@ -427,7 +426,7 @@ def test_configured_kubepods_root(tmp_path):
 
 
 def test_config_sections_load_from_toml_tables():
-    loaded = from_dict(QoSSettings, {
+    loaded = from_dict(ManagerSettings, {
         "strategy": {
             "cpu_suppress": {"policy": "cpuset", "threshold_percent": 70,
                              "pressure_curve": [[30, 1.0], [90, 0.2]]},
@@ -455,7 +454,7 @@ def test_config_errors_name_their_key(raw, error):
     from koordnode.config import ConfigError
 
     with pytest.raises(ConfigError) as problem:
-        from_dict(QoSSettings, raw)
+        from_dict(ManagerSettings, raw)
     assert error in str(problem.value)
 
 
@@ -493,9 +492,7 @@ def test_kubepods_cgroup_follows_the_driver(tmp_path):
 
     def manager_for(driver: str | None, kubepods: str = "") -> QoSManager:
         base = settings(kubepods_cgroup=kubepods)
-        config = base if driver is None else dataclasses.make_dataclass(
-            "Cfg", [("strategy", object), ("qos_manager", object), ("cgroup", object)])(
-            base.strategy, base.qos_manager, type("CgroupCfg", (), {"driver": driver})())
+        config = base if driver is None else dataclasses.replace(base, cgroup=CgroupConfig(driver=driver))
         return QoSManager(config, node.state, executor, procfs_root=node.proc, clock=node.clock)
 
     assert manager_for(None).be_tier == BESTEFFORT  # auto, no kubepods.slice: cgroupfs layout
@@ -529,8 +526,7 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
     add_cgroup(node.root, group)
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", BESTEFFORT)
-    config = dataclasses.replace(settings())
-    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    config = dataclasses.replace(settings(), cgroup=CgroupConfig(be_idle_group=True))
     manager = make_manager(node, config)
     manager.tick()
     assert manager.be_tier == BESTEFFORT

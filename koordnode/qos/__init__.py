@@ -8,7 +8,8 @@ pulling the manager (and the executor) in.
 
 from typing import TYPE_CHECKING, Any
 
-from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import (
     BeEvictConfig,
     CpuBurstConfig,
@@ -24,10 +25,10 @@ __all__ = [
     "BeEvictConfig",
     "CpuBurstConfig",
     "CpuSuppressConfig",
+    "ManagerSettings",
     "MemoryQoSConfig",
     "QoSManager",
     "QoSManagerConfig",
-    "QoSSettings",
     "StrategyConfig",
     "TickReport",
 ]
