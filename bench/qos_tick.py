@@ -35,7 +35,8 @@ from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyC
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
-from koordnode.qos import QoSManager, ManagerSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 from tests.faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
 from tests.support.fakeproc import format_pressure, make_procfs, write_proc_stat

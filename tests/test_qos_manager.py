@@ -16,7 +16,8 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
-from koordnode.qos import QoSManager, ManagerSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat

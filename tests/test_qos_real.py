@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.qos import QoSManager, ManagerSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.model.state import NodeState, PodRecord

@@ -16,7 +16,7 @@ from koordnode.config.fields import section, setting
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.policy.strategies.registry import STRATEGIES
-from koordnode.qos import ManagerSettings
+from koordnode.config.components import ManagerSettings
 from koordnode.config.strategies import StrategyConfig
 from koordnode.policy.plan import CgroupWrite
 

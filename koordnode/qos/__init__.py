@@ -8,7 +8,6 @@ pulling the manager (and the executor) in.
 
 from typing import TYPE_CHECKING, Any
 
-from koordnode.config.components import ManagerSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import (
     BeEvictConfig,
@@ -25,7 +24,6 @@ __all__ = [
     "BeEvictConfig",
     "CpuBurstConfig",
     "CpuSuppressConfig",
-    "ManagerSettings",
     "MemoryQoSConfig",
     "QoSManager",
     "QoSManagerConfig",
