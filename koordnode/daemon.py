@@ -450,6 +450,9 @@ class Daemon:
             log.warning("socket_paths_change_needs_restart",
                         detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
+        if _roots(new) != _roots(old):
+            log.warning("filesystem_roots_change_needs_restart",
+                        detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
         if self.qos is not None:
             await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
         if self.qos_manager is not None:
@@ -530,6 +533,11 @@ class Daemon:
             "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
             "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
+
+
+def _roots(config: Config) -> dict[str, str]:
+    """Where the kernel's filesystems are: the executors and collectors keep them until restart."""
+    return {"cgroup": config.cgroup.root, "procfs": config.procfs.root, "sysfs": config.sysfs.root}
 
 
 def _safe(fn: Callable[[], Any]) -> Any:

@@ -95,7 +95,15 @@ listen = ""
 {extra}""")
 
 
-def test_reload_hands_both_components_their_new_sections(tmp_path):
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def __getattr__(self, level: str):
+        return lambda event, **fields: self.events.append((event, fields))
+
+
+def test_reload_hands_both_components_their_new_sections(tmp_path, monkeypatch):
     root = make_cgroup_tree(tmp_path, "v2", cgroups=["/kubepods/burstable", "/kubepods/besteffort"])
     proc = make_procfs(tmp_path, cpus=2)
     path = tmp_path / "koordnode.toml"
@@ -110,7 +118,7 @@ def test_reload_hands_both_components_their_new_sections(tmp_path):
     assert manager.status()["strategies"]["cpu_suppress"]["enabled"] is True
     assert manager.status()["ticks"]["period_ms"] == 1000
 
-    _write_config(path, tmp_path, root, proc, """
+    _write_config(path, tmp_path, root, proc, f"""
 [node]
 reserved_cpus = "0"
 [qos_mapping]
@@ -120,7 +128,11 @@ tick_ms = 500
 kubepods_cgroup = "/custom/kubepods"
 [strategy.cpu_suppress]
 enable = false
+[sysfs]
+root = "{tmp_path / 'sys'}"
 """)
+    log = _Log()
+    monkeypatch.setattr("koordnode.daemon.log", log)
     try:
         asyncio.run(daemon.reload())
     finally:
@@ -134,3 +146,7 @@ enable = false
     assert manager.status()["strategies"]["cpu_suppress"]["enabled"] is False
     assert manager.status()["ticks"]["period_ms"] == 500
     assert manager._inventory.mapping == engine.mapping
+    # what stays until the restart says so
+    assert ("filesystem_roots_change_needs_restart",
+            {"detail": "[cgroup], [procfs] and [sysfs] root take effect at the next restart",
+             "cgroup": str(root), "procfs": str(proc), "sysfs": "/sys"}) in log.events
