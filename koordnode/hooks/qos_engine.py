@@ -230,12 +230,14 @@ class CpuReservation:
 
 
 class QoSEngine:
+    """Takes the sections it reads as one EngineSettings (EngineSettings.of(config)), at start and
+    on reload; `[cgroup] root` and `[sysfs] root` are used at start only (the executor and the
+    CPU topology stay until the restart)."""
+
     def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
                  be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
-        """`settings`: the sections the engine reads (EngineSettings.of(config)); `[cgroup] root`
-        and `[sysfs] root` are used here only (the executor and the topology stay until restart).
-        `be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
