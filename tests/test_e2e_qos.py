@@ -138,7 +138,10 @@ def test_allocations_and_status_survive_a_restart(containerd_bed, tmp_path):
         kn.start()
         after = kn.wait_rebuilt()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not after["qos"]["cpus"]["allocations"]:
+        # The engine publishes the restored allocations from its worker; the event loop records
+        # the pods' classes right after: wait for both.
+        while time.monotonic() < deadline and (not after["qos"]["cpus"]["allocations"]
+                                               or any(p["qos_class"] is None for p in after["pods"])):
             time.sleep(0.2)
             after = kn.status()
         assert after["qos"]["cpus"]["allocations"] == before["qos"]["cpus"]["allocations"]
