@@ -47,7 +47,7 @@ from pathlib import Path
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
-from koordnode.qos import QoSManager
+from koordnode.qos.manager import QoSManager
 from koordnode.config.cgroup import CgroupConfig
 from koordnode.config.components import ManagerSettings
 from koordnode.config.qos_manager import QoSManagerConfig

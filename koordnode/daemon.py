@@ -27,6 +27,7 @@ from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
@@ -71,13 +72,15 @@ class Daemon:
         self.stats = ProxyStats()
         self._scrape_collector: Collector | None = None  # the metrics thread's own (Collector is not shared across threads)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
+        # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
+        pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
             engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized,
-                                          be_cpuset=self._be_cpuset)
+                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -119,7 +122,8 @@ class Daemon:
 
             self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
                                  chain=self.chain, state=self.state, engine=self.qos,
-                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root)
+                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root,
+                                 pool_updates=pool_updates)
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server: MetricsServer | None = None
@@ -196,11 +200,14 @@ class Daemon:
     async def _run_nri(self) -> None:
         """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
         resources kubelet itself asked for (NRI adjustments change the OCI spec, not that)."""
-        kubelet_view = NodeState()
+        if self.nri is None:
+            return
+        kubelet_view: NodeState | None = None
         cri = CriClient(self.config.proxy.backend)
         try:
-            await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
-            self.nri.kubelet_view = kubelet_view
+            read = NodeState()
+            await asyncio.wait_for(rebuild(read, cri), 10.0)
+            kubelet_view = read
         except (TimeoutError, CriError, OSError) as exc:
             log.warning("kubelet_resources_not_read",
                         detail="kubelet's container resources not read from CRI; the runtime's are used",
@@ -208,7 +215,7 @@ class Daemon:
         finally:
             await cri.close()
         try:
-            await self.nri.run(self._stop)
+            await self.nri.run(self._stop, kubelet_view=kubelet_view)
         except Exception:
             log.exception("nri_plugin_failed")
 

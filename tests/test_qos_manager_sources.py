@@ -15,7 +15,7 @@ from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.model.cpu_topology import read_cpu_topology
 from koordnode.policy.cpuset import reserved_cpus_from_config
-from koordnode.qos import QoSManager
+from koordnode.qos.manager import QoSManager
 
 
 def _config(fake: FakeNode, tmp_path: Path, **sections) -> Config:

@@ -58,6 +58,7 @@ from koordnode.policy.class_policy import (
     plan_pod_sandbox,
 )
 from koordnode.hooks.resized import ResizedResources
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
@@ -236,8 +237,10 @@ class QoSEngine:
 
     def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
-                 be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
-        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
+                 be_cpuset: Callable[[], frozenset[int] | None] | None = None,
+                 pool_updates: PoolUpdates | None = None) -> None:
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
+        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
@@ -265,7 +268,7 @@ class QoSEngine:
         self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
-        self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
+        self.pool_updates = pool_updates
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -829,7 +832,7 @@ class QoSEngine:
             if self._be_override(decision.qos_class) is not None:
                 continue  # the QoS manager owns BE cpusets while its cpuset policy runs
             pool = self.allocator.pool_for(decision.qos_class)
-            if self.pool_update_sink is not None:
+            if self.pool_updates is not None:
                 moves[c.container_id] = pool.cpuset_cpus
                 continue
             try:
@@ -837,8 +840,8 @@ class QoSEngine:
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
-        if moves and self.pool_update_sink is not None:  # moves are only made for a sink
-            self.pool_update_sink(moves)
+        if moves and self.pool_updates is not None:  # moves are only made for NRI mode
+            self.pool_updates.publish(moves)
         if writes:
             results = self.executor.apply(writes)
             METRICS.record_writes(results)

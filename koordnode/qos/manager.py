@@ -52,7 +52,7 @@ log = structlog.get_logger("koordnode.qos")
 EvictFn = Callable[[str, str], Awaitable[Any]]
 
 STRATEGIES = tuple(s.name for s in REGISTRY)
-__all__ = ["EvictFn", "MemoryPlanFn", "QoSManager", "STRATEGIES", "TickReport"]
+__all__ = ["EvictFn", "QoSManager", "STRATEGIES"]
 
 # Usage wake-ups: LS CPU time must grow at least this fast (CPUs) to wake the manager, and
 # woken ticks are at least this far apart.
