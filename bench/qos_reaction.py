@@ -41,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 import uuid
 from pathlib import Path
 
@@ -50,6 +49,8 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
 from koordnode.qos.manager import QoSManager
+from koordnode.config.cgroup import CgroupConfig
+from koordnode.config.components import ManagerSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.model.state import NodeState, PodRecord
@@ -71,7 +72,7 @@ while True:
 
 
 def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool,
-                  idle_group_threshold: float = CpuSuppressConfig().idle_group_threshold_percent):
+                  idle_group_threshold: float = CpuSuppressConfig().idle_group_threshold_percent) -> ManagerSettings:
     base = QoSManagerConfig(kubepods_cgroup=kubepods, usage_wake_cpu_ms=0)
     usage = dataclasses.replace(base, usage_wake_cpu_ms=QoSManagerConfig().usage_wake_cpu_ms)
     manager = {
@@ -83,9 +84,7 @@ def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool,
     }[mode]
     strategy = StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=threshold,
                                                              idle_group_threshold_percent=idle_group_threshold))
-    # The daemon's Config carries [cgroup] be_idle_group; QoSSettings has no [cgroup].
-    return types.SimpleNamespace(strategy=strategy, qos_manager=manager,
-                                 cgroup=types.SimpleNamespace(be_idle_group=be_group))
+    return ManagerSettings(strategy=strategy, qos_manager=manager, cgroup=CgroupConfig(be_idle_group=be_group))
 
 
 class Bed:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
-from koordnode.config import parse_config
+from koordnode.config import EngineSettings, parse_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
@@ -95,7 +95,7 @@ class Node:
         self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n'
                                    f'be_idle_group = {str(be_idle_group).lower()}\n' + toml)
         self.state = state if state is not None else NodeState()
-        self.engine = QoSEngine(self.config, self.state, executor=CgroupExecutor(self.root),
+        self.engine = QoSEngine(EngineSettings.of(self.config), self.state, executor=CgroupExecutor(self.root),
                                 topology=self.topology, pool_updates=pool_updates)
         self.chain = HookChain([StateRecorder(self.state), QoSHook(self.engine)], timeout_s=5.0)
         self.loop = asyncio.new_event_loop()

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import types
 import json
 from pathlib import Path
 
 import pytest
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 
-from koordnode.config import from_dict
+from koordnode.config import CgroupConfig, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
+from koordnode.config.components import ManagerSettings
 from koordnode.qos.manager import QoSManager
-from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
+from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
@@ -114,10 +114,10 @@ class FakeNode:
         return -1 if quota == "max" else int(quota)
 
 
-def settings(**changes) -> QoSSettings:
+def settings(**changes) -> ManagerSettings:
     strategy = StrategyConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(StrategyConfig)}})
     manager = QoSManagerConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(QoSManagerConfig)}})
-    return QoSSettings(strategy, manager)
+    return ManagerSettings(strategy, manager)
 
 
 def make_manager(node: FakeNode, config=None, **kwargs) -> QoSManager:
@@ -427,7 +427,7 @@ def test_configured_kubepods_root(tmp_path):
 
 
 def test_config_sections_load_from_toml_tables():
-    loaded = from_dict(QoSSettings, {
+    loaded = from_dict(ManagerSettings, {
         "strategy": {
             "cpu_suppress": {"policy": "cpuset", "threshold_percent": 70,
                              "pressure_curve": [[30, 1.0], [90, 0.2]]},
@@ -455,7 +455,7 @@ def test_config_errors_name_their_key(raw, error):
     from koordnode.config import ConfigError
 
     with pytest.raises(ConfigError) as problem:
-        from_dict(QoSSettings, raw)
+        from_dict(ManagerSettings, raw)
     assert error in str(problem.value)
 
 
@@ -493,9 +493,7 @@ def test_kubepods_cgroup_follows_the_driver(tmp_path):
 
     def manager_for(driver: str | None, kubepods: str = "") -> QoSManager:
         base = settings(kubepods_cgroup=kubepods)
-        config = base if driver is None else dataclasses.make_dataclass(
-            "Cfg", [("strategy", object), ("qos_manager", object), ("cgroup", object)])(
-            base.strategy, base.qos_manager, type("CgroupCfg", (), {"driver": driver})())
+        config = base if driver is None else dataclasses.replace(base, cgroup=CgroupConfig(driver=driver))
         return QoSManager(config, node.state, executor, procfs_root=node.proc, clock=node.clock)
 
     assert manager_for(None).be_tier == BESTEFFORT  # auto, no kubepods.slice: cgroupfs layout
@@ -529,8 +527,7 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
     add_cgroup(node.root, group)
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", BESTEFFORT)
-    config = dataclasses.replace(settings())
-    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    config = dataclasses.replace(settings(), cgroup=CgroupConfig(be_idle_group=True))
     manager = make_manager(node, config)
     manager.tick()
     assert manager.be_tier == BESTEFFORT
@@ -556,8 +553,7 @@ def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
     write_cgroup_file(node.root, group, "cpu.idle", "1")
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", group)
-    config = dataclasses.replace(settings())
-    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    config = dataclasses.replace(settings(), cgroup=CgroupConfig(be_idle_group=True))
     manager = make_manager(node, config)
 
     def group_quota() -> int:
