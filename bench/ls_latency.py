@@ -17,9 +17,22 @@ cpu.shares 2), each pod's cgroup with its cpu.shares / quota before RunPodSandbo
 LS = Burstable requesting 1 CPU, LSR and LSE = Guaranteed 1 CPU, BE = BestEffort. The bed
 uses its own cgroup prefix (never the real /kubepods).
 
+Idle exit latency is held at 0 for the whole run (alone and with BE, every setup): the
+bench opens /dev/cpu_dma_latency, writes a 32-bit 0 and keeps it open -- the PM QoS request
+latency benchmarks such as cyclictest make, and what a latency-sensitive node is tuned to
+(tuned's latency-performance profile). Idle CPUs then stay in their shallowest idle state
+(POLL) instead of halting. Why: the probe sleeps 1 ms, so with the LS pod alone its CPU goes
+idle, and waking an idle CPU costs the idle state's exit latency -- in a VM a halted vCPU's
+wake-up through the hypervisor, hundreds of microseconds to milliseconds, and irregular.
+That cost is the machine's, not BE's interference; with BE busy no CPU ever idles, so
+without the hold "alone" is measured with it and "with BE" without it, and the ratio says
+nothing about BE. --no-idle-latency-hold measures without the hold (the header says which,
+and the cpuidle driver and states, so a reader on another machine knows).
+
     python3 -m bench.ls_latency [--quick] [--classes LS,LSR,LSE]
                                 [--setups kubelet,koordnode-tier,koordnode,koordnode-nosuppress]
-                                [--rounds 8000] [--repeat 1] [--koordnode-toml FILE] [--json]
+                                [--rounds 8000] [--repeat 1] [--koordnode-toml FILE]
+                                [--no-idle-latency-hold] [--json]
 
 Prints a markdown table. Other load on the machine shows up in every column: the load
 average before and after is printed with it.
@@ -31,6 +44,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -52,6 +66,66 @@ SETUPS = {
     "koordnode": "",
     "koordnode-nosuppress": "[strategy.cpu_suppress]\nenable = false\n",
 }
+
+
+CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
+CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
+CPU0_IDLE_STATES = Path("/sys/devices/system/cpu/cpu0/cpuidle")
+
+
+class IdleLatencyHold:
+    """Holds the PM QoS CPU latency request at 0 us while open: the kernel keeps idle CPUs in
+    states with no exit latency (POLL). The request lasts as long as the descriptor is open."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def __enter__(self) -> IdleLatencyHold:
+        try:
+            self._fd = os.open(CPU_DMA_LATENCY, os.O_WRONLY)
+            os.write(self._fd, struct.pack("=i", 0))  # a 4-byte write is taken as a binary s32, in us
+        except OSError as err:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            raise SystemExit(
+                f"cannot hold {CPU_DMA_LATENCY} at 0 us: {err.strerror} (needs root and a kernel with PM QoS); "
+                "pass --no-idle-latency-hold to measure with the CPUs' idle exit latency instead") from err
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpuidle_description() -> dict:
+    """The cpuidle driver, governor and CPU 0's idle states (name, exit latency), as sysfs says."""
+    states = []
+    for state in sorted(CPU0_IDLE_STATES.glob("state[0-9]*"), key=lambda p: int(p.name[5:])):
+        latency = _read(state / "latency")
+        states.append({"name": _read(state / "name"), "exit_latency_us": int(latency) if latency else None,
+                       "disabled": _read(state / "disable") == "1"})
+    return {"driver": _read(CPUIDLE / "current_driver"),
+            "governor": _read(CPUIDLE / "current_governor") or _read(CPUIDLE / "current_governor_ro"),
+            "states": states,
+            "guest_halt_poll_ns": _read(Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns"))}
+
+
+def describe_idle(idle: dict, held: bool) -> str:
+    states = ", ".join(f"{s['name']} (exit {s['exit_latency_us']} us{', disabled' if s['disabled'] else ''})"
+                       for s in idle["states"]) or "none"
+    poll = f", haltpoll guest_halt_poll_ns {idle['guest_halt_poll_ns']}" if idle["guest_halt_poll_ns"] else ""
+    hold = (f"held {CPU_DMA_LATENCY} = 0 us for the whole run (idle CPUs stay in their 0-latency state)" if held
+            else "idle exit latency NOT held (--no-idle-latency-hold): LS alone pays the idle states' wake-ups")
+    return f"cpuidle driver {idle['driver'] or 'none'}, governor {idle['governor'] or '-'}{poll}; states: {states}\n{hold}"
 
 
 def build_probe(directory: Path) -> Path:
@@ -187,17 +261,24 @@ class Bench:
                     be_sid, be_cid = self.pod(cri, "be", "BE", ["sh", "-c", f"{loops} & wait"])
                     try:
                         time.sleep(1.0)
+                        settled_s = settle_suppression(kn) if kn is not None else None
                         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpu")
                         with_be = self.measure(cri, ls_cid, ip, be_cid)
+                        suppress = suppress_decision(kn) if kn is not None else None
                     finally:
                         self.remove(cri, be_sid)
                 finally:
                     self.remove(cri, ls_sid)
-                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg}
+                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress,
+                            "suppress_settled_s": settled_s}
                 print(f"  {setup:20s} {cls:3s} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
                     f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
                     for v in ("probe", "rr")), flush=True)
+                if suppress:
+                    settled = ("" if suppress == "off" else " (quota not settled)" if settled_s is None
+                               else f" (quota at its target {1 + settled_s:.1f} s after BE started)")
+                    print(f"  {'':20s}     cpu_suppress with BE{settled}: {suppress}", flush=True)
         finally:
             cri.close()
             if kn is not None:
@@ -205,6 +286,45 @@ class Bench:
         return out
 
 
+
+
+def settle_suppression(kn, timeout_s: float = 30.0) -> float | None:
+    """Wait until koordnode's BE quota has reached its target with BE running (the last
+    decision saw BE use CPU and did not have to limit its growth), so "with BE" measures LS
+    beside BE as it runs for good, not while the quota still grows by max_growth_percent per
+    tick from where an earlier class left it. Seconds waited, or None when it did not settle
+    within timeout_s (or the strategy is off)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            strategy = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]
+        except Exception:  # noqa: BLE001 - status not answering yet: keep waiting
+            strategy = {}
+        if strategy and not strategy.get("enabled"):
+            return None
+        decision = strategy.get("decision") or {}
+        be_used = (decision.get("inputs") or {}).get("be_used_cpus") or 0
+        if be_used > 0.05 and "grow (limited)" not in (decision.get("reason") or ""):
+            return time.monotonic() - started
+        time.sleep(0.25)
+    return None
+
+
+def suppress_decision(kn) -> str | None:
+    """koordnode's last cpu_suppress decision in a line: the threshold it used (BE group idle or
+    not) and the BE quota, so the table's BE share can be read against it."""
+    try:
+        strategy = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]
+    except Exception as err:  # noqa: BLE001 - a report line, never a reason to fail the run
+        return f"status unavailable: {err}"
+    if not strategy.get("enabled"):
+        return "off"
+    decision = strategy.get("decision") or {}
+    inputs = decision.get("inputs") or {}
+    return (f"BE cgroup {inputs.get('be_tier')} (idle: {inputs.get('be_idle')}), threshold "
+            f"{inputs.get('threshold_percent')}%, LS {inputs.get('ls_used_cpus')} / system "
+            f"{inputs.get('system_used_cpus')} CPUs -> budget {inputs.get('be_budget_cpus')} CPUs; "
+            f"{decision.get('decision') or ''}").rstrip("; ")
 
 
 def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
@@ -255,6 +375,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="repeat every setup, interleaved; medians reported")
     parser.add_argument("--be-loops", type=int, default=3)
     parser.add_argument("--koordnode-toml", default="", help="extra koordnode config (TOML) for the koordnode setup")
+    parser.add_argument("--no-idle-latency-hold", dest="idle_latency_hold", action="store_false",
+                        help=f"do not hold {CPU_DMA_LATENCY} at 0 us: idle CPUs may enter deep states (a VM's "
+                        "halted vCPU), and LS alone pays their exit latency, which is the machine's, not BE's")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -267,11 +390,16 @@ def main() -> int:
     if os.geteuid() != 0 or not (CG / "cpuacct").is_dir() or shutil.which("gcc") is None:
         print("needs root, cgroup v1 (cpu, cpuacct) and gcc", file=sys.stderr)
         return 2
+    from contextlib import nullcontext
+
     from tests.testbed.containerd_bed import ContainerdBed
 
+    idle = cpuidle_description()
+    hold = IdleLatencyHold() if args.idle_latency_hold else nullcontext()
     load_before = os.getloadavg()
     results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="koordnode-ls-latency-") as tmp:
+    print(describe_idle(idle, args.idle_latency_hold), flush=True)
+    with hold, tempfile.TemporaryDirectory(prefix="koordnode-ls-latency-") as tmp:
         work = Path(tmp)
         probe = build_probe(work)
         with ContainerdBed(work / "bed") as bed:
@@ -283,12 +411,14 @@ def main() -> int:
                 results.append(run)
     load_after = os.getloadavg()
     doc = {"cpus": CPUS, "rounds": args.rounds, "repeat": args.repeat, "be_loops": args.be_loops,
-           "load_before": load_before, "load_after": load_after, "kernel": os.uname().release, "runs": results}
+           "load_before": load_before, "load_after": load_after, "kernel": os.uname().release,
+           "idle_latency_hold": args.idle_latency_hold, "cpuidle": idle, "runs": results}
     if args.json:
         print(json.dumps(doc, indent=2))
     print()
     print(f"{CPUS} CPUs, kernel {os.uname().release}, {args.rounds} rounds x {args.repeat}, BE = {args.be_loops} "
           f"busy loops; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(describe_idle(idle, args.idle_latency_hold))
     print()
     print(table(results, args.classes, setups))
     return 0

@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
 from tests.support.h2raw import RS, RawConnection, frame_header, request_headers
 from tests.support.koordnode_runner import KoordnodeProcess
@@ -52,7 +53,7 @@ def connect(path: str, tries: int = 200) -> RawConnection:
 
 def version_call(conn_sock: socket.socket, sid: int = 1) -> bytes:
     return (w.frame(w.HEADERS, w.FLAG_END_HEADERS, sid, request_headers(RS + "Version"))
-            + w.frame(w.DATA, w.FLAG_END_STREAM, sid, w.encode_grpc_message(b"")))
+            + w.frame(w.DATA, w.FLAG_END_STREAM, sid, encode_grpc_message(b"")))
 
 
 def hostile_frames(path: str, pid: int, n: int) -> dict:
@@ -129,7 +130,7 @@ def made_up_methods(path: str, pid: int, metrics_url: str, n: int) -> dict:
     sid = 1
     for i in range(n):
         c.sock.sendall(w.frame(w.HEADERS, w.FLAG_END_HEADERS, sid, request_headers(RS + f"Made{i}Up"))
-                       + w.frame(w.DATA, w.FLAG_END_STREAM, sid, w.encode_grpc_message(b"")))
+                       + w.frame(w.DATA, w.FLAG_END_STREAM, sid, encode_grpc_message(b"")))
         sid += 2
     reader.join(timeout=30)
     c.close()

@@ -24,7 +24,8 @@ idle group /koordnode-bench-<id>/kubepods/koordnode_be (cpu.idle = 1), and that 
 is what the manager sets; --no-be-group keeps it in kubelet's besteffort tier.
 
     python3 -m bench.qos_reaction [--steps 5] [--modes usage,usage+poll,psi-poll,ticks-only]
-                                  [--be-shares 2] [--threshold 65] [--no-be-group] [--json]
+                                  [--be-shares 2] [--threshold 65] [--idle-group-threshold 95]
+                                  [--no-be-group] [--json]
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 import uuid
 from pathlib import Path
 
@@ -48,7 +48,9 @@ from pathlib import Path
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteStatus
-from koordnode.qos import QoSManager
+from koordnode.qos.manager import QoSManager
+from koordnode.config.cgroup import CgroupConfig
+from koordnode.config.components import ManagerSettings
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.model.state import NodeState, PodRecord
@@ -69,7 +71,8 @@ while True:
 """
 
 
-def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool):
+def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool,
+                  idle_group_threshold: float = CpuSuppressConfig().idle_group_threshold_percent) -> ManagerSettings:
     base = QoSManagerConfig(kubepods_cgroup=kubepods, usage_wake_cpu_ms=0)
     usage = dataclasses.replace(base, usage_wake_cpu_ms=QoSManagerConfig().usage_wake_cpu_ms)
     manager = {
@@ -79,10 +82,9 @@ def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool):
         "usage": dataclasses.replace(usage, psi_triggers=False, psi_poll_ms=0),
         "usage+poll": usage,
     }[mode]
-    strategy = StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=threshold))
-    # The daemon's Config carries [cgroup] be_idle_group; QoSSettings has no [cgroup].
-    return types.SimpleNamespace(strategy=strategy, qos_manager=manager,
-                                 cgroup=types.SimpleNamespace(be_idle_group=be_group))
+    strategy = StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=threshold,
+                                                             idle_group_threshold_percent=idle_group_threshold))
+    return ManagerSettings(strategy=strategy, qos_manager=manager, cgroup=CgroupConfig(be_idle_group=be_group))
 
 
 class Bed:
@@ -183,10 +185,11 @@ async def cpu_share(bed: Bed, start: float, seconds: float) -> dict[str, float]:
 
 
 async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, observe_s: float,
-                   threshold: float, be_group: bool) -> dict:
+                   threshold: float, be_group: bool, idle_group_threshold: float) -> dict:
     bed = Bed(be_shares, be_group)
     executor = RecordingExecutor(CGROUP, bed.be_tier)
-    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group), bed.state(), executor)
+    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group, idle_group_threshold),
+                         bed.state(), executor)
     stop = asyncio.Event()
     results = []
     usage_wakes: list[float] = []
@@ -272,7 +275,11 @@ def main() -> int:
     parser.add_argument("--be-shares", type=int, default=2, help="cpu.shares of the BE tier (kubelet: 2)")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of LS idle before each step")
     parser.add_argument("--observe", type=float, default=3.5, help="seconds of LS load per step")
-    parser.add_argument("--threshold", type=float, default=65.0, help="[strategy.cpu_suppress] threshold_percent")
+    parser.add_argument("--threshold", type=float, default=65.0,
+                        help="[strategy.cpu_suppress] threshold_percent (BE in the besteffort tier)")
+    parser.add_argument("--idle-group-threshold", type=float,
+                        default=CpuSuppressConfig().idle_group_threshold_percent,
+                        help="[strategy.cpu_suppress] idle_group_threshold_percent (BE in the idle BE group)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0 or not all((CGROUP / h).is_dir() for h in HIERARCHIES):
@@ -280,10 +287,11 @@ def main() -> int:
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     results = {"cpus": CPUS, "be_group": args.be_group, "be_tier_shares": args.be_shares, "threshold_percent": args.threshold,
+               "idle_group_threshold_percent": args.idle_group_threshold,
                "ls_processes": CPUS + 1, "be_processes": CPUS, "load_avg_before": os.getloadavg()[0]}
     for mode in args.modes.split(","):
         results[mode] = asyncio.run(run_mode(mode, args.steps, args.be_shares, args.settle, args.observe,
-                                             args.threshold, args.be_group))
+                                             args.threshold, args.be_group, args.idle_group_threshold))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

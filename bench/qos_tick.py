@@ -35,7 +35,8 @@ from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyC
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.model.state import CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 from tests.faketree import add_cgroup, make_cgroup_tree, write_cgroup_file
 from tests.support.fakeproc import format_pressure, make_procfs, write_proc_stat
@@ -124,9 +125,9 @@ class Counters:
         write_proc_stat(self.layout.proc, [[busy, 0, 0, self.jiffies - busy, 0]] * CPUS)
 
 
-def all_enabled() -> QoSSettings:
+def all_enabled() -> ManagerSettings:
     strategy = StrategyConfig(cpu_burst=CpuBurstConfig(enable=True), be_evict=BeEvictConfig(enable=True))
-    return QoSSettings(strategy, QoSManagerConfig())
+    return ManagerSettings(strategy, QoSManagerConfig())
 
 
 def time_ticks(manager: QoSManager, counters: Counters | None, ticks: int, clock: list[float]) -> dict:
@@ -151,7 +152,7 @@ def bench_fake_tick(version: str, ticks: int) -> dict:
     out = {}
     with tempfile.TemporaryDirectory(prefix="koordnode-qos-bench-") as tmp:
         layout = fake_layout(Path(tmp), version)
-        for name, config in (("default", QoSSettings()), ("all_strategies", all_enabled())):
+        for name, config in (("default", ManagerSettings()), ("all_strategies", all_enabled())):
             clock = [0.0]
             manager = QoSManager(config, layout.state, CgroupExecutor(layout.root), procfs_root=layout.proc,
                                  memory_plan=lambda: layout.memory_plan, clock=lambda clock=clock: clock[0])
@@ -184,7 +185,7 @@ def bench_real_tick(ticks: int) -> dict:
                             for name in ("cpuset.cpus", "cpuset.mems"):
                                 (directory / name).write_text((parent / name).read_text())
         out = {}
-        for name, config in (("default", QoSSettings(qos_manager=QoSManagerConfig(kubepods_cgroup=kubepods))),
+        for name, config in (("default", ManagerSettings(qos_manager=QoSManagerConfig(kubepods_cgroup=kubepods))),
                              ("all_strategies", dataclasses.replace(
                                  all_enabled(), qos_manager=QoSManagerConfig(kubepods_cgroup=kubepods)))):
             clock = [time.monotonic()]
@@ -206,7 +207,7 @@ def bench_cpu(seconds: float) -> dict:
     """Process CPU while run() ticks at the default period (and its pressure watch polls)."""
     with tempfile.TemporaryDirectory(prefix="koordnode-qos-bench-") as tmp:
         layout = fake_layout(Path(tmp), "v1")
-        manager = QoSManager(QoSSettings(), layout.state, CgroupExecutor(layout.root), procfs_root=layout.proc,
+        manager = QoSManager(ManagerSettings(), layout.state, CgroupExecutor(layout.root), procfs_root=layout.proc,
                              memory_plan=lambda: layout.memory_plan)
 
         async def scenario() -> dict:

@@ -8,14 +8,15 @@ import gc
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
-from koordnode.config import ConfigError, reload_config
+from koordnode.config import Config, ConfigError, EngineSettings, ManagerSettings, reload_config
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri.client import CriClient, CriError
@@ -26,22 +27,29 @@ from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
-from koordnode.metrics import METRICS, MetricsStartError, PodInterference
+from koordnode.metrics import METRICS, MetricsServer, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.manager import QoSManager
 from koordnode.policy.net import PodNetwork
+from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.resctrl import group_of_class
 from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.model.state import POD_READY, NodeState
+
+if TYPE_CHECKING:
+    from koordnode.nri.plugin import NriPlugin
+    from koordnode.qos.collect import Collector
+    from koordnode.qos.tick import TickReport
 
 log = structlog.get_logger("koordnode")
 
@@ -55,21 +63,24 @@ BACKEND_PROBE_TIMEOUT_S = 1.0
 class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         config = config_for_mode(config)
         self.config = config
         self.started_at = time.time()
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
-        self._scrape_collector = None  # the metrics thread's own (Collector is not shared across threads)
+        self._scrape_collector: Collector | None = None  # the metrics thread's own (Collector is not shared across threads)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
+        # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
+        pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            self.qos = QoSEngine(config, self.state, resized=resized, be_cpuset=self._be_cpuset)
+            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized,
+                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -85,12 +96,12 @@ class Daemon:
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
-                    config, self.state, self.qos.executor,
+                    ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.evict,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=self.qos.memory_plan,
-                    reserved_cpus=lambda: self.qos.allocator.reserved,
+                    reserved_cpus=lambda: engine.allocator.reserved,
                     on_tick=self._on_qos_tick,
                 )
             except Exception as exc:
@@ -105,20 +116,21 @@ class Daemon:
                                            on_completed=METRICS.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
-        self.nri = None
+        self.nri: NriPlugin | None = None
         if self.mode == "nri":
             from koordnode.nri.plugin import NriPlugin  # only NRI mode loads it
 
             self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
                                  chain=self.chain, state=self.state, engine=self.qos,
-                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root)
+                                 on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root,
+                                 pool_updates=pool_updates)
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
-        self.metrics_server = None
+        self.metrics_server: MetricsServer | None = None
         self._backend_client: CriClient | None = None
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
 
@@ -148,7 +160,7 @@ class Daemon:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    def spawn(self, coro) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -188,11 +200,14 @@ class Daemon:
     async def _run_nri(self) -> None:
         """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
         resources kubelet itself asked for (NRI adjustments change the OCI spec, not that)."""
-        kubelet_view = NodeState()
+        if self.nri is None:
+            return
+        kubelet_view: NodeState | None = None
         cri = CriClient(self.config.proxy.backend)
         try:
-            await asyncio.wait_for(rebuild(kubelet_view, cri), 10.0)
-            self.nri.kubelet_view = kubelet_view
+            read = NodeState()
+            await asyncio.wait_for(rebuild(read, cri), 10.0)
+            kubelet_view = read
         except (TimeoutError, CriError, OSError) as exc:
             log.warning("kubelet_resources_not_read",
                         detail="kubelet's container resources not read from CRI; the runtime's are used",
@@ -200,7 +215,7 @@ class Daemon:
         finally:
             await cri.close()
         try:
-            await self.nri.run(self._stop)
+            await self.nri.run(self._stop, kubelet_view=kubelet_view)
         except Exception:
             log.exception("nri_plugin_failed")
 
@@ -212,12 +227,14 @@ class Daemon:
 
     async def _run_qos_manager(self) -> None:
         await self._rebuilt.wait()  # strategies need to know which pods are LS and which BE
+        if self.qos_manager is None:
+            return
         try:
             await self.qos_manager.run(self._stop)
         except Exception:
             log.exception("qos_manager_failed")
 
-    def _on_qos_tick(self, report: Any) -> None:
+    def _on_qos_tick(self, report: TickReport) -> None:
         METRICS.record_writes(report.writes)
         node = self.qos_manager.last_node if self.qos_manager is not None else None
         if node is not None:
@@ -228,8 +245,10 @@ class Daemon:
         inputs = suppress.explanation.inputs
         quota = inputs.get("current_quota_us")
         for result in report.writes:
-            if result.ok and result.write.resource == "cpu.cfs_quota_us" and result.write.cgroup == inputs.get("be_tier"):
-                quota = result.write.value
+            write = result.write  # sysctl writes (memory_qos watermarks) are in the list too
+            if result.ok and isinstance(write, CgroupWrite) and write.resource == "cpu.cfs_quota_us" \
+                    and write.cgroup == inputs.get("be_tier"):
+                quota = write.value
         period = inputs.get("period_us") or 0
         cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
         METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
@@ -358,7 +377,7 @@ class Daemon:
     # ---- hardware QoS helpers -------------------------------------------------------------
 
     @staticmethod
-    def _resctrl_classes(config: Any) -> dict[str, Any]:
+    def _resctrl_classes(config: Config) -> dict[str, Any]:
         return {c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES}
 
     def _threads_of(self, cgroup: str) -> list[int] | None:
@@ -440,10 +459,13 @@ class Daemon:
             log.warning("socket_paths_change_needs_restart",
                         detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
+        if _roots(new) != _roots(old):
+            log.warning("filesystem_roots_change_needs_restart",
+                        detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
         if self.qos is not None:
-            await asyncio.to_thread(self.qos.reconfigure, new)
+            await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
         if self.qos_manager is not None:
-            await asyncio.to_thread(self.qos_manager.reconfigure, new)
+            await asyncio.to_thread(self.qos_manager.reconfigure, ManagerSettings.of(new))
         self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
         self.resctrl.forget_probe()  # resctrl may have been mounted since
         self.netqos.update_config(new.net)
@@ -522,14 +544,19 @@ class Daemon:
         }
 
 
-def _safe(fn) -> Any:
+def _roots(config: Config) -> dict[str, str]:
+    """Where the kernel's filesystems are: the executors and collectors keep them until restart."""
+    return {"cgroup": config.cgroup.root, "procfs": config.procfs.root, "sysfs": config.sysfs.root}
+
+
+def _safe(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except Exception as exc:
         return {"error": repr(exc)}
 
 
-async def _main(config: Any) -> int:
+async def _main(config: Config) -> int:
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -572,7 +599,7 @@ def _return_free_memory_to_the_os() -> None:
         pass
 
 
-def run(config: Any) -> int:
+def run(config: Config) -> int:
     return asyncio.run(_main(config))
 
 
@@ -595,7 +622,7 @@ def _refuse_if_proxy_serves(listen: str) -> None:
     )
 
 
-def config_for_mode(config: Any) -> Any:
+def config_for_mode(config: Config) -> Config:
     """NRI mode cannot move a pod to another cgroup parent (NRI adjusts containers, and the pod
     sandbox exists before any plugin is asked): BE pods stay in kubelet's besteffort tier there."""
     if config.runtime.mode != "nri" or not config.cgroup.be_idle_group:

@@ -69,21 +69,18 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from koordnode import __version__
-from koordnode.config.metrics import DEFAULT_LISTEN, MetricsConfig, normalize_listen, parse_listen
+from koordnode.config.metrics import MetricsConfig, parse_listen
 from koordnode.cri import api_pb2 as _cri
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
 from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
 __all__ = [
-    "DEFAULT_LISTEN",
     "METRICS",
     "Metrics",
-    "MetricsConfig",
     "MetricsServer",
     "MetricsStartError",
-    "normalize_listen",
-    "parse_listen",
+    "PodInterference",
     "start",
 ]
 

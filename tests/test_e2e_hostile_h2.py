@@ -14,13 +14,14 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri import api_pb2_grpc as pb_grpc
+from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
 from support.h2raw import RS, RawConnection, frame_header, request_headers, unary_call
 
 MiB = 1024 * 1024
 HDRS = request_headers(RS + "CreateContainer")  # an intercepted method: koordnode holds its body
 VERSION_HDRS = request_headers(RS + "Version")
-CREATE_NOPE = w.encode_grpc_message(b"\x0a\x04nope")  # CreateContainerRequest{pod_sandbox_id: "nope"}
+CREATE_NOPE = encode_grpc_message(b"\x0a\x04nope")  # CreateContainerRequest{pod_sandbox_id: "nope"}
 
 
 def _data_prefix(declared: int, size: int = 16384) -> bytes:
@@ -38,7 +39,7 @@ CASES = {
     "headers-padded-and-priority-valid": w.frame(
         w.HEADERS, w.FLAG_END_HEADERS | w.FLAG_PADDED | w.FLAG_PRIORITY, 1,
         b"\x03" + bytes(5) + VERSION_HDRS + b"\x00\x00\x00") + w.frame(w.DATA, w.FLAG_END_STREAM, 1,
-                                                                         w.encode_grpc_message(b"")),
+                                                                         encode_grpc_message(b"")),
     "continuation-without-headers": w.frame(w.CONTINUATION, w.FLAG_END_HEADERS, 1, b"\x82"),
     "continuation-on-another-stream": w.frame(w.HEADERS, 0, 1, HDRS[:10])
     + w.frame(w.CONTINUATION, w.FLAG_END_HEADERS, 3, HDRS[10:]),
@@ -175,7 +176,7 @@ def test_a_burst_of_500_concurrent_connects_all_succeed_and_are_served(container
                 s.settimeout(20)
                 s.sendall(w.PREFACE + w.frame(w.SETTINGS, 0, 0)
                           + w.frame(w.HEADERS, w.FLAG_END_HEADERS, 1, VERSION_HDRS)
-                          + w.frame(w.DATA, w.FLAG_END_STREAM, 1, w.encode_grpc_message(b"")))
+                          + w.frame(w.DATA, w.FLAG_END_STREAM, 1, encode_grpc_message(b"")))
             for s in socks:
                 conn = RawConnection.__new__(RawConnection)
                 conn.sock, conn.received, conn.closed = s, b"", False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -192,6 +193,38 @@ def test_lse_pool_changes_reach_running_containers_as_nri_updates(nri_bed, cri, 
     nri = koordnode.status()["nri"]
     assert nri["container_updates_in_answers"] == 2 and nri["container_updates_failed"] == 0
     assert koordnode.status()["qos"]["cpus"]["allocations"] == {}
+
+
+def test_pool_changes_outside_an_nri_event_reach_containerd_as_update_containers(nri_bed, cri, koordnode, pods):
+    """A pool change no NRI event answers for (here: a reload reserving a CPU, applied by the
+    reconcile pass that follows it) goes to containerd as an UpdateContainers call: the engine
+    publishes the move on the pool channel the daemon hands to it and to the plugin, the plugin
+    sends it, and containerd updates the container's spec and cgroup."""
+    if len(ALL_CPUS) < 2:
+        pytest.skip("reserving a CPU needs two")
+    ls_sb, _, ls_cid = pods.run("ls", qos="burstable", resources={"cpu_shares": 512})
+    ls_cg = f"{ls_sb.linux.cgroup_parent}/{ls_cid}"
+
+    def ls_runtime_cpus() -> frozenset[int]:
+        return parse_cpu_list(runtime_spec(cri, ls_cid)["linux"]["resources"]["cpu"].get("cpus", ""))
+
+    def reload(extra: str) -> None:
+        koordnode.config_path.write_text(config + extra)
+        koordnode.proc.send_signal(signal.SIGHUP)
+
+    assert ls_runtime_cpus() == ALL_CPUS
+    config = koordnode.config_path.read_text()
+    reserved = min(ALL_CPUS)
+    reload(f'[node]\nreserved_cpus = "{reserved}"\n')
+    wait_for(lambda: ls_runtime_cpus() == ALL_CPUS - {reserved}, 10, "LS container off the reserved CPU in containerd")
+    assert parse_cpu_list(cg_read("cpuset", ls_cg, "cpuset.cpus")) == ALL_CPUS - {reserved}
+    nri = koordnode.status()["nri"]
+    assert nri["container_updates_sent"] == 1 and nri["container_updates_failed"] == 0
+    assert nri["container_updates_in_answers"] == 0
+    reload("")
+    wait_for(lambda: ls_runtime_cpus() == ALL_CPUS, 10, "LS container back on every CPU in containerd")
+    assert parse_cpu_list(cg_read("cpuset", ls_cg, "cpuset.cpus")) == ALL_CPUS
+    assert koordnode.status()["nri"]["container_updates_sent"] == 2
 
 
 def test_a_kubelet_resize_keeps_the_class_values(nri_bed, cri, koordnode, pods):

@@ -139,8 +139,13 @@ def test_allocations_and_status_survive_a_restart(containerd_bed, tmp_path):
         kn.stop()
         kn.start()
         after = kn.wait_rebuilt()
+
+        def adopted(status: dict) -> bool:
+            # The worker restores the allocations, then the loop records the classes it returns.
+            return bool(status["qos"]["cpus"]["allocations"]) and all(p["qos_class"] for p in status["pods"])
+
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not after["qos"]["cpus"]["allocations"]:
+        while time.monotonic() < deadline and not adopted(after):
             time.sleep(0.2)
             after = kn.status()
         assert after["qos"]["cpus"]["allocations"] == before["qos"]["cpus"]["allocations"]

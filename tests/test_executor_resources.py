@@ -18,11 +18,11 @@ from koordnode.executor.resources import (
     MemoryBytes,
     UnknownResourceError,
     Weight,
-    format_cpu_list,
     get_resource,
     parse_cpu_list,
-    shares_to_weight,
 )
+from koordnode.model.cpulist import format_cpu_list
+from koordnode.model.kernel import shares_to_weight
 
 
 @pytest.mark.parametrize(

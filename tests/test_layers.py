@@ -243,6 +243,118 @@ def write_violations() -> tuple[list[str], set[tuple[str, str]]]:
     return problems, allowed_used
 
 
+# --- re-exports ---------------------------------------------------------------------------------
+# One source per name: a module does not hand on a name it imports from another koordnode module,
+# and nobody imports a name from a module that only imported it. A package's __init__ may list
+# its own sub-modules' names (the package's surface, e.g. koordnode.config).
+
+
+def _target(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = (module if is_package else module.rsplit(".", 1)[0]).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+@dataclass(frozen=True)
+class Binding:
+    source: str | None  # the koordnode module it is imported from; None: defined here
+    same_alias: bool = False  # `import x as x`: the typing convention for "re-exported"
+
+
+def module_bindings(path: Path, source: str | None = None) -> tuple[dict[str, Binding], list[str] | None]:
+    """Top-level names of a module (conditional blocks included) and its `__all__`."""
+    module, is_package = module_name(path), path.name == "__init__.py"
+    names: dict[str, Binding] = {}
+    exported: list[str] | None = None
+
+    def visit(body: list[ast.stmt]) -> None:
+        nonlocal exported
+        for node in body:
+            if isinstance(node, ast.ImportFrom):
+                target = _target(module, is_package, node)
+                ours = target == "koordnode" or target.startswith("koordnode.")
+                for alias in node.names:
+                    names[alias.asname or alias.name] = Binding(
+                        target if ours else None, ours and alias.asname == alias.name)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(node.orelse)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names[node.name] = Binding(None)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            names[name.id] = Binding(None)
+                            if name.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                                exported = [e.value for e in node.value.elts
+                                            if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+    visit(ast.parse(source if source is not None else path.read_text()).body)
+    return names, exported
+
+
+def _own_submodule(path: Path, source_module: str) -> bool:
+    return path.name == "__init__.py" and source_module.startswith(module_name(path) + ".")
+
+
+def reexports(path: Path, source: str | None = None) -> Iterator[str]:
+    """Why each name this module hands on from another koordnode module is one."""
+    names, exported = module_bindings(path, source)
+    for name in exported or []:
+        binding = names.get(name)
+        if binding is None:
+            yield f"__all__ names {name}, which is not defined here"
+        elif binding.source is not None and not _own_submodule(path, binding.source):
+            yield f"__all__ names {name}, imported from {binding.source}: import it from there"
+    for name, binding in names.items():
+        if binding.same_alias and binding.source is not None and not _own_submodule(path, binding.source):
+            yield f"`import {name} as {name}` re-exports it from {binding.source}: import it from there"
+
+
+@functools.cache
+def _bindings_of(module: str) -> tuple[dict[str, Binding], Path] | None:
+    base = REPO.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return module_bindings(path)[0], path
+    return None
+
+
+def imports_through_another_module(path: Path, source: str | None = None) -> Iterator[tuple[int, str]]:
+    """`from koordnode.a import n` where a only imported n from elsewhere."""
+    tree = ast.parse(source if source is not None else path.read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("koordnode"):
+            continue
+        found = _bindings_of(node.module or "")
+        if found is None:
+            continue
+        names, module_path = found
+        for alias in node.names:
+            binding = names.get(alias.name)
+            if _is_module(f"{node.module}.{alias.name}") or binding is None or binding.source is None:
+                continue
+            if not _own_submodule(module_path, binding.source):
+                yield node.lineno, f"{alias.name} is {binding.source}'s, not {node.module}'s: import it from there"
+
+
+def reexport_violations() -> list[str]:
+    problems = [f"{path.relative_to(REPO)}: {why}" for path in source_files()
+                if not is_generated(module_name(path)) for why in reexports(path)]
+    for folder in ("koordnode", "tests", "bench", "scripts", "packaging"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if "__pycache__" in path.parts or is_generated(path.stem):
+                continue
+            problems += [f"{path.relative_to(REPO)}:{line}: {why}"
+                         for line, why in imports_through_another_module(path)]
+    return problems
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
@@ -316,3 +428,36 @@ def test_a_kernel_write_outside_the_executor_is_caught(source: str) -> None:
 def test_reads_are_not_writes() -> None:
     source = "import os\ndef f(p):\n    open(p).read()\n    open(p, 'rb')\n    os.open(p, os.O_RDONLY)\n"
     assert not list(write_calls(PACKAGE / "hooks" / "chain.py", source))
+
+
+def test_no_module_re_exports_another_ones_names() -> None:
+    problems = reexport_violations()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("koordnode/metrics.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['MetricsConfig']\n"),
+    ("koordnode/executor/resources.py", "from koordnode.model.kernel import CPU_SHARES_MAX as CPU_SHARES_MAX\n"),
+    ("koordnode/qos/__init__.py", "def __getattr__(name):\n    return 1\n__all__ = ['QoSManager']\n"),
+    ("koordnode/executor/__init__.py", "from koordnode.policy.plan import CgroupWrite\n__all__ = ['CgroupWrite']\n"),
+])
+def test_a_re_export_is_caught(module: str, source: str) -> None:
+    assert list(reexports(REPO / module, source))
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("koordnode/metrics.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['f']\n"
+                             "def f(c: MetricsConfig) -> None: ...\n"),
+    ("koordnode/config/__init__.py", "from koordnode.config.root import Config\n__all__ = ['Config']\n"),
+])
+def test_using_an_import_or_a_package_surface_is_no_re_export(module: str, source: str) -> None:
+    assert not list(reexports(REPO / module, source))
+
+
+def test_an_import_through_another_module_is_caught() -> None:
+    # qos_engine.py uses CPU_OWNING_CLASSES, but it is model.qos_class's.
+    source = "from koordnode.hooks.qos_engine import CPU_OWNING_CLASSES, QoSEngine\n"
+    found = list(imports_through_another_module(PACKAGE / "daemon.py", source))
+    assert [why for _, why in found] == [
+        "CPU_OWNING_CLASSES is koordnode.model.qos_class's, not koordnode.hooks.qos_engine's: import it from there"]
+    assert not list(imports_through_another_module(PACKAGE / "daemon.py", "from koordnode.config import Config\n"))

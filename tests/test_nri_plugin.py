@@ -12,6 +12,7 @@ import time
 import pytest
 
 from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.nri import api_pb2 as nri
 from koordnode.nri.mux import MAX_WRITE_FRAME, Mux
@@ -61,12 +62,14 @@ def container(cid: str = "c1", pid: str = "pod1", shares: int = 512) -> nri.Cont
 
 
 class Harness:
-    def __init__(self, hooks, *, chain_timeout_s: float = 1.0, **runtime_kw) -> None:
+    def __init__(self, hooks, *, chain_timeout_s: float = 1.0, engine=None, **runtime_kw) -> None:
         self.path = str(short_socket_dir() / "nri.sock")
         self.state = NodeState()
         self.chain = HookChain([StateRecorder(self.state), *hooks], timeout_s=chain_timeout_s)
         self.runtime = FakeRuntime(self.path, **runtime_kw)
-        self.plugin = NriPlugin(self.path, "koordnode", "07", chain=self.chain, state=self.state, engine=None)
+        self.pool_updates = PoolUpdates()  # what the engine publishes on (wired as the daemon does)
+        self.plugin = NriPlugin(self.path, "koordnode", "07", chain=self.chain, state=self.state, engine=engine,
+                                pool_updates=self.pool_updates)
         self.stop = asyncio.Event()
         self.task = None
 
@@ -260,14 +263,15 @@ def test_pool_changes_outside_an_answer_go_out_as_unsolicited_updates() -> None:
     async def main():
         async with Harness([], pods=[pod()], containers=[container()]) as h:
             h.state.containers["c1"].resources.cpuset_cpus = "0-3"
-            h.plugin._pool_changed({"c1": "2-3", "unknown": "1"})
+            # As the engine publishes: from a worker thread.
+            await asyncio.to_thread(h.pool_updates.publish, {"c1": "2-3", "unknown": "1"})
             deadline = time.monotonic() + 5
             while not h.runtime.updates and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             (req,) = h.runtime.updates
             assert [(u.container_id, u.linux.resources.cpu.cpus) for u in req.update] == [("c1", "2-3")]
             # Unchanged afterwards: nothing more is sent.
-            h.plugin._pool_changed({"c1": "2-3"})
+            await asyncio.to_thread(h.pool_updates.publish, {"c1": "2-3"})
             await asyncio.sleep(0.2)
             assert len(h.runtime.updates) == 1
 
@@ -280,7 +284,6 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
 
     class SlowPlanEngine:
         kubelet_resources: dict = {}
-        pool_update_sink = None
 
         def classify(self, labels, parent):
             from koordnode.model.qos_class import resolve_qos_class
@@ -300,8 +303,7 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
             return cri.LinuxContainerResources(cpu_shares=4096)
 
     async def main():
-        h = Harness([], request_timeout_ms=500)
-        h.plugin.engine = SlowPlanEngine()
+        h = Harness([], request_timeout_ms=500, engine=SlowPlanEngine())
         c = container()
         c.state = nri.CONTAINER_RUNNING
         h.runtime.pods, h.runtime.containers = [pod()], [c]

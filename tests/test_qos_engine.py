@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
-from koordnode.config import parse_config
+from koordnode.config import EngineSettings, parse_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.hooks.qos_engine import KUBELET_RESOURCES_ANNOTATION, QoSEngine
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
@@ -82,6 +83,7 @@ class Node:
         root: Path | None = None,
         state: NodeState | None = None,
         be_idle_group: bool = False,
+        pool_updates: PoolUpdates | None = None,
     ) -> None:
         # The BE group (model/be_group.py) moves BE pods away from the cgroup this fake runtime
         # creates their containers in: it is tested against the real runtime (test_e2e_be_group).
@@ -93,8 +95,8 @@ class Node:
         self.config = parse_config(f'[cgroup]\nroot = "{self.root}"\n'
                                    f'be_idle_group = {str(be_idle_group).lower()}\n' + toml)
         self.state = state if state is not None else NodeState()
-        self.engine = QoSEngine(self.config, self.state, executor=CgroupExecutor(self.root),
-                                topology=self.topology)
+        self.engine = QoSEngine(EngineSettings.of(self.config), self.state, executor=CgroupExecutor(self.root),
+                                topology=self.topology, pool_updates=pool_updates)
         self.chain = HookChain([StateRecorder(self.state), QoSHook(self.engine)], timeout_s=5.0)
         self.loop = asyncio.new_event_loop()
         self.pods: dict[str, Pod] = {}
@@ -619,6 +621,32 @@ def test_exclusive_cores_shrink_and_grow_the_pools_of_running_containers(make_no
     cpuset_lines = [line for line in applied if line.startswith("cpuset.cpus=")]
     assert len(cpuset_lines) == 1, applied
     assert cpuset_lines[0].startswith(f"cpuset.cpus={format_cpu_list(ls_cpus())} "), applied
+
+
+def test_nri_mode_publishes_pool_moves_instead_of_writing_them(make_node):
+    """NRI mode: the runtime owns running containers' cpusets. An LSE container's arrival and
+    departure publish the share-pool container's new cpuset on the channel the daemon hands to
+    the engine and the NRI plugin (which sends it as a container update); the engine leaves
+    that container's cgroup file alone."""
+    updates = PoolUpdates()
+    notified: list[str] = []
+    updates.subscribe(lambda: notified.append(threading.current_thread().name))
+    node = make_node(version="v2", topology=BIG, pool_updates=updates)
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    assert updates.take() == {}  # nothing moved yet
+
+    a = node.run_pod("lse-a", parent="/kubepods/poda", labels={QOS_LABEL: "LSE"})
+    a_cid = node.run_container(a, **lse_res(4))
+    a_cpus = parse_cpu_list(node.created[a_cid].config.linux.resources.cpuset_cpus)
+    assert len(a_cpus) == 4
+    assert updates.take() == {ls_cid: format_cpu_list(BIG.online - a_cpus)}
+    assert notified and all(name != threading.main_thread().name for name in notified)  # the hook's thread
+    assert cpus_of(node.root, node.ccg(ls_cid)) == BIG.online  # not written here: the runtime applies it
+
+    node.stop_container(a_cid)
+    assert updates.take() == {ls_cid: format_cpu_list(BIG.online)}
+    assert cpus_of(node.root, node.ccg(ls_cid)) == BIG.online
 
 
 def test_failed_create_container_releases_its_allocation(make_node):

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import types
 import json
 from pathlib import Path
 
 import pytest
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 
-from koordnode.config import from_dict
+from koordnode.config import CgroupConfig, from_dict
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
@@ -114,10 +114,10 @@ class FakeNode:
         return -1 if quota == "max" else int(quota)
 
 
-def settings(**changes) -> QoSSettings:
+def settings(**changes) -> ManagerSettings:
     strategy = StrategyConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(StrategyConfig)}})
     manager = QoSManagerConfig(**{k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(QoSManagerConfig)}})
-    return QoSSettings(strategy, manager)
+    return ManagerSettings(strategy, manager)
 
 
 def make_manager(node: FakeNode, config=None, **kwargs) -> QoSManager:
@@ -427,7 +427,7 @@ def test_configured_kubepods_root(tmp_path):
 
 
 def test_config_sections_load_from_toml_tables():
-    loaded = from_dict(QoSSettings, {
+    loaded = from_dict(ManagerSettings, {
         "strategy": {
             "cpu_suppress": {"policy": "cpuset", "threshold_percent": 70,
                              "pressure_curve": [[30, 1.0], [90, 0.2]]},
@@ -455,7 +455,7 @@ def test_config_errors_name_their_key(raw, error):
     from koordnode.config import ConfigError
 
     with pytest.raises(ConfigError) as problem:
-        from_dict(QoSSettings, raw)
+        from_dict(ManagerSettings, raw)
     assert error in str(problem.value)
 
 
@@ -493,9 +493,7 @@ def test_kubepods_cgroup_follows_the_driver(tmp_path):
 
     def manager_for(driver: str | None, kubepods: str = "") -> QoSManager:
         base = settings(kubepods_cgroup=kubepods)
-        config = base if driver is None else dataclasses.make_dataclass(
-            "Cfg", [("strategy", object), ("qos_manager", object), ("cgroup", object)])(
-            base.strategy, base.qos_manager, type("CgroupCfg", (), {"driver": driver})())
+        config = base if driver is None else dataclasses.replace(base, cgroup=CgroupConfig(driver=driver))
         return QoSManager(config, node.state, executor, procfs_root=node.proc, clock=node.clock)
 
     assert manager_for(None).be_tier == BESTEFFORT  # auto, no kubepods.slice: cgroupfs layout
@@ -529,8 +527,7 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
     add_cgroup(node.root, group)
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", BESTEFFORT)
-    config = dataclasses.replace(settings())
-    object.__setattr__(config, "cgroup", types.SimpleNamespace(be_idle_group=True))
+    config = dataclasses.replace(settings(), cgroup=CgroupConfig(be_idle_group=True))
     manager = make_manager(node, config)
     manager.tick()
     assert manager.be_tier == BESTEFFORT
@@ -543,3 +540,51 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
     node.add_pod("be2", "BE", group)
     manager.tick()
     assert manager.be_tier == group
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
+    """Every BE pod in koordnode's idle BE group (cpu.idle = 1, as the hooks make it): the
+    budget uses idle_group_threshold_percent (95%), not threshold_percent (65%); an LS step
+    still pulls the group's quota down at once; a group that is not idle gets 65%."""
+    node = FakeNode(tmp_path, version)
+    group = "/kubepods/koordnode_be"
+    add_cgroup(node.root, group)
+    write_cgroup_file(node.root, group, "cpu.idle", "1")
+    ls = node.add_pod("ls1", "LS", BURSTABLE)
+    be = node.add_pod("be1", "BE", group)
+    config = dataclasses.replace(settings(), cgroup=CgroupConfig(be_idle_group=True))
+    manager = make_manager(node, config)
+
+    def group_quota() -> int:
+        if version == "v1":
+            return int(read_cgroup_file(node.root, group, "cpu.cfs_quota_us"))
+        quota = read_cgroup_file(node.root, group, "cpu.max").split()[0]
+        return -1 if quota == "max" else int(quota)
+
+    manager.tick()
+    assert manager.be_tier == group
+    # LS 0.5 CPU: 4 x 95% - 0.5 - 0.2 (system) = 3.1 CPUs for BE (at 65%: 1.9)
+    node.advance(1.0, {ls: 0.5, be: 2.9})
+    report = manager.tick()
+    assert group_quota() == 310_000
+    explanation = report.results["cpu_suppress"].explanation
+    assert explanation.inputs["be_idle"] is True and explanation.inputs["threshold_percent"] == 95.0
+    # LS steps to 3.7 busy CPUs: nothing left for BE, the quota falls to its floor at once
+    node.advance(1.0, {ls: 3.7, be: 0.1})
+    manager.tick()
+    assert group_quota() == 2000
+    # The group is no longer idle (someone wrote cpu.idle = 0): BE does not yield in the kernel,
+    # threshold_percent applies again. LS idle: 4 x 65% - 0 - 0.2 = 2.4 CPUs, grown 0.4 per tick.
+    write_cgroup_file(node.root, group, "cpu.idle", "0")
+    for _ in range(8):
+        node.advance(1.0, {ls: 0.0, be: 2.0})
+        report = manager.tick()
+    assert group_quota() == 240_000
+    assert report.results["cpu_suppress"].explanation.inputs["be_idle"] is False
+    # Idle again: grows on towards 4 x 95% - 0.2 = 3.6 CPUs.
+    write_cgroup_file(node.root, group, "cpu.idle", "1")
+    for _ in range(4):
+        node.advance(1.0, {ls: 0.0, be: 2.4})
+        manager.tick()
+    assert group_quota() == 360_000

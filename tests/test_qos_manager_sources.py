@@ -10,12 +10,12 @@ import pytest
 
 from test_qos_manager import BESTEFFORT, BURSTABLE, FakeNode
 
-from koordnode.config import Config, from_dict
+from koordnode.config import Config, ManagerSettings, from_dict
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.model.cpu_topology import read_cpu_topology
 from koordnode.policy.cpuset import reserved_cpus_from_config
-from koordnode.qos import QoSManager
+from koordnode.qos.manager import QoSManager
 
 
 def _config(fake: FakeNode, tmp_path: Path, **sections) -> Config:
@@ -51,7 +51,7 @@ def test_reserved_cpu_count_takes_whole_cores_like_the_allocator(tmp_path):
 
     config = _config(node, tmp_path, node={"reserved_cpus": 2},
                      strategy={"cpu_suppress": {"policy": "cpuset"}})
-    manager = QoSManager(config, node.state, CgroupExecutor(node.root), procfs_root=node.proc, clock=node.clock)
+    manager = QoSManager(ManagerSettings.of(config), node.state, CgroupExecutor(node.root), procfs_root=node.proc, clock=node.clock)
     manager.tick()
     node.advance(1.0, {node.ls: 0.5, node.be: 0.5})
     inputs = manager.tick().results["cpu_suppress"].explanation.inputs
@@ -72,7 +72,7 @@ def test_inventory_follows_the_configured_cgroup_driver(tmp_path):
 
     config = _config(node, tmp_path, cgroup={"driver": "cgroupfs"},
                      strategy={"cpu_burst": {"enable": True}, "cpu_suppress": {"enable": False}})
-    manager = QoSManager(config, node.state, CgroupExecutor(node.root), procfs_root=node.proc, clock=node.clock)
+    manager = QoSManager(ManagerSettings.of(config), node.state, CgroupExecutor(node.root), procfs_root=node.proc, clock=node.clock)
     report = manager.tick()
     burst_cgroups = {r.write.cgroup for r in report.writes if r.write.resource == "cpu.cfs_burst_us"}
     assert burst_cgroups == {engine_path, parent}

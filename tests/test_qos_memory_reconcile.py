@@ -69,3 +69,23 @@ def test_memory_qos_switch_keeps_pod_memory_values(tmp_path, enable):
     manager.tick()
     assert read_cgroup_file(root, container, "memory.min") == planned
     assert manager.status()["strategies"]["memory_qos"]["last_write"]["cgroup"] == container
+
+
+def test_a_node_watermark_write_does_not_fail_the_daemons_tick_observer(tmp_path):
+    """The daemon's metrics observer reads the tick's writes, cgroup and sysctl alike: a
+    successful vm.min_free_kbytes write beside cpu_suppress's decision must not fail the tick."""
+    root = make_cgroup_tree(tmp_path, "v2", cgroups=["/kubepods/burstable", "/kubepods/besteffort"])
+    proc = make_procfs(tmp_path, cpus=4)
+    config = from_dict(Config, {
+        "cgroup": {"root": str(root), "driver": "cgroupfs", "reconcile_interval_s": 0},
+        "procfs": {"root": str(proc)},
+        "admin": {"socket": str(tmp_path / "run" / "admin.sock")},
+        "strategy": {"memory_qos": {"enable": True, "min_free_kbytes": 70000}},
+    })
+    daemon = Daemon(config)
+    assert daemon.qos_manager is not None, daemon.qos_error
+    report = daemon.qos_manager.tick()
+    assert "cpu_suppress" in report.results
+    assert (proc / "sys" / "vm" / "min_free_kbytes").read_text().strip() == "70000"
+    ticks = daemon.qos_manager.status()["ticks"]
+    assert ticks["errors"] == 0, ticks["last_error"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from koordnode.executor.executor import CgroupExecutor
-from koordnode.qos import QoSManager, QoSSettings
+from koordnode.config.components import ManagerSettings
+from koordnode.qos.manager import QoSManager
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.model.state import NodeState, PodRecord
@@ -98,7 +99,7 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
     state.put_pod(PodRecord("be", "be", "test", "uid-be", {}, {}, pods["be"], qos_class="BE"))
     # threshold 100 %: the budget left with LS idle stays clear of the floor even when other
     # work shares this machine
-    config = QoSSettings(StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=100)),
+    config = ManagerSettings(StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=100)),
                          QoSManagerConfig(tick_ms=200, kubepods_cgroup=kubepods))
     manager = QoSManager(config, state, CgroupExecutor(CGROUP))
 

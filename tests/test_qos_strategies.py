@@ -143,6 +143,60 @@ def test_pressure_shrinks_quota():
     assert pressed == round(calm * 0.1)
 
 
+# ---- BE in koordnode's idle BE group: idle_group_threshold_percent instead of threshold_percent
+
+GROUP = "/kubepods/koordnode_be"
+
+
+def test_idle_be_group_uses_the_idle_group_threshold():
+    cfg = CpuSuppressConfig()
+    assert cfg.idle_group_threshold_percent == 95.0
+    # 8 x 95% - 2.0 - 0.4 = 5.2 CPUs, against 2.8 at 65% for the same node in kubelet's tier
+    idle = suppress_input(be_tier=GROUP, be_idle=True)
+    assert be_budget(idle, cfg).cpus == pytest.approx(5.2)
+    result = decide_cpu_suppress(idle, cfg)
+    assert quota_of(result) == 520_000
+    assert result.writes[0].cgroup == GROUP
+    assert result.explanation.inputs["threshold_percent"] == 95.0
+    assert result.explanation.inputs["be_idle"] is True
+    assert "95.0% (BE group idle)" in result.explanation.reason
+
+
+def test_threshold_percent_keeps_its_meaning_in_kubelets_tier_and_a_group_that_is_not_idle():
+    cfg = CpuSuppressConfig(threshold_percent=50.0, idle_group_threshold_percent=100.0)
+    # kubelet's tier (be_idle_group off, or BE pods left there): threshold_percent
+    assert be_budget(suppress_input(), cfg).cpus == pytest.approx(8 * 0.5 - 2.0 - 0.4)
+    # the group exists but is not idle: BE does not yield in the kernel, so no more room
+    assert be_budget(suppress_input(be_tier=GROUP, be_idle=False), cfg).cpus == pytest.approx(1.6)
+    assert be_budget(suppress_input(be_tier=GROUP, be_idle=True), cfg).cpus == pytest.approx(5.6)
+
+
+def test_idle_be_group_still_shrinks_at_once_on_an_ls_step():
+    # BE had nearly the whole node; LS steps to 7.5 busy CPUs: the quota falls to its floor at once.
+    cfg = CpuSuppressConfig()
+    result = decide_cpu_suppress(suppress_input(be_tier=GROUP, be_idle=True, ls_used_cpus=7.5,
+                                                current_quota_us=700_000), cfg)
+    assert quota_of(result) == cfg.min_quota_us
+    assert "shrink at once" in result.explanation.reason
+    # a 2-CPU node (the reaction benchmark's): LS 1.7 CPUs, system 0.1 -> budget 0.1 CPU
+    small = suppress_input(node_cpus=2, be_tier=GROUP, be_idle=True, ls_used_cpus=1.7,
+                           system_used_cpus=0.1, current_quota_us=180_000)
+    assert quota_of(decide_cpu_suppress(small, cfg)) == 10_000  # below half a CPU
+
+
+def test_idle_be_group_system_and_reservation_still_count():
+    cfg = CpuSuppressConfig(idle_group_threshold_percent=100.0)
+    inp = suppress_input(be_tier=GROUP, be_idle=True, ls_used_cpus=0.5, system_used_cpus=0.3, reserved_cpus=1.0)
+    assert be_budget(inp, cfg).cpus == pytest.approx(8 - 0.5 - 1.0)
+
+
+def test_idle_be_group_threshold_for_the_cpuset_policy():
+    cfg = CpuSuppressConfig(policy="cpuset")
+    result = decide_cpu_suppress(cpuset_input(be_tier=GROUP, be_idle=True, current_be_cpus=frozenset({5, 6, 7})), cfg)
+    # 8 x 95% - 2.0 - 0.4 = 5.2 -> 6 CPUs, growing by at most 1 per tick
+    assert {w.value for w in result.writes} == {"4-7"}
+
+
 def cpuset_input(**changes) -> CpuSuppressInput:
     cgroups = (TIER, TIER + "/podA", TIER + "/podA/c1")
     fields = dict(online_cpus=frozenset(range(8)), excluded_cpus=frozenset({0, 1}),

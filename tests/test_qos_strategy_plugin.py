@@ -16,7 +16,7 @@ from koordnode.config.fields import section, setting
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult
 from koordnode.policy.strategies.registry import STRATEGIES
-from koordnode.qos import QoSSettings
+from koordnode.config.components import ManagerSettings
 from koordnode.config.strategies import StrategyConfig
 from koordnode.policy.plan import CgroupWrite
 
@@ -65,10 +65,10 @@ class BeShares:
         return False
 
 
-def _config(enable: bool, **changes: Any) -> QoSSettings:
+def _config(enable: bool, **changes: Any) -> ManagerSettings:
     base = settings(**changes)
     fields = {f.name: getattr(base.strategy, f.name) for f in dataclasses.fields(StrategyConfig)}
-    return QoSSettings(WithBeShares(**fields, be_shares=BeSharesConfig(enable=enable, shares=77)), base.qos_manager)
+    return ManagerSettings(WithBeShares(**fields, be_shares=BeSharesConfig(enable=enable, shares=77)), base.qos_manager)
 
 
 def _shares(fake: FakeNode) -> int:

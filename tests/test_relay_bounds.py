@@ -16,6 +16,7 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
+from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
 from koordnode.proxy import relay
 from support.h2raw import RS, parse_frames, request_headers
@@ -111,7 +112,7 @@ def test_held_request_bytes_per_connection_are_bounded_by_flow_control(tmp_path)
                 assert more > 0
                 # The connection still answers.
                 client.open_stream(7, "Version")
-                client.writer.write(w.frame(w.DATA, w.FLAG_END_STREAM, 7, w.encode_grpc_message(b"")))
+                client.writer.write(w.frame(w.DATA, w.FLAG_END_STREAM, 7, encode_grpc_message(b"")))
                 for _ in range(100):
                     if any(f[0] == w.HEADERS and f[2] == 7 and f[1] & w.FLAG_END_STREAM for f in client.frames):
                         break
@@ -140,7 +141,7 @@ def test_header_block_over_continuations_is_bounded_then_relayed_undecoded(tmp_p
                 client = await RawClient.open(env.proxy_sock)
                 try:
                     client.writer.write(b"".join(frames))
-                    client.writer.write(w.frame(w.DATA, w.FLAG_END_STREAM, 1, w.encode_grpc_message(b"")))
+                    client.writer.write(w.frame(w.DATA, w.FLAG_END_STREAM, 1, encode_grpc_message(b"")))
                     await client.writer.drain()
                     await asyncio.sleep(0.5)
                 finally:

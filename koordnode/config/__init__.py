@@ -9,6 +9,7 @@ One module per part of the file, each component is handed its own section:
     resctrl       [resctrl], [qos.<CLASS>.resctrl]           netqos       [net]
     metrics       [metrics]                     qos_manager  [qos_manager]
     strategies    [strategy.<name>]
+    components    EngineSettings, ManagerSettings: the sections the QoS engine / manager read
     root          Config: one field per section, checks across sections
     loader        parse / load / reload, errors with key paths, TOML output, key descriptions
 
@@ -18,6 +19,7 @@ Adding a key: see "Adding a config key" in the README.
 from __future__ import annotations
 
 from koordnode.config.cgroup import CgroupConfig, CgroupDriverName, ProcfsConfig, SysfsConfig
+from koordnode.config.components import EngineSettings, ManagerSettings
 from koordnode.config.classes import KubeQoSMapping, QoSClassConfig, QoSConfig
 from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig, LogFormat, LogLevel
 from koordnode.config.fields import section, setting, unix_socket_path
@@ -37,7 +39,7 @@ from koordnode.config.metrics import MetricsConfig
 from koordnode.config.netqos import NetQoSConfig
 from koordnode.config.node import NodeConfig
 from koordnode.config.nri import NriConfig
-from koordnode.config.qos_manager import QoSManagerConfig, QoSSettings
+from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.resctrl import ResctrlClassConfig, ResctrlConfig
 from koordnode.config.root import DEFAULTS_SOURCE, Config
 from koordnode.config.runtime import FailurePolicy, ProxyConfig, RuntimeConfig, RuntimeMode
@@ -52,11 +54,13 @@ __all__ = [
     "DEFAULTS_SOURCE",
     "DEFAULT_CONFIG_PATH",
     "DaemonConfig",
+    "EngineSettings",
     "FailurePolicy",
     "KubeQoSMapping",
     "LogConfig",
     "LogFormat",
     "LogLevel",
+    "ManagerSettings",
     "MetricsConfig",
     "NetQoSConfig",
     "NodeConfig",
@@ -66,7 +70,6 @@ __all__ = [
     "QoSClassConfig",
     "QoSConfig",
     "QoSManagerConfig",
-    "QoSSettings",
     "ResctrlClassConfig",
     "ResctrlConfig",
     "RuntimeConfig",

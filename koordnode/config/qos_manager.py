@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from koordnode.config.fields import setting
-from koordnode.config.strategies import StrategyConfig
-
-__all__ = ["QoSManagerConfig", "QoSSettings"]
+__all__ = ["QoSManagerConfig"]
 
 
 def _absolute_cgroup(value: str) -> str | None:
@@ -60,10 +58,3 @@ class QoSManagerConfig:
             return ["psi_stall_us: must not exceed psi_window_us"]
         return []
 
-
-@dataclass(frozen=True)
-class QoSSettings:
-    """The two sections the manager reads: a stand-in for the daemon's Config (tests, benchmarks)."""
-
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    qos_manager: QoSManagerConfig = field(default_factory=QoSManagerConfig)

@@ -41,7 +41,13 @@ class CpuSuppressConfig:
     )
     threshold_percent: float = setting(
         65.0, min=1, max=100,
-        doc="share of the node's CPUs that LS + system + BE together may use, percent",
+        doc="share of the node's CPUs that LS + system + BE together may use, percent "
+        "(BE in kubelet's besteffort tier)",
+    )
+    idle_group_threshold_percent: float = setting(
+        95.0, min=1, max=100,
+        doc="threshold_percent while the BE pods are in koordnode's idle BE group ([cgroup] be_idle_group): "
+        "the kernel already makes BE yield to LS at once, so BE may use nearly all the CPU LS leaves idle",
     )
     pressure_curve: PressureCurve = setting(
         DEFAULT_PRESSURE_CURVE,

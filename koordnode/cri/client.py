@@ -29,7 +29,7 @@ from koordnode.cri.grpc_wire import (
     unframe_grpc_message,
 )
 
-__all__ = ["CriClient", "CriError", "grpc_timeout"]
+__all__ = ["CriClient", "CriError"]
 
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = (
     Status.OK, Status.CANCELLED, Status.UNKNOWN, Status.DEADLINE_EXCEEDED, Status.INTERNAL,

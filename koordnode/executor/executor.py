@@ -27,7 +27,8 @@ from koordnode.executor.paths import (
     cgroup_depth,
     normalize_cgroup_path,
 )
-from koordnode.policy.plan import CgroupWrite, SysctlWrite  # SysctlWrite: re-exported
+from koordnode.model.cpulist import format_cpu_list
+from koordnode.policy.plan import CgroupWrite, SysctlWrite
 from koordnode.executor.resources import (
     RESOURCES,
     FileFormat,
@@ -35,7 +36,6 @@ from koordnode.executor.resources import (
     InvalidValueError,
     Resource,
     UnknownResourceError,
-    format_cpu_list,
     get_resource,
     get_sysctl,
 )

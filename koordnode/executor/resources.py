@@ -26,16 +26,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from koordnode.model.cpulist import CpuListError
-from koordnode.model.cpulist import format_cpu_list as format_cpu_list  # re-exported
+from koordnode.model.cpulist import CpuListError, format_cpu_list
 from koordnode.model.cpulist import parse_cpu_list as _model_parse_cpu_list
-from koordnode.model.kernel import CFS_PERIOD_MAX_US as CFS_PERIOD_MAX_US  # re-exported
-from koordnode.model.kernel import CFS_PERIOD_MIN_US as CFS_PERIOD_MIN_US
-from koordnode.model.kernel import CFS_QUOTA_MIN_US as CFS_QUOTA_MIN_US
-from koordnode.model.kernel import CFS_RUNTIME_MAX_US as CFS_RUNTIME_MAX_US
-from koordnode.model.kernel import CPU_SHARES_MAX as CPU_SHARES_MAX
-from koordnode.model.kernel import CPU_SHARES_MIN as CPU_SHARES_MIN
-from koordnode.model.kernel import shares_to_weight as shares_to_weight
+from koordnode.model.kernel import (
+    CFS_PERIOD_MAX_US,
+    CFS_PERIOD_MIN_US,
+    CFS_QUOTA_MIN_US,
+    CFS_RUNTIME_MAX_US,
+    CPU_SHARES_MAX,
+    CPU_SHARES_MIN,
+    shares_to_weight,
+)
 
 
 class InvalidValueError(ValueError):

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
@@ -57,6 +58,7 @@ from koordnode.policy.class_policy import (
     plan_pod_sandbox,
 )
 from koordnode.hooks.resized import ResizedResources
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
@@ -229,14 +231,20 @@ class CpuReservation:
 
 
 class QoSEngine:
-    def __init__(self, config: Any, state: NodeState, *, executor: CgroupExecutor | None = None,
+    """Takes the sections it reads as one EngineSettings (EngineSettings.of(config)), at start and
+    on reload; `[cgroup] root` and `[sysfs] root` are used at start only (the executor and the
+    CPU topology stay until the restart)."""
+
+    def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
-                 be_cpuset: Callable[[], frozenset[int] | None] | None = None) -> None:
-        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool."""
+                 be_cpuset: Callable[[], frozenset[int] | None] | None = None,
+                 pool_updates: PoolUpdates | None = None) -> None:
+        """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
+        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
-        self.executor = executor or CgroupExecutor(Path(config.cgroup.root))
+        self.executor = executor or CgroupExecutor(Path(settings.cgroup.root))
         self.features = KernelFeatures(
             cgroup_version=self.executor.version.value, group_identity=self._has_group_identity()
         )
@@ -244,11 +252,11 @@ class QoSEngine:
         self.notes: list[str] = []
         if topology is None:
             try:
-                topology = read_cpu_topology(config.sysfs.root)
+                topology = read_cpu_topology(settings.sysfs.root)
             except TopologyError as exc:
-                raise RuntimeError(f"cannot read the CPU topology under {config.sysfs.root}: {exc}") from exc
+                raise RuntimeError(f"cannot read the CPU topology under {settings.sysfs.root}: {exc}") from exc
         self.topology = topology
-        self._apply_config(config)
+        self._apply_settings(settings)
         # container id -> kubelet's resources, CPU owner id
         self.kubelet_resources: dict[str, ContainerResources] = {}
         self.cpu_owner: dict[str, str] = {}
@@ -261,7 +269,7 @@ class QoSEngine:
         self.be_cpuset_override: Callable[[], frozenset[int] | None] | None = be_cpuset
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
-        self.pool_update_sink: Callable[[dict[str, str]], None] | None = None
+        self.pool_updates = pool_updates
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -274,11 +282,11 @@ class QoSEngine:
         # systemd driver: the group slices, made idle through systemd off the CRI path.
         self.be_slices = SystemdBeGroup(lambda cgroup: self.executor.read(cgroup, "cpu.idle"))
 
-    def _apply_config(self, config: Any) -> None:
-        old = getattr(self, "allocator", None)
-        self.config = config
-        self.mapping = config.qos_mapping.as_mapping()
-        allocator, notes = allocator_from_config(self.topology, config.node)
+    def _apply_settings(self, settings: EngineSettings, old: CpusetAllocator | None = None) -> None:
+        """The sections in use; the allocations of `old` (the allocator before a reload) move over."""
+        self.settings = settings
+        self.mapping = settings.qos_mapping.as_mapping()
+        allocator, notes = allocator_from_config(self.topology, settings.node)
         if old is not None:
             for owner, allocation in old.allocations().items():
                 result = allocator.restore(owner, allocation.qos_class, allocation.cpus)
@@ -287,9 +295,10 @@ class QoSEngine:
         self.allocator: CpusetAllocator = allocator
         self.notes = notes
 
-    def reconfigure(self, config: Any) -> None:
+    def reconfigure(self, settings: EngineSettings) -> None:
+        """A reloaded configuration, applied to the next call and the next reconcile pass."""
         with self.lock:
-            self._apply_config(config)
+            self._apply_settings(settings, old=self.allocator)
             self.executor.forget_unsupported()
             self._publish_status()
 
@@ -334,7 +343,7 @@ class QoSEngine:
                         annotations=pod.annotations, cgroup_parent=pod.cgroup_parent)
 
     def _driver(self) -> str:
-        return self.config.cgroup.driver
+        return self.settings.cgroup.driver
 
     def _pod_cgroup(self, cgroup_parent: str) -> str:
         return pod_cgroup_path(cgroup_parent, self._driver())
@@ -360,12 +369,12 @@ class QoSEngine:
         """RunPodSandbox: move a BestEffort pod of class BE into the idle BE group by rewriting
         its cgroup parent. Returns the new parent, or None when the pod stays where kubelet
         put it (option off, not BestEffort, or the group could not be made idle: fail-open)."""
-        if not self.config.cgroup.be_idle_group or decision.qos_class is not QoSClass.BE:
+        if not self.settings.cgroup.be_idle_group or decision.qos_class is not QoSClass.BE:
             return None
         new_parent = be_group_parent(cfg.linux.cgroup_parent)
         if new_parent is None:
             return None
-        if systemd_group_slice(new_parent) is not None and not self.config.cgroup.be_idle_group_systemd:
+        if systemd_group_slice(new_parent) is not None and not self.settings.cgroup.be_idle_group_systemd:
             return None
         problem = self._ensure_be_group(new_parent)
         if problem is not None:
@@ -409,7 +418,7 @@ class QoSEngine:
         if slice_name is not None:
             # systemd owns the slice (and starts it with the pod's): it must know it is idle.
             # Half the hook's time bound at most: the call goes on without the move after that.
-            wait_s = self.config.proxy.hook_timeout_ms / 2000
+            wait_s = self.settings.proxy.hook_timeout_ms / 2000
             return self.be_slices.ready(slice_name, group, wait_s)
         try:
             self.executor.make_cgroup(group, "cpu")
@@ -455,11 +464,11 @@ class QoSEngine:
         """Group slice -> its cgroup, for the systemd driver: the one beside kubelet's tiers
         (from [qos_manager] kubepods_cgroup or the driver, once kubelet has made that slice)
         and those of recorded pods."""
-        cg = self.config.cgroup
+        cg = self.settings.cgroup
         if not (cg.be_idle_group and cg.be_idle_group_systemd) or self.executor.dry_run:
             return {}
         groups: dict[str, str] = {}
-        kubepods = getattr(getattr(self.config, "qos_manager", None), "kubepods_cgroup", "") or ""
+        kubepods = self.settings.qos_manager.kubepods_cgroup
         if not kubepods and cg.driver != "cgroupfs" and (
                 cg.driver == "systemd" or self.executor.cgroup_exists("/kubepods.slice")):
             kubepods = "/kubepods.slice"
@@ -514,8 +523,8 @@ class QoSEngine:
                 else:  # cannot happen: decisions count reservations as held
                     cpuset = dataclasses.replace(self.allocator.pool_for(QoSClass.LS), fallback=True,
                                                  reason=f"{decision.qos_class.value}: {problem}")
-            plan = plan_container(pod, container, decision=decision, config=self.config.qos.for_class(decision.qos_class),
-                                  features=self.features, cpuset=cpuset, node=self.config.node)
+            plan = plan_container(pod, container, decision=decision, config=self.settings.qos.for_class(decision.qos_class),
+                                  features=self.features, cpuset=cpuset, node=self.settings.node)
             allocation = None
             if cpuset.exclusive:
                 allocation = (cpuset.allocation or self.allocator.allocation_of(owner)
@@ -628,7 +637,7 @@ class QoSEngine:
             return None
         decision = self._decision(pod)
         return plan_pod_resources(self.pod_input_from_record(pod), kubelet, decision=decision,
-                                  config=self.config.qos.for_class(decision.qos_class), features=self.features,
+                                  config=self.settings.qos.for_class(decision.qos_class), features=self.features,
                                   pod_cgroup=pod_cgroup)
 
     def container_gone(self, container_id: str) -> None:
@@ -702,8 +711,8 @@ class QoSEngine:
         cpuset = self._cpuset_for(pod, decision, container_id, name, kubelet)
         cgroup = self._container_cgroup(pod.cgroup_parent, container_id) if with_cgroup else None
         return plan_container(self.pod_input_from_record(pod), ContainerInput(name=name, resources=kubelet, id=container_id),
-                              decision=decision, config=self.config.qos.for_class(decision.qos_class),
-                              features=self.features, cpuset=cpuset, node=self.config.node,
+                              decision=decision, config=self.settings.qos.for_class(decision.qos_class),
+                              features=self.features, cpuset=cpuset, node=self.settings.node,
                               container_cgroup=cgroup)
 
     def _kubelet_resources(self, view: NodeView, container_id: str) -> ContainerResources:
@@ -741,8 +750,8 @@ class QoSEngine:
         if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
             self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
             log.info("group_identity_kernel_detected", detail="BE pods get cpu.bvt_warp_ns instead of cpu.idle")
-        pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.config.qos.for_class(decision.qos_class),
-                                    features=self.features, pod_cgroup=pod_cgroup, node=self.config.node)
+        pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.settings.qos.for_class(decision.qos_class),
+                                    features=self.features, pod_cgroup=pod_cgroup, node=self.settings.node)
         writes: list[CgroupWrite] = list(pod_plan.writes)
         if in_be_group(pod.cgroup_parent):
             # Re-asserted by every reconcile: the group's idleness is what protects LS.
@@ -832,7 +841,7 @@ class QoSEngine:
             if self._be_override(decision.qos_class) is not None:
                 continue  # the QoS manager owns BE cpusets while its cpuset policy runs
             pool = self.allocator.pool_for(decision.qos_class)
-            if self.pool_update_sink is not None:
+            if self.pool_updates is not None:
                 moves[c.container_id] = pool.cpuset_cpus
                 continue
             try:
@@ -840,8 +849,8 @@ class QoSEngine:
             except UnsafePathError:
                 continue
             writes.append(CgroupWrite(cgroup, "cpuset.cpus", pool.cpuset_cpus, f"{decision.qos_class.value} pool: {pool.reason}"))
-        if moves and self.pool_update_sink is not None:  # moves are only made for a sink
-            self.pool_update_sink(moves)
+        if moves and self.pool_updates is not None:  # moves are only made for NRI mode
+            self.pool_updates.publish(moves)
         if writes:
             results = self.executor.apply(writes)
             METRICS.record_writes(results)
@@ -949,7 +958,7 @@ class QoSEngine:
                     pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
                 except UnsafePathError:
                     continue
-                config = self.config.qos.for_class(decision.qos_class)
+                config = self.settings.qos.for_class(decision.qos_class)
                 memories = []
                 for c in view.containers_of(pod.sandbox_id):
                     if c.state != CONTAINER_RUNNING:
@@ -960,7 +969,7 @@ class QoSEngine:
                             ContainerInput(name=c.name, resources=self._kubelet_resources(view, c.container_id),
                                            id=c.container_id),
                             decision=decision, config=config, features=self.features,
-                            cpuset=self.allocator.pool_for(decision.qos_class), node=self.config.node,
+                            cpuset=self.allocator.pool_for(decision.qos_class), node=self.settings.node,
                             container_cgroup=self._container_cgroup(pod.cgroup_parent, c.container_id))
                     except UnsafePathError:
                         continue

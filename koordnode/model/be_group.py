@@ -62,6 +62,14 @@ def in_be_group(cgroup_parent: str) -> bool:
     return bool(segments) and bool(_SYSTEMD_GROUP_POD.match(segments[-1]))
 
 
+def is_be_group(cgroup: str) -> bool:
+    """True for the group cgroup itself ("<kubepods>/koordnode_be", ".../kubepods-koordnode_be.slice")."""
+    if not isinstance(cgroup, str):
+        return False
+    name = cgroup.rstrip("/").rsplit("/", 1)[-1]
+    return name == BE_GROUP or (name.endswith(f"-{BE_GROUP}.slice") and name != f"-{BE_GROUP}.slice")
+
+
 def be_group_of(pod_cgroup: str) -> str:
     """The group cgroup holding a pod cgroup path (its parent directory)."""
     return pod_cgroup.rstrip("/").rsplit("/", 1)[0] or "/"

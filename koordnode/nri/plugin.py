@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -27,6 +26,7 @@ import structlog
 from koordnode.cri import api_pb2 as cri
 from koordnode.executor.process import set_oom_score_adj
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed
+from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
@@ -123,7 +123,10 @@ class NriStats:
 class NriPlugin:
     def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
                  state: NodeState, engine: QoSEngine | None,
-                 on_synchronized: Callable[[], Coroutine[Any, Any, None]] | None = None, procfs_root: str = "/proc") -> None:
+                 on_synchronized: Callable[[], Coroutine[Any, Any, None]] | None = None, procfs_root: str = "/proc",
+                 pool_updates: PoolUpdates | None = None) -> None:
+        """`pool_updates`: the channel the engine publishes pool moves of running containers on
+        (the same one handed to the engine); the plugin delivers them to the runtime."""
         self.socket_path = socket_path
         self.plugin_name = plugin_name
         self.plugin_index = plugin_index
@@ -132,7 +135,7 @@ class NriPlugin:
         self.engine = engine
         self.on_synchronized = on_synchronized
         self.procfs_root = procfs_root
-        # kubelet's own resources by container id, from the runtime's CRI view (set by the daemon).
+        # kubelet's own resources by container id, from the runtime's CRI view (given to run()).
         self.kubelet_view: NodeState | None = None
         self.stats = NriStats()
         # Dry run: every event is decided as usual, but the runtime gets answers without changes,
@@ -143,8 +146,8 @@ class NriPlugin:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
-        self._pool_lock = threading.Lock()
-        self._pool_pending: dict[str, str] = {}
+        self.pool_updates = pool_updates if pool_updates is not None else PoolUpdates()
+        self.pool_updates.subscribe(self._pool_changed)
         self._collecting = 0
         self._flush_wanted = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -154,14 +157,17 @@ class NriPlugin:
             log.warning("oom_score_adj_clamped",
                         detail="no CAP_SYS_RESOURCE: oom_score_adj below koordnode's own is clamped to it, "
                                "as containerd's restrict_oom_score_adj does", floor=self.oom_floor)
-        if engine is not None:
-            engine.pool_update_sink = self._pool_changed
 
     # ---- connection -----------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event, *, max_backoff_s: float = 5.0) -> None:
-        """Connect, register and serve; reconnect whenever the runtime goes away."""
+    async def run(self, stop: asyncio.Event, *, kubelet_view: NodeState | None = None,
+                  max_backoff_s: float = 5.0) -> None:
+        """Connect, register and serve; reconnect whenever the runtime goes away.
+
+        `kubelet_view`: the runtime's CRI view (kubelet's own container resources), None when
+        it could not be read: the resources containers run with are taken for kubelet's then."""
         self._loop = asyncio.get_running_loop()
+        self.kubelet_view = kubelet_view
         flusher = self._spawn(self._flush_loop())
         backoff = 0.2
         try:
@@ -596,16 +602,13 @@ class NriPlugin:
 
     # ---- pool changes as container updates ----------------------------------------------
 
-    def _pool_changed(self, moves: dict[str, str]) -> None:
-        """From the engine (any thread): running containers whose pool changed."""
-        with self._pool_lock:
-            self._pool_pending.update(moves)
+    def _pool_changed(self) -> None:
+        """The engine published pool moves (from any thread): deliver them from the loop."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._flush_soon)
 
     def _take_pool_updates(self) -> list[nri.ContainerUpdate]:
-        with self._pool_lock:
-            moves, self._pool_pending = self._pool_pending, {}
+        moves = self.pool_updates.take()
         updates = []
         for cid, cpus in moves.items():
             record = self.state.containers.get(cid)

@@ -4,21 +4,14 @@ Only what the relay needs: frame header constants and building the few frames th
 emits. Header blocks the proxy emits are encoded as literals *without indexing* so that they
 never touch the peer's HPACK dynamic table, which belongs to the real endpoint on the other side
 of the relay. gRPC itself (status codes, message framing) is koordnode.cri.grpc_wire, shared with
-the client; its framing functions are re-exported here for the proxy's call handler.
+the client.
 """
 
 from __future__ import annotations
 
 import struct
 
-from koordnode.cri.grpc_wire import (
-    Status,
-    decode_grpc_message,
-    encode_grpc_message,
-    escape_grpc_message,
-)
-
-__all__ = ["GRPC_INTERNAL", "GRPC_OK", "decode_grpc_message", "encode_grpc_message"]
+from koordnode.cri.grpc_wire import escape_grpc_message
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER_LEN = 9
@@ -52,9 +45,6 @@ ERROR_NO_ERROR = 0x0
 ERROR_PROTOCOL = 0x1
 ERROR_FRAME_SIZE = 0x6
 ERROR_CANCEL = 0x8
-
-GRPC_OK = Status.OK
-GRPC_INTERNAL = Status.INTERNAL
 
 
 def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

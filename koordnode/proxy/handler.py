@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 from google.protobuf.message import DecodeError
 
-from koordnode.proxy import h2wire
+from koordnode.cri.grpc_wire import Status, decode_grpc_message, encode_grpc_message
 from koordnode.proxy.interceptor import Interceptor
 from koordnode.cri.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
 from koordnode.proxy.relay import BeforeResult
@@ -73,7 +73,7 @@ class InterceptingHandler:
         return spec
 
     async def before(self, spec: MethodSpec, body: bytes) -> BeforeResult:
-        message = h2wire.decode_grpc_message(body)
+        message = decode_grpc_message(body)
         request = None
         if message is not None:
             try:
@@ -96,7 +96,7 @@ class InterceptingHandler:
                 return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
             self.stats.failed_by_policy += 1
             return BeforeResult(body=body, ctx=(spec, seen.token, request, started),
-                                fail=(h2wire.GRPC_INTERNAL, f"koordnode: {seen.failure}"))
+                                fail=(Status.INTERNAL, f"koordnode: {seen.failure}"))
         if self.dry_run:
             self._report_dry_run_change(spec.name, request, seen.request, seen.log_fields)
             return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
@@ -105,7 +105,7 @@ class InterceptingHandler:
             # Re-encoding may reorder unknown fields and map entries; send the client's own bytes
             # unless a hook really changed something.
             if changed != request.SerializeToString():
-                body = h2wire.encode_grpc_message(changed)
+                body = encode_grpc_message(changed)
         return BeforeResult(body=body, ctx=(spec, seen.token, seen.request, started))
 
     def _report_dry_run_change(self, method: str, original: Any, changed: Any, ids: Any) -> None:
@@ -128,7 +128,7 @@ class InterceptingHandler:
         spec, token, sent, started = ctx
         response = None
         if grpc_status == 0:
-            message = h2wire.decode_grpc_message(body)
+            message = decode_grpc_message(body)
             if message is not None:
                 try:
                     response = spec.response_cls.FromString(message)

@@ -17,20 +17,16 @@ from koordnode.executor.resources import InvalidValueError, parse_cpu_list
 from koordnode.model.annotations import parse_pod_annotations
 from koordnode.model.be_group import BE_GROUP
 from koordnode.model.qos_class import (
-    CPU_OWNING_CLASSES,
     DEFAULT_KUBE_QOS_MAPPING,
     KubeQoS,
     QoSClass,
     pod_qos_class,
 )
-from koordnode.policy.strategies.base import NON_BE_CLASSES, ContainerView, Inventory, PodView
+from koordnode.policy.strategies.base import ContainerView, Inventory, PodView
 from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
-__all__ = [
-    "CPU_OWNING_CLASSES", "ContainerView", "Inventory", "InventoryBuilder", "NON_BE_CLASSES", "PodView",
-    "build_inventory", "tier_cgroups",
-]
+__all__ = ["InventoryBuilder", "build_inventory", "tier_cgroups"]
 
 
 def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The QoS manager: measure -> strategies -> executor, every tick and on pressure.
 
-    manager = QoSManager(config, state, executor, procfs_root="/proc",
+    manager = QoSManager(ManagerSettings.of(config), state, executor, procfs_root="/proc",
                          cgroup_root="/sys/fs/cgroup", evict=stop_container)
     await manager.run(stop_event)
 
@@ -25,7 +25,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,15 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
 from koordnode.model.cpu_topology import CpuTopology
-from koordnode.model.qos_class import DEFAULT_KUBE_QOS_MAPPING, KubeQoS, QoSClass
 from koordnode.policy.strategies.base import Inventory, Strategy
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
-from koordnode.config.qos_manager import QoSManagerConfig
-from koordnode.config.strategies import StrategyConfig
+from koordnode.config.components import ManagerSettings
 from koordnode.qos.history import History
 from koordnode.qos.inventory import InventoryBuilder
-from koordnode.qos.measure import MemoryPlanFn, Measurer, ReservedCpus, cgroup_driver
+from koordnode.model.state import NodeState
+from koordnode.qos.measure import MemoryPlanFn, Measurer, ReservedCpus
 from koordnode.qos.psi import PressureWatch
 from koordnode.qos.status import StatusBook
 from koordnode.qos.tick import StrategyRunner, TickReport
@@ -53,7 +52,7 @@ log = structlog.get_logger("koordnode.qos")
 EvictFn = Callable[[str, str], Awaitable[Any]]
 
 STRATEGIES = tuple(s.name for s in REGISTRY)
-__all__ = ["EvictFn", "MemoryPlanFn", "QoSManager", "STRATEGIES", "TickReport", "settings_of"]
+__all__ = ["EvictFn", "QoSManager", "STRATEGIES"]
 
 # Usage wake-ups: LS CPU time must grow at least this fast (CPUs) to wake the manager, and
 # woken ticks are at least this far apart.
@@ -61,31 +60,11 @@ _USAGE_WAKE_MIN_RATE = 0.5
 _MIN_USAGE_WAKE_INTERVAL_S = 0.1
 
 
-def settings_of(config: Any) -> tuple[StrategyConfig, QoSManagerConfig]:
-    """The [strategy.*] and [qos_manager] sections of a Config (defaults when absent)."""
-    strategy = getattr(config, "strategy", None)
-    manager = getattr(config, "qos_manager", None)
-    return (strategy if isinstance(strategy, StrategyConfig) else StrategyConfig(),
-            manager if isinstance(manager, QoSManagerConfig) else QoSManagerConfig())
-
-
-def _kube_qos_mapping(config: Any) -> Mapping[KubeQoS, QoSClass]:
-    mapping = getattr(config, "qos_mapping", None)
-    as_mapping = getattr(mapping, "as_mapping", None)
-    if callable(as_mapping):
-        try:
-            result: Mapping[KubeQoS, QoSClass] = as_mapping()
-            return result
-        except Exception:  # noqa: BLE001 - a foreign object: fall back to the defaults
-            return DEFAULT_KUBE_QOS_MAPPING
-    return DEFAULT_KUBE_QOS_MAPPING
-
-
 class QoSManager:
     def __init__(
         self,
-        config: Any,
-        state: Any,
+        settings: ManagerSettings,
+        state: NodeState,
         executor: CgroupExecutor,
         *,
         procfs_root: str | Path = "/proc",
@@ -102,9 +81,7 @@ class QoSManager:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """
-        config: the daemon's Config (uses .strategy, .qos_manager and, when present, .cgroup
-            driver and be_idle_group, .node reserved_cpus, .sysfs root and .qos_mapping) or a
-            koordnode.config.QoSSettings.
+        settings: the sections the manager reads (ManagerSettings.of(config) in the daemon).
         state: the NodeState kept by the proxy.
         executor: the CgroupExecutor every cgroup write goes through.
         procfs_root / cgroup_root: where statistics are read (cgroup_root defaults to the
@@ -113,14 +90,13 @@ class QoSManager:
         memory_plan: returns the hooks' memory writes (memory.min/low/high, wmark_*) for the
             running pods and containers; memory_qos re-applies them.
         reserved_cpus: node-reserved CPU ids (or a callable giving them); default: resolved
-            from config.node.reserved_cpus the CPU allocator's way (on `topology`, default read
-            under config.sysfs.root).
+            from [node] reserved_cpus the CPU allocator's way (on `topology`, default read
+            under [sysfs] root).
         strategies: the strategies to run (default: policy/strategies/registry.py).
         on_tick: called in the tick's thread after every tick (the daemon feeds its metrics from it).
         """
-        self._config = config
-        self._strategy, self._settings = settings_of(config)
-        self._inventory = InventoryBuilder(_kube_qos_mapping(config), cgroup_driver(config))
+        self._settings = settings.qos_manager
+        self._inventory = InventoryBuilder(settings.qos_mapping.as_mapping(), settings.cgroup.driver)
         self.state = state
         self.executor = executor
         self.collector = Collector(procfs_root, cgroup_root if cgroup_root is not None else executor.root)
@@ -129,10 +105,10 @@ class QoSManager:
         self._evict = evict
         self._clock = clock
         self._wall = wall_clock
-        self._measure = Measurer(config, self._settings, self.collector, memory_plan=memory_plan,
+        self._measure = Measurer(settings, self.collector, memory_plan=memory_plan,
                                  reserved_cpus=reserved_cpus, topology=topology, clock=clock, sleep=sleep)
         self._book = StatusBook()
-        self._runner = StrategyRunner(strategies, self._strategy, executor, self._procfs, self.collector, self._book)
+        self._runner = StrategyRunner(strategies, settings.strategy, executor, self._procfs, self.collector, self._book)
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
         self.on_tick = on_tick
@@ -199,17 +175,15 @@ class QoSManager:
         """Whether nothing measured of `cgroup` is kept any more."""
         return self._measure.forgets(cgroup)
 
-    def reconfigure(self, config: Any) -> None:
+    def reconfigure(self, settings: ManagerSettings) -> None:
         """Apply a reloaded configuration; what a strategy leaves behind is undone next tick."""
-        old_settings = self._settings
-        new_strategy, new_settings = settings_of(config)
+        old_settings, new_settings = self._settings, settings.qos_manager
         with self._tick_lock:
-            self._config = config
-            self._strategy, self._settings = new_strategy, new_settings
-            self._inventory.set_mapping(_kube_qos_mapping(config))
-            self._inventory.set_driver(cgroup_driver(config))
-            self._measure.configure(config, new_settings)
-            restores = self._runner.reconfigure(new_strategy)
+            self._settings = new_settings
+            self._inventory.set_mapping(settings.qos_mapping.as_mapping())
+            self._inventory.set_driver(settings.cgroup.driver)
+            self._measure.configure(settings)
+            restores = self._runner.reconfigure(settings.strategy)
             if (old_settings.psi_stall_us, old_settings.psi_window_us, old_settings.psi_poll_ms,
                     old_settings.psi_triggers) != (new_settings.psi_stall_us, new_settings.psi_window_us,
                                                    new_settings.psi_poll_ms, new_settings.psi_triggers):

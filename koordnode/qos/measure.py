@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
 import structlog
 
 from koordnode.policy.plan import CgroupWrite
@@ -20,7 +18,7 @@ from koordnode.policy.cpuset import reserved_cpus_from_config
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
-from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.components import ManagerSettings
 from koordnode.qos.history import History
 from koordnode.qos.inventory import tier_cgroups
 
@@ -41,22 +39,15 @@ def woken_early(woken_by: str | None) -> bool:
     return woken_by is not None and woken_by.startswith(("pressure:", "usage:"))
 
 
-def cgroup_driver(config: Any) -> str:
-    """[cgroup] driver of a Config ("auto" for stand-ins without the section)."""
-    driver = getattr(getattr(config, "cgroup", None), "driver", "auto")
-    return driver if isinstance(driver, str) else "auto"
-
-
 def _own_cores(online: frozenset[int]) -> CpuTopology:
     """A topology where every CPU is its own core (when sysfs cannot be read)."""
     return CpuTopology(tuple(CpuInfo(cpu=cpu, socket=0, core=cpu, numa_node=0) for cpu in sorted(online)))
 
 
-def reserved_from_config(config: Any, online: frozenset[int], topology: CpuTopology | None) -> frozenset[int]:
+def reserved_from_config(value: str | int, online: frozenset[int], topology: CpuTopology | None) -> frozenset[int]:
     """[node] reserved_cpus resolved as the CPU allocator does (a count takes whole cores
     first, cpuset_allocator.reserved_cpus_from_config), limited to the online CPUs."""
-    value = getattr(getattr(config, "node", None), "reserved_cpus", "")
-    if not isinstance(value, (str, int)) or isinstance(value, bool) or value in ("", 0) or not online:
+    if value in ("", 0) or not online:
         return frozenset()
     if topology is None or not topology.online & online:
         topology = _own_cores(online)
@@ -77,6 +68,10 @@ class CollectorProbe:
 
     def cpuset_cpus(self, cgroup: str) -> frozenset[int] | None:
         return self._collector.cpuset_cpus(cgroup)
+
+    def cpu_idle(self, cgroup: str) -> bool | None:
+        text = self._collector.cgroup_file_text("cpu", cgroup, "cpu.idle")
+        return None if text is None else text.strip() == "1"
 
     def nr_throttled(self, cgroup: str) -> int | None:
         stat = self._collector.cpu_stat(cgroup)
@@ -109,19 +104,19 @@ class Measurement:
 
 
 class Measurer:
-    def __init__(self, config: Any, settings: QoSManagerConfig, collector: Collector, *,
+    def __init__(self, settings: ManagerSettings, collector: Collector, *,
                  memory_plan: MemoryPlanFn | None, reserved_cpus: ReservedCpus,
                  topology: CpuTopology | None, clock: Callable[[], float],
                  sleep: Callable[[float], None]) -> None:
         self.collector = collector
-        self.history = History(settings.history_length)
+        self.history = History(settings.qos_manager.history_length)
         self.probe = CollectorProbe(collector, memory_plan)
         self._reserved_cpus = reserved_cpus
         self._topology = topology
         self._clock = clock
         self.sleep = sleep  # the tick thread's, for the wake sample
         self.be_pods_in_group_only = False  # set by each tick from its inventory
-        self.configure(config, settings)
+        self.configure(settings)
 
         self._prev_usage: dict[str, tuple[float, int]] = {}  # cgroup -> (t, ns)
         self._rates: dict[str, float] = {}  # cgroup -> CPUs
@@ -133,13 +128,13 @@ class Measurer:
         self._last_decision_at: float | None = None
         self._last_sweep: float | None = None
 
-    def configure(self, config: Any, settings: QoSManagerConfig) -> None:
+    def configure(self, settings: ManagerSettings) -> None:
         """A (reloaded) configuration: where kubepods and the tiers are, the history length."""
-        self._config = config
-        self._settings = settings
-        self.driver = cgroup_driver(config)
-        if settings.history_length != self.history.capacity:
-            self.history.resize(settings.history_length)
+        self._sections = settings
+        self._settings = settings.qos_manager
+        self.driver = settings.cgroup.driver
+        if self._settings.history_length != self.history.capacity:
+            self.history.resize(self._settings.history_length)
         self.kubepods = self._resolve_kubepods()
         # The tiers are named after kubepods itself (a ".slice" has systemd-style children), which
         # the driver already chose unless [qos_manager] kubepods_cgroup names it explicitly.
@@ -171,8 +166,7 @@ class Measurer:
     def be_tier(self) -> str:
         """The cgroup holding the BE pods: koordnode's idle BE group once it exists (the hooks
         create it with the first BE pod) and holds every BE pod, else kubelet's besteffort tier."""
-        cgroup = getattr(self._config, "cgroup", None)
-        if getattr(cgroup, "be_idle_group", False) and self.be_pods_in_group_only:
+        if self._sections.cgroup.be_idle_group and self.be_pods_in_group_only:
             group = self.tiers["be_group"]
             if self.collector.cfs_quota(group) is not None:
                 return group
@@ -181,10 +175,10 @@ class Measurer:
     def reserved(self, online: frozenset[int]) -> frozenset[int]:
         value = self._reserved_cpus
         if value is None:
-            if self._topology is None and isinstance(getattr(getattr(self._config, "node", None),
-                                                             "reserved_cpus", ""), int):
+            configured = self._sections.node.reserved_cpus
+            if self._topology is None and isinstance(configured, int):
                 self._topology = self._read_topology()
-            return reserved_from_config(self._config, online, self._topology)
+            return reserved_from_config(configured, online, self._topology)
         if callable(value):
             try:
                 return frozenset(value())
@@ -193,9 +187,8 @@ class Measurer:
         return frozenset(value)
 
     def _read_topology(self) -> CpuTopology | None:
-        root = getattr(getattr(self._config, "sysfs", None), "root", "/sys")
         try:
-            return read_cpu_topology(root if isinstance(root, str) else "/sys")
+            return read_cpu_topology(self._sections.sysfs.root)
         except (TopologyError, OSError) as err:
             log.warning("qos_cpu_topology_unreadable", error=str(err))
             return None

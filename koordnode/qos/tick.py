@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordnode.config.strategies import StrategyConfig
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult
 from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
@@ -37,15 +38,16 @@ class TickReport:
     eviction_owners: tuple[str, ...] = ()
 
 
-def strategy_configs(registry: Sequence[Strategy], strategy_config: Any) -> dict[str, Any]:
-    """name -> its [strategy.<name>] section."""
+def strategy_configs(registry: Sequence[Strategy], strategy_config: StrategyConfig) -> dict[str, Any]:
+    """name -> its [strategy.<name>] section (the field named after the strategy: a plug-in
+    strategy brings its section in a StrategyConfig subclass)."""
     return {s.name: getattr(strategy_config, s.name) for s in registry}
 
 
 class StrategyRunner:
     """Runs the registered strategies on a snapshot and applies their plans."""
 
-    def __init__(self, registry: Sequence[Strategy], strategy_config: Any, executor: CgroupExecutor,
+    def __init__(self, registry: Sequence[Strategy], strategy_config: StrategyConfig, executor: CgroupExecutor,
                  procfs: Callable[[], ProcfsExecutor], collector: Collector, status: StatusBook) -> None:
         self.registry = tuple(registry)
         names = [s.name for s in self.registry]
@@ -65,7 +67,7 @@ class StrategyRunner:
                 self.restores.append((s, undo))
         self.saturated = False  # the early strategies cannot do more: skip early wake-ups
 
-    def reconfigure(self, strategy_config: Any) -> list[str]:
+    def reconfigure(self, strategy_config: StrategyConfig) -> list[str]:
         """New config sections; returns the strategies whose old effects the next tick undoes."""
         new = strategy_configs(self.registry, strategy_config)
         restores = []

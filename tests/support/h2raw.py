@@ -10,6 +10,7 @@ import time
 
 import hpack
 
+from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
 
 RS = "/runtime.v1.RuntimeService/"
@@ -120,7 +121,7 @@ def unary_call(path: str, method: str, message: bytes = b"", timeout_s: float = 
     conn = RawConnection(path, timeout_s)
     try:
         conn.send(w.frame(w.HEADERS, w.FLAG_END_HEADERS, 1, request_headers(RS + method))
-                  + w.frame(w.DATA, w.FLAG_END_STREAM, 1, w.encode_grpc_message(message)))
+                  + w.frame(w.DATA, w.FLAG_END_STREAM, 1, encode_grpc_message(message)))
         return conn.read_until(lambda a: any(e[0] == "HEADERS" and e[2] is not None for e in a.events),
                                timeout_s)
     finally:

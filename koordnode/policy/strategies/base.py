@@ -69,6 +69,9 @@ class Probe(Protocol):
 
     def cpuset_cpus(self, cgroup: str) -> frozenset[int] | None: ...
 
+    def cpu_idle(self, cgroup: str) -> bool | None:
+        """Whether the cgroup is idle (cpu.idle = 1: SCHED_IDLE against its siblings)."""
+
     def nr_throttled(self, cgroup: str) -> int | None: ...
 
     def working_set_bytes(self, cgroup: str) -> int | None: ...

@@ -3,6 +3,13 @@
     budget = node CPUs x threshold% - LS usage - max(system usage, node reserved)
     budget x= ratio(LS CPU pressure)          (the configurable pressure curve)
 
+threshold% is `threshold_percent` while BE runs in kubelet's besteffort tier, and
+`idle_group_threshold_percent` while the cgroup holding every BE pod is idle (koordnode's
+BE group, cpu.idle = 1). In an idle group the kernel already runs a waking LS task before
+BE, so holding CPU back (35% of the node at 65%) buys LS no latency (measured: bench/ls_latency.py)
+and only costs BE throughput; the quota is then left to keep BE out of the CPU that LS, the
+system and the reservation use, and to follow an LS step within a tick (bench/qos_reaction.py).
+
 Policy "cfs_quota" turns the budget into the BE tier cgroup's CFS quota (floor
 `min_quota_us`); policy "cpuset" into a number of CPUs for BE (ceil(budget), at least
 `min_cpus`, never LSE/LSR/reserved ones). Either way a smaller budget applies at once (LS
@@ -22,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from koordnode.policy.plan import CgroupWrite
+from koordnode.model.be_group import is_be_group
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
 from koordnode.model.qos_class import QoSClass
@@ -41,7 +49,7 @@ class CpuSuppressInput:
     system_used_cpus: float  # node usage outside the pods
     reserved_cpus: float  # the node reservation, CPUs
     ls_pressure_percent: float | None  # LS CPU "some" pressure; None = not measurable
-    be_tier: str  # the BE tier cgroup ("/kubepods/besteffort")
+    be_tier: str  # the BE tier cgroup ("/kubepods/besteffort") or koordnode's BE group
     current_quota_us: int | None = None  # the tier's quota now (-1 unlimited); None = tier missing
     period_us: int = DEFAULT_CFS_PERIOD_US
     elapsed_s: float | None = None  # since the previous decision; None = first one
@@ -52,6 +60,8 @@ class CpuSuppressInput:
     current_be_cpus: frozenset[int] | None = None  # the tier's cpuset now
     # Where the BE cpuset is written: the tier, its pods and their containers.
     be_cpuset_cgroups: tuple[str, ...] = ()
+    # The cgroup holding every BE pod is idle (cpu.idle = 1): BE yields to LS in the kernel.
+    be_idle: bool = False
 
 
 def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> float:
@@ -74,9 +84,14 @@ class Budget:
     cpus: float  # >= 0
 
 
+def effective_threshold_percent(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> float:
+    """The share of the node LS + system + BE may use: higher while BE is in an idle group."""
+    return cfg.idle_group_threshold_percent if inp.be_idle else cfg.threshold_percent
+
+
 def be_budget(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Budget:
     raw = (
-        inp.node_cpus * cfg.threshold_percent / 100.0
+        inp.node_cpus * effective_threshold_percent(inp, cfg) / 100.0
         - inp.ls_used_cpus
         - max(inp.system_used_cpus, inp.reserved_cpus)
     )
@@ -95,7 +110,8 @@ def _inputs(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> di
     return {
         "policy": cfg.policy,
         "node_cpus": inp.node_cpus,
-        "threshold_percent": cfg.threshold_percent,
+        "threshold_percent": effective_threshold_percent(inp, cfg),
+        "be_idle": inp.be_idle,
         "ls_used_cpus": rounded(inp.ls_used_cpus),
         "be_used_cpus": rounded(inp.be_used_cpus),
         "system_used_cpus": rounded(inp.system_used_cpus),
@@ -138,7 +154,8 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
             f"{how} to {new} differs by less than {cfg.min_change_percent}%",
         ))
     reason = (
-        f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {cfg.threshold_percent}% - LS "
+        f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {effective_threshold_percent(inp, cfg)}%"
+        f"{' (BE group idle)' if inp.be_idle else ''} - LS "
         f"{inp.ls_used_cpus:.2f} - max(system {inp.system_used_cpus:.2f}, reserved {inp.reserved_cpus:.2f})"
         f", x {budget.ratio:.2f} for LS pressure; {how}"
     )
@@ -179,7 +196,8 @@ def _decide_cpuset(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget
     if chosen == current:
         return StrategyResult(Explanation(NAME, inputs, f"keep {len(current)} CPUs", "already so"))
     text = format_cpu_list(chosen)
-    reason = (f"BE budget {budget.cpus:.2f} CPUs (x {budget.ratio:.2f} for LS pressure) -> {count} "
+    reason = (f"BE budget {budget.cpus:.2f} CPUs at {effective_threshold_percent(inp, cfg)}%"
+              f"{' (BE group idle)' if inp.be_idle else ''} (x {budget.ratio:.2f} for LS pressure) -> {count} "
               f"of {len(pool)} pool CPUs; {how}")
     writes = tuple(CgroupWrite(cg, "cpuset.cpus", text, f"cpu_suppress: {reason}") for cg in inp.be_cpuset_cgroups)
     return StrategyResult(
@@ -238,6 +256,8 @@ def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
         excluded_cpus=snap.excluded_cpus,
         current_be_cpus=current_cpus,
         be_cpuset_cgroups=cpuset_cgroups,
+        # Only koordnode's group: kubelet's tier is never idle (kubelet would fail on it).
+        be_idle=is_be_group(tier) and snap.probe.cpu_idle(tier) is True,
     )
 
 
