@@ -110,6 +110,15 @@ class _Located:
     siblings: dict[str, Path]
 
 
+def _directory_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory; None when it is missing or not a directory."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 class _Outcome(Exception):
     """Internal: a write ends early with a result (refused, skipped, missing)."""
 
@@ -515,16 +524,17 @@ class CgroupExecutor(_Converger):
         located = self._located.get((resource.name, cgroup))
         if located is None:
             return None
-        try:
-            st = os.stat(located.directory)
-        except OSError:
-            st = None
-        if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != located.dir_id:
+        if _directory_id(located.directory) != located.dir_id:
             del self._located[(resource.name, cgroup)]
             return None
+        return self._target_in(write, resource, located, value, cached=True)
+
+    def _target_in(self, write: CgroupWrite, resource: Resource, located: _Located, value: Any,
+                   *, cached: bool) -> _Target:
+        """The write's target in a located file, unless a sibling file blocks the write."""
         self._check_not_blocked(write, resource, located)
         return _Target(write, located.path, located.fmt, value, located.fmt.expected(value),
-                       dir_inode=st.st_ino if located.file_in_dir else None, cached=True)
+                       dir_inode=located.dir_id[1] if located.file_in_dir else None, cached=cached)
 
     def _unsupported_outcome(self, write: CgroupWrite, key: tuple[str, bool], reason: str) -> _Outcome:
         self._unsupported[key] = reason
@@ -559,24 +569,18 @@ class CgroupExecutor(_Converger):
                     write, key, f"cgroup v1 controller {resource.v1_controller} is not mounted under {self.root}"
                 )
             directory = self._fs.cgroup_dir(hierarchy, cgroup)
-            try:
-                st = os.stat(directory)
-            except OSError:
-                st = None
-            if st is None or not stat.S_ISDIR(st.st_mode):
+            dir_id = _directory_id(directory)
+            if dir_id is None:
                 self._log.debug("cgroup_missing", path=str(directory), **self._log_fields(write))
                 raise _Outcome(WriteResult(write, WriteStatus.MISSING, str(directory), detail="cgroup does not exist"))
             for fmt in formats:
                 path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
                 if path.is_file():
-                    located = _Located(hierarchy, directory, (st.st_dev, st.st_ino), path, fmt,
-                                       path.parent == directory, {})
+                    located = _Located(hierarchy, directory, dir_id, path, fmt, path.parent == directory, {})
                     if len(self._located) >= self._MAX_LOCATED:
                         self._located.clear()
                     self._located[(resource.name, cgroup)] = located
-                    self._check_not_blocked(write, resource, located)
-                    return _Target(write, path, fmt, value, fmt.expected(value),
-                                   dir_inode=st.st_ino if located.file_in_dir else None)
+                    return self._target_in(write, resource, located, value, cached=False)
         except UnsafePathError as err:
             raise self._refused(write, str(err)) from None
         names = " or ".join(fmt.filename for fmt in formats)
