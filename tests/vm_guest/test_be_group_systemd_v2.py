@@ -9,13 +9,18 @@ containerd with runc's systemd driver, cgroup v2.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from guestlib import CG, GuestKoordnode, free_port, wait_for
+from guestlib import CG, GuestKoordnode, Pod, free_port, make_pod, wait_for
+from koordnode.config.strategies import CpuSuppressConfig
 from koordnode.cri import api_pb2 as pb
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
 from testbed.systemd_bed import KUBEPODS_SLICE, kubelet_pod_slice, kubelet_tiers, set_properties, slice_path
@@ -52,7 +57,7 @@ def group_idle() -> bool:
     return (GROUP_DIR / "cpu.idle").is_file() and (GROUP_DIR / "cpu.idle").read_text().strip() == "1"
 
 
-def be_pod(cri: Cri, bed, name: str) -> tuple[str, str, str, str]:
+def be_pod(cri: Cri, bed, name: str, cmd: list[str] | None = None) -> tuple[str, str, str, str]:
     """kubelet's sequence for a BestEffort pod: its pod slice, RunPodSandbox, the container.
     Returns (sandbox id, container id, kubelet's parent, the container's cgroup)."""
     uid = str(uuid.uuid4())
@@ -60,7 +65,7 @@ def be_pod(cri: Cri, bed, name: str) -> tuple[str, str, str, str]:
     kubelet_pod_slice(parent, 1)  # kubelet's pod slice, CPUWeight 1 (cpu.shares 2)
     sb = sandbox_config(bed, name, qos="besteffort", uid=uid)
     sid = run_pod(cri, sb)
-    cid = start_container(cri, sid, sb, container_config(bed, "main", ["sleep", "3600"]))
+    cid = start_container(cri, sid, sb, container_config(bed, "main", cmd or ["sleep", "3600"]))
     info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
     return sid, cid, parent, cgroup_of(json.loads(info["info"])["pid"])
 
@@ -127,3 +132,220 @@ def test_be_pod_runs_in_the_idle_slice_and_kubelets_property_writes_succeed(syst
         for sandbox_id in created:
             remove_pod(cri, sandbox_id)
         cri.close()
+
+
+# ---- The QoS manager with the idle group: its threshold, the LS usage wake-up, restarts ------------
+#
+# One BE pod busy in the group and one LS pod (Burstable), both through koordnode, for the three
+# tests below (in this order; the module's koordnode). An LS "step" is reproduced by moving busy
+# processes into the LS container's cgroup, as bench/qos_reaction.py does on the host: the kernel
+# accounts them to the LS pod and the burstable tier like the container's own.
+
+GROUP_CGROUP = f"/{KUBEPODS_SLICE}/{GROUP_SLICE}"
+BURSTABLE_DIR = CG / KUBEPODS_SLICE / "kubepods-burstable.slice"
+QOS_LABEL = "koordinator.sh/qosClass"
+BUSY_LOOP = ["sh", "-c", "while :; do :; done"]
+MIN_QUOTA_US = CpuSuppressConfig().min_quota_us  # cpu_suppress's floor (default config)
+THRESHOLD = CpuSuppressConfig().threshold_percent  # 65
+IDLE_THRESHOLD = CpuSuppressConfig().idle_group_threshold_percent  # 95
+
+
+@dataclass
+class Interference:
+    be_sandbox: str
+    be_parent: str  # kubelet's parent (in the besteffort tier); the pod runs in the group
+    be_cgroup: str  # the BE container's cgroup (in the group)
+    ls: Pod
+
+
+@pytest.fixture(scope="module")
+def interference(systemd_bed, be_group_koordnode):
+    cri = Cri(be_group_koordnode.listen)
+    cri.created = []
+    try:
+        sid, _cid, parent, cgroup = be_pod(cri, systemd_bed, "busy-batch", cmd=BUSY_LOOP)
+        cri.created.append(sid)
+        assert cgroup.startswith(GROUP_CGROUP + "/"), cgroup
+        ls = make_pod(cri, systemd_bed, "web", "burstable", labels={QOS_LABEL: "LS"},
+                      resources={"cpu_shares": 1024}, kubelet_weight=39)
+        yield Interference(sid, parent, cgroup, ls)
+    finally:
+        cri.close()
+        cleanup = Cri(be_group_koordnode.listen)  # the koordnode may have been restarted since
+        for sandbox_id in cri.created:
+            try:
+                remove_pod(cleanup, sandbox_id)
+            except Exception:  # noqa: BLE001 - cleanup
+                pass
+        cleanup.close()
+
+
+def group_quota() -> tuple[int | None, int]:
+    """(quota us or None for "max", period us) of the group slice's cpu.max."""
+    quota, period = (GROUP_DIR / "cpu.max").read_text().split()
+    return (None if quota == "max" else int(quota)), int(period)
+
+
+def manager_status(kn) -> dict:
+    return kn.status().get("qos_manager") or {}
+
+
+def suppress_decision(kn) -> dict:
+    """cpu_suppress's last decision as `koordnode status` shows it (inputs, decision, reason, at)."""
+    strategy = manager_status(kn).get("strategies", {}).get("cpu_suppress") or {}
+    return strategy.get("decision") or {}
+
+
+def wait_decision(kn, check, timeout_s: float, what: str, after: float = 0.0) -> dict:
+    """A decision of a tick that began after `after` (wall clock) and passes `check`. Polled once
+    a second: a status call costs the TCG guest real CPU, which the manager counts as system use."""
+    def found() -> dict | None:
+        decision = suppress_decision(kn)
+        inputs = decision.get("inputs") or {}
+        return decision if decision.get("at", 0) > after and "threshold_percent" in inputs and check(inputs) else None
+    try:
+        return wait_for(found, timeout_s, what, interval=1.0)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; last decision: {suppress_decision(kn)}") from None
+
+
+def idle_threshold(inputs: dict) -> bool:
+    return (inputs["be_tier"] == GROUP_CGROUP and inputs["be_idle"] is True
+            and inputs["threshold_percent"] == IDLE_THRESHOLD)
+
+
+def kubelet_restart(interference: Interference) -> None:
+    """What kubelet does to its cgroups when it starts (systemd driver): its tiers started (updated)
+    again with their weights, its QoS manager's tier writes, and each pod's slice (the BE pod's,
+    left empty in the besteffort tier by the move) updated through systemd."""
+    ncpu = os.cpu_count() or 1
+    kubelet_tiers(ncpu)
+    set_properties("kubepods-besteffort.slice", {"CPUWeight": ("t", 1)})
+    set_properties("kubepods-burstable.slice", {"CPUWeight": ("t", 39 * ncpu)})
+    set_properties(interference.be_parent, {"CPUWeight": ("t", 1)})
+    set_properties(interference.ls.parent, {"CPUWeight": ("t", 39)})
+
+
+def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager(
+        systemd_bed, be_group_koordnode, interference):
+    """[strategy.cpu_suppress] idle_group_threshold_percent on the real group slice, and the LS
+    usage watch (perf cgroup events on cgroup2) waking the manager on an LS step."""
+    kn = be_group_koordnode
+    ncpu = os.cpu_count() or 1
+    wait_for(group_idle, 15, "the BE group slice idle")
+    # The usage watch: perf events on the burstable tier's cgroup2 directory, armed.
+    usage = wait_for(lambda: (lambda u: u if u.get("armed") else None)(manager_status(kn).get("usage_watch") or {}),
+                     30, "the LS usage watch armed", interval=1.0)
+    assert usage["mode"] == "perf-events", usage
+    assert str(BURSTABLE_DIR) in usage["targets"].values(), usage
+    # LS idle: the group's quota grows to idle_group_threshold_percent of the node minus what LS
+    # and the system use (or reserve) - more than threshold_percent of the node could ever give.
+    decision = wait_decision(
+        kn, lambda i: idle_threshold(i) and i["current_quota_us"] >= 0.97 * i["target_quota_us"], 90,
+        "the group's quota grown to its target at the idle group threshold")
+    quota, period = group_quota()
+    inputs = decision["inputs"]
+    print(f"LS idle: group cpu.max {quota}/{period}; decision {decision['decision']}: {decision['reason']}")
+    assert quota is not None and quota > THRESHOLD / 100 * ncpu * period, (
+        f"quota {quota} not above {THRESHOLD}% of {ncpu} CPUs; inputs {inputs}")
+    assert kn.metric("koordnode_be_cpu_quota_cores") > THRESHOLD / 100 * ncpu - 0.2
+    status = manager_status(kn)
+    assert status["be_tier"] == GROUP_CGROUP
+    wakeups, usage_ticks = status["usage_watch"]["wakeups"], status["ticks"]["woken_by_usage"]
+    # The LS step: ncpu + 1 busy loops in the LS container's cgroup.
+    hogs = [subprocess.Popen(BUSY_LOOP) for _ in range(ncpu + 1)]
+    try:
+        for hog in hogs:
+            (interference.ls.container_dir / "cgroup.procs").write_text(str(hog.pid))
+        wait_for(lambda: group_quota()[0] == MIN_QUOTA_US, 30, "the group's quota at its floor after the LS step",
+                 interval=0.5)
+        status = manager_status(kn)
+        print(f"after the LS step: usage watch {status['usage_watch']}; ticks {status['ticks']}")
+        assert status["usage_watch"]["wakeups"] > wakeups, status["usage_watch"]
+        assert status["ticks"]["woken_by_usage"] > usage_ticks, status["ticks"]
+        decision = suppress_decision(kn)
+        assert idle_threshold(decision["inputs"]), decision
+        assert decision["inputs"]["ls_used_cpus"] > 1.0, decision
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=30)
+
+
+def test_a_group_made_non_idle_through_systemd_gets_threshold_percent(systemd_bed, be_group_koordnode, interference):
+    """An operator's `systemctl set-property kubepods-koordnode_be.slice CPUWeight=100`: the group
+    reads cpu.idle 0, and BE is held to threshold_percent again. koordnode makes the group idle
+    again at its next reconcile pass (BE pods must stay where BE yields in the kernel), so the
+    pass is paused by a config reload while the non-idle group is looked at."""
+    kn = be_group_koordnode
+    ncpu = os.cpu_count() or 1
+    original = kn.config_path.read_text()
+    assert "reconcile_interval_s = 3.0" in original
+    reload_config(kn, original.replace("reconcile_interval_s = 3.0", "reconcile_interval_s = 0"))
+    try:
+        set_properties(GROUP_SLICE, {"CPUWeight": ("t", 100)})
+        wait_for(lambda: not group_idle(), 15, "the group slice not idle after CPUWeight=100")
+        changed = time.time()
+        decision = wait_decision(
+            kn, lambda i: i["be_tier"] == GROUP_CGROUP and i["be_idle"] is False
+            and i["threshold_percent"] == THRESHOLD, 30, "a decision at threshold_percent", after=changed)
+        print(f"group not idle: {decision['decision']}: {decision['reason']}")
+        _, period = group_quota()
+        wait_for(lambda: (group_quota()[0] or 1 << 62) <= THRESHOLD / 100 * ncpu * period, 15,
+                 f"the group's quota within {THRESHOLD}% of the node")
+        assert manager_status(kn)["be_tier"] == GROUP_CGROUP
+    finally:
+        reload_config(kn, original)  # the reload runs a reconcile pass at once
+    wait_for(group_idle, 30, "the group made idle again by koordnode's reconcile pass")
+    assert systemd_property(GROUP_SLICE, "CPUWeight") == "idle"
+    wait_decision(kn, idle_threshold, 30, "the idle group threshold back", after=time.time())
+
+
+def reload_config(kn, text: str) -> None:
+    """Rewrite koordnode's config file and SIGHUP it; wait until the reload is applied."""
+    before = kn.status()["config"]["last_reload"].get("at", 0)
+    kn.config_path.write_text(text)
+    kn.proc.send_signal(signal.SIGHUP)
+    result = wait_for(lambda: (lambda r: r if r.get("at", 0) > before else None)(kn.status()["config"]["last_reload"]),
+                      30, "the config reloaded", interval=0.5)
+    assert result["result"] == "applied", result
+
+
+def test_restarts_in_any_order_keep_the_group_idle_and_the_idle_threshold(
+        systemd_bed, be_group_koordnode, interference):
+    """kubelet (its writes, as it makes them when it starts) and koordnode restarting while the
+    pods run, in each order: the group slice stays idle, BE stays in it, the manager keeps the
+    idle group threshold and its usage watch."""
+    kn = be_group_koordnode
+    ncpu = os.cpu_count() or 1
+    be_pid = int((CG / interference.be_cgroup.lstrip("/") / "cgroup.procs").read_text().split()[0])
+    # kubelet restarts while koordnode runs.
+    restarted = time.time()
+    kubelet_restart(interference)
+    assert group_idle()
+    wait_decision(kn, idle_threshold, 30, "the idle group threshold after kubelet's restart", after=restarted)
+    # koordnode stops; kubelet restarts while it is away; koordnode starts again.
+    kn.stop()
+    assert group_idle(), "koordnode's stop leaves the group idle"
+    kubelet_restart(interference)
+    assert group_idle() and systemd_property(GROUP_SLICE, "CPUWeight") == "idle"
+    assert cgroup_of(be_pid) == interference.be_cgroup, "the BE pod still runs in the group"
+    kn.start()
+    started = time.time()
+    wait_for(lambda: kn.status().get("rebuilt_at"), 30, "state rebuilt after the restart")
+    pods = {p["sandbox_id"]: p for p in kn.status()["pods"]}
+    assert pods[interference.be_sandbox]["qos_class"] == "BE"
+    assert pods[interference.ls.sandbox_id]["qos_class"] == "LS"
+    wait_decision(kn, idle_threshold, 30, "the idle group threshold after koordnode's restart", after=started)
+    _, period = group_quota()
+    wait_decision(kn, lambda i: idle_threshold(i) and (i["current_quota_us"] or 0) > THRESHOLD / 100 * ncpu * period,
+                  90, f"the group's quota above {THRESHOLD}% of the node again", after=started)
+    usage = wait_for(lambda: (lambda u: u if u.get("armed") else None)(manager_status(kn).get("usage_watch") or {}),
+                     30, "the LS usage watch armed again", interval=1.0)
+    assert usage["mode"] == "perf-events", usage
+    # kubelet restarts after koordnode did.
+    restarted = time.time()
+    kubelet_restart(interference)
+    assert group_idle()
+    wait_decision(kn, idle_threshold, 30, "the idle group threshold after kubelet's second restart", after=restarted)
+    assert cgroup_of(be_pid) == interference.be_cgroup
