@@ -210,8 +210,41 @@ def wait_decision(kn, check, timeout_s: float, what: str, after: float = 0.0) ->
 
 
 def idle_threshold(inputs: dict) -> bool:
-    return (inputs["be_tier"] == GROUP_CGROUP and inputs["be_idle"] is True
-            and inputs["threshold_percent"] == IDLE_THRESHOLD)
+    return (inputs.get("be_tier") == GROUP_CGROUP and inputs.get("be_idle") is True
+            and inputs.get("threshold_percent") == IDLE_THRESHOLD)
+
+
+def expected_quota_us(inputs: dict, threshold_percent: float) -> int:
+    """cpu_suppress's quota for these inputs (README: node CPUs x threshold - LS - max(system,
+    reserved), x the pressure ratio, floor min_quota_us), computed here independently."""
+    budget = (inputs["node_cpus"] * threshold_percent / 100 - inputs["ls_used_cpus"]
+              - max(inputs["system_used_cpus"], inputs["reserved_cpus"]))
+    return max(MIN_QUOTA_US, round(max(0.0, budget) * inputs["pressure_ratio"] * inputs["period_us"]))
+
+
+def written_quota(decision: dict) -> int | None:
+    """The quota a decision left on the group: "quota A -> B" or "keep quota A"."""
+    words = decision.get("decision", "").split()
+    return int(words[-1]) if words and words[-1].lstrip("-").isdigit() else None
+
+
+def wait_quota_at_idle_threshold(kn, timeout_s: float, what: str, after: float = 0.0) -> tuple[dict, int]:
+    """A decision at the idle group threshold whose quota is the one the group's cpu.max holds and
+    the one the threshold gives for the decision's inputs (not a step of the limited growth)."""
+    seen: dict = {}
+
+    def settled(inputs: dict) -> bool:
+        decision = suppress_decision(kn)
+        quota, _ = group_quota()
+        seen.update(decision=decision, quota=quota)
+        if decision.get("inputs") != inputs or written_quota(decision) != quota or quota is None:
+            return False
+        return abs(quota - expected_quota_us(inputs, IDLE_THRESHOLD)) <= 0.015 * quota
+    try:
+        decision = wait_decision(kn, lambda i: idle_threshold(i) and settled(i), timeout_s, what, after)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; last seen: {seen}") from None
+    return decision, seen["quota"]
 
 
 def kubelet_restart(interference: Interference) -> None:
@@ -238,17 +271,12 @@ def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager
                      30, "the LS usage watch armed", interval=1.0)
     assert usage["mode"] == "perf-events", usage
     assert str(BURSTABLE_DIR) in usage["targets"].values(), usage
-    # LS idle: the group's quota grows to idle_group_threshold_percent of the node minus what LS
-    # and the system use (or reserve) - more than threshold_percent of the node could ever give.
-    decision = wait_decision(
-        kn, lambda i: idle_threshold(i) and i["current_quota_us"] >= 0.97 * i["target_quota_us"], 90,
-        "the group's quota grown to its target at the idle group threshold")
-    quota, period = group_quota()
-    inputs = decision["inputs"]
-    print(f"LS idle: group cpu.max {quota}/{period}; decision {decision['decision']}: {decision['reason']}")
-    assert quota is not None and quota > THRESHOLD / 100 * ncpu * period, (
-        f"quota {quota} not above {THRESHOLD}% of {ncpu} CPUs; inputs {inputs}")
-    assert kn.metric("koordnode_be_cpu_quota_cores") > THRESHOLD / 100 * ncpu - 0.2
+    # LS idle: the group's quota is idle_group_threshold_percent of the node minus what LS and
+    # the system use (or reserve). Under TCG the system's use (koordnode, containerd, this test)
+    # is large and moves, so the quota is checked against the decision's own inputs.
+    decision, quota = wait_quota_at_idle_threshold(kn, 90, "the group's quota at the idle group threshold")
+    print(f"LS idle: group cpu.max {quota}; {decision['decision']}: {decision['reason']}")
+    assert 0 < kn.metric("koordnode_be_cpu_quota_cores") <= IDLE_THRESHOLD / 100 * ncpu
     status = manager_status(kn)
     assert status["be_tier"] == GROUP_CGROUP
     wakeups, usage_ticks = status["usage_watch"]["wakeups"], status["ticks"]["woken_by_usage"]
@@ -282,13 +310,31 @@ def test_a_group_made_non_idle_through_systemd_gets_threshold_percent(systemd_be
     original = kn.config_path.read_text()
     assert "reconcile_interval_s = 3.0" in original
     reload_config(kn, original.replace("reconcile_interval_s = 3.0", "reconcile_interval_s = 0"))
-    try:
+    sets = 0
+
+    def make_non_idle() -> None:
+        nonlocal sets
         set_properties(GROUP_SLICE, {"CPUWeight": ("t", 100)})
-        wait_for(lambda: not group_idle(), 15, "the group slice not idle after CPUWeight=100")
+        sets += 1
+
+    def non_idle_threshold(inputs: dict) -> bool:
+        # The reload's own reconcile pass may still be running (it waits for a pass in progress):
+        # a group it made idle again gets CPUWeight=100 again. With the passes paused, no more.
+        if group_idle():
+            assert sets < 3, f"the group made idle again {sets} times with the reconcile pass off"
+            make_non_idle()
+            return False
+        return inputs["be_tier"] == GROUP_CGROUP and inputs["be_idle"] is False and inputs["threshold_percent"] == THRESHOLD
+
+    try:
+        make_non_idle()
         changed = time.time()
-        decision = wait_decision(
-            kn, lambda i: i["be_tier"] == GROUP_CGROUP and i["be_idle"] is False
-            and i["threshold_percent"] == THRESHOLD, 30, "a decision at threshold_percent", after=changed)
+        try:
+            decision = wait_decision(kn, non_idle_threshold, 30, "a decision at threshold_percent", after=changed)
+        except AssertionError as err:
+            lines = [line for line in kn.log_text().splitlines()[-400:]
+                     if "be_group" in line or "reload" in line or "reconcile" in line]
+            raise AssertionError(f"{err}\nkoordnode log:\n" + "\n".join(lines[-20:])) from None
         print(f"group not idle: {decision['decision']}: {decision['reason']}")
         _, period = group_quota()
         wait_for(lambda: (group_quota()[0] or 1 << 62) <= THRESHOLD / 100 * ncpu * period, 15,
@@ -317,7 +363,6 @@ def test_restarts_in_any_order_keep_the_group_idle_and_the_idle_threshold(
     pods run, in each order: the group slice stays idle, BE stays in it, the manager keeps the
     idle group threshold and its usage watch."""
     kn = be_group_koordnode
-    ncpu = os.cpu_count() or 1
     be_pid = int((CG / interference.be_cgroup.lstrip("/") / "cgroup.procs").read_text().split()[0])
     # kubelet restarts while koordnode runs.
     restarted = time.time()
@@ -333,13 +378,14 @@ def test_restarts_in_any_order_keep_the_group_idle_and_the_idle_threshold(
     kn.start()
     started = time.time()
     wait_for(lambda: kn.status().get("rebuilt_at"), 30, "state rebuilt after the restart")
-    pods = {p["sandbox_id"]: p for p in kn.status()["pods"]}
-    assert pods[interference.be_sandbox]["qos_class"] == "BE"
-    assert pods[interference.ls.sandbox_id]["qos_class"] == "LS"
+    # The classes are recorded by the adoption pass that follows the rebuild.
+    wanted = {interference.be_sandbox: "BE", interference.ls.sandbox_id: "LS"}
+    wait_for(lambda: {p["sandbox_id"]: p["qos_class"] for p in kn.status()["pods"]
+                      if p["sandbox_id"] in wanted} == wanted, 30, "the pods' classes after the restart", interval=1.0)
     wait_decision(kn, idle_threshold, 30, "the idle group threshold after koordnode's restart", after=started)
-    _, period = group_quota()
-    wait_decision(kn, lambda i: idle_threshold(i) and (i["current_quota_us"] or 0) > THRESHOLD / 100 * ncpu * period,
-                  90, f"the group's quota above {THRESHOLD}% of the node again", after=started)
+    decision, quota = wait_quota_at_idle_threshold(kn, 90, "the group's quota at the idle threshold again",
+                                                   after=started)
+    print(f"after koordnode's restart: group cpu.max {quota}; {decision['reason']}")
     usage = wait_for(lambda: (lambda u: u if u.get("armed") else None)(manager_status(kn).get("usage_watch") or {}),
                      30, "the LS usage watch armed again", interval=1.0)
     assert usage["mode"] == "perf-events", usage
