@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from faketree import add_cgroup, read_cgroup_file, write_cgroup_file
+from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.model.be_group import systemd_group_of_kubepods
 from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
@@ -29,10 +29,13 @@ GROUP = "/kubepods.slice/kubepods-koordnode_be.slice"
 class FakeSystemd:
     """systemctl's effect on a fake cgroup tree; `idle_value` "0" is systemd < 252."""
 
-    def __init__(self, root: Path, *, delay_s: float = 0.0, idle_value: str = "1", fail: str | None = None):
+    def __init__(self, root: Path, *, delay_s: float = 0.0, idle_value: str = "1", fail: str | None = None,
+                 then=None):
         self.root, self.delay_s, self.idle_value, self.fail = root, delay_s, idle_value, fail
+        self.then = then  # called after a start: another writer acting right after koordnode
         self.started: list[str] = []
         self.stopped: list[str] = []
+        self.weights: dict[str, str] = {}  # CPUWeight per slice as systemd has it
 
     def start_idle(self, slice_name: str) -> str | None:
         time.sleep(self.delay_s)
@@ -42,7 +45,19 @@ class FakeSystemd:
         cgroup = slice_path(slice_name)
         add_cgroup(self.root, cgroup)
         write_cgroup_file(self.root, cgroup, "cpu.idle", self.idle_value)
+        self.weights[slice_name] = "idle"
+        if self.then is not None:
+            then, self.then = self.then, None
+            then(self, slice_name)
         return None
+
+    def set_weight(self, slice_name: str, weight: int) -> None:
+        """`systemctl set-property SLICE CPUWeight=<weight>`: systemd writes cpu.idle = 0."""
+        self.weights[slice_name] = str(weight)
+        write_cgroup_file(self.root, slice_path(slice_name), "cpu.idle", "0")
+
+    def cpu_weight(self, slice_name: str) -> str | None:
+        return self.weights.get(slice_name, "100")
 
     def stop(self, slice_name: str) -> str | None:
         self.stopped.append(slice_name)
@@ -55,7 +70,8 @@ def group_of(root: Path, systemd: FakeSystemd, **kwargs) -> SystemdBeGroup:
             return read_cgroup_file(root, cgroup, "cpu.idle").strip()
         except FileNotFoundError:
             return None
-    return SystemdBeGroup(read_idle, start_idle=systemd.start_idle, stop=systemd.stop, **kwargs)
+    return SystemdBeGroup(read_idle, start_idle=systemd.start_idle, stop=systemd.stop,
+                          cpu_weight=systemd.cpu_weight, **kwargs)
 
 
 @pytest.fixture
@@ -168,6 +184,26 @@ def test_retry_after_a_failure(tmp_path):
         now[0] += RETRY_AFTER_S + 1
         group.ready(GROUP_SLICE, GROUP, 1.0)
         assert len(systemd.started) == 2
+    finally:
+        group.close()
+
+
+def test_an_operators_cpu_weight_right_after_koordnodes_call_is_not_taken_for_an_old_systemd(tmp_path):
+    """`systemctl set-property kubepods-koordnode_be.slice CPUWeight=100` landing between
+    koordnode's CPUWeight=idle and its look at cpu.idle (seen in the VM lane): not systemd < 252,
+    so no back-off; the next reconcile check makes the group idle through systemd again (a
+    back-off would leave systemd's CPUWeight at 100 while the pass's own cpu.idle write hides it)."""
+    now = [1000.0]
+    root = make_cgroup_tree(tmp_path / "cg", version="v2")
+    systemd = FakeSystemd(root, then=lambda fake, name: fake.set_weight(name, 100))
+    group = group_of(root, systemd, clock=lambda: now[0])
+    try:
+        problem = group.prepare(GROUP_SLICE, GROUP).result(5)
+        assert problem is not None and "another writer" in problem and "252" not in problem, problem
+        group.check(GROUP_SLICE, GROUP)  # the next pass, within RETRY_AFTER_S
+        wait_until(lambda: len(systemd.started) == 2 and GROUP_SLICE not in group.problems)
+        assert systemd.cpu_weight(GROUP_SLICE) == "idle"
+        assert read_cgroup_file(root, GROUP, "cpu.idle").strip() == "1"
     finally:
         group.close()
 

@@ -52,6 +52,21 @@ def start_idle_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
     return _systemctl(["start", slice_name], timeout_s)
 
 
+def slice_cpu_weight(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
+    """The slice's CPUWeight as systemd has it ("idle", a number, "[not set]"); None if unknown."""
+    if not _SLICE.match(slice_name) or not SYSTEMD_RUNNING.is_dir():
+        return None
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return None
+    try:
+        done = subprocess.run([systemctl, "show", "-p", "CPUWeight", "--value", slice_name], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def stop_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
     """`systemctl stop SLICE` (systemd removes its cgroup); the problem, or None.
 

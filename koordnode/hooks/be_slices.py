@@ -40,8 +40,10 @@ class SystemdBeGroup:
     def __init__(self, read_idle: Callable[[str], str | None], *,
                  start_idle: Callable[[str], str | None] = systemd.start_idle_slice,
                  stop: Callable[[str], str | None] = systemd.stop_slice,
+                 cpu_weight: Callable[[str], str | None] = systemd.slice_cpu_weight,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._read_idle = read_idle
+        self._cpu_weight = cpu_weight
         self._clock = clock
         self._failed_at: dict[str, float] = {}
         self._start_idle = start_idle
@@ -62,6 +64,12 @@ class SystemdBeGroup:
             return self._read_idle(group) == "1"
         except Exception:
             return False
+
+    def _weight(self, slice_name: str) -> str | None:
+        try:
+            return self._cpu_weight(slice_name)
+        except Exception:
+            return None
 
     def _retry_later(self, slice_name: str) -> bool:
         failed_at = self._failed_at.get(slice_name)
@@ -84,9 +92,17 @@ class SystemdBeGroup:
             problem = self._start_idle(slice_name)
         except Exception as exc:  # a failed prepare leaves BE pods in kubelet's tier, never more
             problem = f"{type(exc).__name__}: {exc}"
+        retry_later = True
         if problem is None and not self._idle(group):
-            problem = (f"{slice_name} has CPUWeight=idle but {group}/cpu.idle is not 1 "
-                       "(systemd older than 252 does not map it to cpu.idle)")
+            weight = self._weight(slice_name)
+            if weight not in (None, "idle"):
+                # Another writer (an operator's set-property) changed it since our call: not an
+                # old systemd, so no back-off; the next reconcile pass makes it idle again.
+                problem = f"{slice_name}: CPUWeight set to {weight} by another writer after koordnode's CPUWeight=idle"
+                retry_later = False
+            else:
+                problem = (f"{slice_name} has CPUWeight=idle but {group}/cpu.idle is not 1 "
+                           "(systemd older than 252 does not map it to cpu.idle)")
         with self._lock:
             self._pending.pop(slice_name, None)
             if problem is None:
@@ -94,7 +110,8 @@ class SystemdBeGroup:
                 self.problems.pop(slice_name, None)
             else:
                 self.problems[slice_name] = problem
-                self._failed_at[slice_name] = self._clock()
+                if retry_later:
+                    self._failed_at[slice_name] = self._clock()
         if problem is None:
             log.info("be_group_slice_idle", slice=slice_name, cgroup=group)
         else:
