@@ -259,6 +259,7 @@ def kubelet_restart(interference: Interference) -> None:
     set_properties(interference.ls.parent, {"CPUWeight": ("t", 39)})
 
 
+@pytest.mark.containerd("1.7", "2.1")
 def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager(
         systemd_bed, be_group_koordnode, interference):
     """[strategy.cpu_suppress] idle_group_threshold_percent on the real group slice, and the LS
@@ -300,6 +301,7 @@ def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager
             hog.wait(timeout=30)
 
 
+@pytest.mark.containerd("1.7", "2.1")
 def test_a_group_made_non_idle_through_systemd_gets_threshold_percent(systemd_bed, be_group_koordnode, interference):
     """An operator's `systemctl set-property kubepods-koordnode_be.slice CPUWeight=100`: the group
     reads cpu.idle 0, and BE is held to threshold_percent again. koordnode makes the group idle
