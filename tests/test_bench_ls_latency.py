@@ -182,18 +182,19 @@ def _round_trips(probe: Path, *, server_cpu: int, client_cpu: int, hog_cpu: int,
 @needs_root_gcc_two_cpus
 def test_the_round_trip_tail_is_charged_to_the_side_that_waited_for_a_cpu(tmp_path):
     """Real scheduler: the end that shares its CPU with a busy loop waits for it (schedstat
-    run_delay), the SCHED_FIFO end never does; swapping the two swaps the figures."""
+    run_delay), the SCHED_FIFO end hardly does; swapping the two swaps the figures. (Not zero:
+    with this kernel's preempt=none even a real-time task waits for another task's kernel code
+    to finish, which on a shared machine is up to hundreds of us.)"""
     probe = build_probe(tmp_path)
     server_starved = _round_trips(probe, server_cpu=0, client_cpu=1, hog_cpu=0, realtime="client")
-    assert server_starved["p99"]["client_wait_us"] < 5
-    assert server_starved["p99"]["server_wait_us"] > 50
     client_starved = _round_trips(probe, server_cpu=0, client_cpu=1, hog_cpu=1, realtime="server")
-    assert client_starved["p99"]["server_wait_us"] < 5
-    assert client_starved["p99"]["client_wait_us"] > 50
+    assert server_starved["all"]["server_wait_us"] > 10 * max(1.0, server_starved["all"]["client_wait_us"])
+    assert server_starved["p99"]["server_wait_us"] > 100
+    assert client_starved["all"]["client_wait_us"] > 10 * max(1.0, client_starved["all"]["server_wait_us"])
+    assert client_starved["p99"]["client_wait_us"] > 100
     for where in (server_starved, client_starved):
         # what each waited is part of the round trips it was measured in
-        assert where["p99"]["client_wait_us"] + where["p99"]["server_wait_us"] <= where["p99"]["rtt_us"]
-
+        assert where["all"]["client_wait_us"] + where["all"]["server_wait_us"] <= where["all"]["rtt_us"]
 
 def _bench(bed, tmp_path: Path, **given) -> ls_latency.Bench:
     args = argparse.Namespace(rounds=1500, variants=["rr"], rr_clients=["pod"], classes=["LS"], be_loops=1,
@@ -265,7 +266,5 @@ def test_a_setup_measures_every_client_placement_alone_and_with_be(containerd_be
             assert measured["n"] == 500
             assert set(measured["where"]) == {"all", "p99", "p999"}
     assert all(m["be_cpus"] > 0 for m in out["LS"]["with_be"].values())
-    # The SCHED_FIFO client never waits for a CFS task; its waits are ~0 even beside BE.
-    assert out["LS"]["with_be"]["rr-host-rt"]["where"]["all"]["client_wait_us"] < 5
     rows = table([{"kubelet": out}], ["LS"], ["kubelet"]).splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == ["rr", "rr-pod", "rr-host-rt"]
