@@ -201,6 +201,14 @@ def usage_ns(cgroup: str) -> int:
     return int((CG / "cpuacct" / cgroup.lstrip("/") / "cpuacct.usage").read_text())
 
 
+def busy_ns(stat: Path = Path("/proc/stat")) -> int:
+    """CPU time the whole machine spent busy (all but idle and iowait), from /proc/stat's cpu line."""
+    fields = stat.read_text().split("\n", 1)[0].split()
+    assert fields[0] == "cpu", fields
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 class Bench:
     def __init__(self, bed, probe: Path, args: argparse.Namespace, work: Path) -> None:
         from tests.support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
@@ -282,14 +290,17 @@ class Bench:
         result: dict = {}
         for variant in self.variants:
             t0 = time.monotonic()
-            ls0, be0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0
+            ls0, be0, busy0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
             result[variant] = (self.probe_run(cri, ls_cid) if variant == "probe"
                                else self.rr_run(cri, variant, ls_ip, client_cid))
             elapsed = time.monotonic() - t0
-            ls_cpus = (usage_ns(ls_cg) - ls0) / 1e9 / elapsed
+            ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
+            ls_cpus = ls_ns / 1e9 / elapsed
             result[variant]["ls_cpus"] = round(ls_cpus, 3)
+            # Everything but the LS and BE pods (the rr client too): on a shared machine, what else ran.
+            result[variant]["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
             if be_cg:
-                be_cpus = (usage_ns(be_cg) - be0) / 1e9 / elapsed
+                be_cpus = be_ns / 1e9 / elapsed
                 result[variant]["be_cpus"] = round(be_cpus, 3)
                 result[variant]["be_share_of_idle"] = round(be_cpus / max(1e-9, CPUS - ls_cpus), 3)
         return result
@@ -343,7 +354,8 @@ class Bench:
                             "suppress_settled_s": settled_s}
                 print(f"  {setup:20s} {cls:3s} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
-                    f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
+                    f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs, other "
+                    f"{alone[v]['other_cpus']:.2f} / {with_be[v]['other_cpus']:.2f})"
                     for v in self.variants), flush=True)
                 if suppress:
                     settled = ("" if suppress == "off" else " (quota not settled)" if settled_s is None
@@ -480,6 +492,7 @@ def where_table(results: list[dict], classes: list[str], setups: list[str]) -> s
     label = {("alone", "p99"): "alone ≥p99", ("with_be", "p99"): "with BE ≥p99", ("with_be", "p999"): "with BE ≥p99.9"}
     for part in parts:
         head += [f"{label[part]}: RTT", "client waited", "server waited"]
+    head.append("other CPUs alone / with BE")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cls in classes:
         for variant in rr:
@@ -491,6 +504,8 @@ def where_table(results: list[dict], classes: list[str], setups: list[str]) -> s
                 for phase, rounds in parts:
                     wheres = [r[phase][variant].get("where", {}).get(rounds, {}) for r in runs]
                     cells += [_us(_med([w.get(q) for w in wheres])) for q in ("rtt_us", "client_wait_us", "server_wait_us")]
+                other = [_med([r[phase][variant].get("other_cpus") for r in runs]) for phase in ("alone", "with_be")]
+                cells.append(" / ".join("—" if o is None else f"{o:.2f}" for o in other))
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -580,8 +595,9 @@ def main() -> int:
     if where:
         print()
         print("Where the round trips' tail went (mean per round over the rounds at or above the percentile; "
-              "client / server waited = schedstat run_delay, waiting for a CPU while runnable; the rest is the "
-              "network path, the 50 us of work and the system calls):")
+              "client / server waited = schedstat run_delay, waiting for a CPU while runnable, and both can "
+              "wait at once; the rest is the network path, the 50 us of work and the system calls; other "
+              "CPUs = what the machine used besides the LS and BE pods, the client included):")
         print()
         print(where)
     return 0

@@ -118,7 +118,8 @@ def test_the_client_line_says_where_the_slowest_round_trips_went():
 def _measured(p99: float, waits: tuple[float, float], be: bool) -> dict:
     where = {rounds: {"rtt_us": p99 * k, "client_wait_us": waits[0] * k, "server_wait_us": waits[1] * k}
              for rounds, k in (("p99", 2), ("p999", 4))}
-    out = {"p50_us": p99 / 2, "p99_us": p99, "p999_us": p99 * 3, "max_us": p99 * 5, "n": 8000, "where": where}
+    out = {"p50_us": p99 / 2, "p99_us": p99, "p999_us": p99 * 3, "max_us": p99 * 5, "n": 8000, "where": where,
+           "other_cpus": 0.25 if be else 0.1}
     return {**out, "be_cpus": 1.8, "be_share_of_idle": 0.95} if be else out
 
 
@@ -138,10 +139,10 @@ def test_the_tables_have_a_row_per_client_placement_and_say_where_the_tail_went(
     where = where_table(results, ["LS"], ["kubelet"]).splitlines()
     assert where[0] == ("| LS pod class | variant | setup | alone ≥p99: RTT | client waited | server waited "
                         "| with BE ≥p99: RTT | client waited | server waited "
-                        "| with BE ≥p99.9: RTT | client waited | server waited |")
+                        "| with BE ≥p99.9: RTT | client waited | server waited | other CPUs alone / with BE |")
     assert len(where) == 4  # header, rule, rr and rr-pod: the probe has no round trips
     assert where[2] == ("| LS | rr | kubelet | 320 µs | 20 µs | 40 µs | 640 µs | 200 µs | 10 µs "
-                        "| 1,280 µs | 400 µs | 20 µs |")
+                        "| 1,280 µs | 400 µs | 20 µs | 0.10 / 0.25 |")
     assert where_table([{"kubelet": {"LS": {"alone": {"probe": alone["probe"]},
                                             "with_be": {"probe": with_be["probe"]}}}}], ["LS"], ["kubelet"]) == ""
 
@@ -265,6 +266,14 @@ def test_a_setup_measures_every_client_placement_alone_and_with_be(containerd_be
         for measured in out["LS"][phase].values():
             assert measured["n"] == 500
             assert set(measured["where"]) == {"all", "p99", "p999"}
+            assert measured["other_cpus"] >= 0
     assert all(m["be_cpus"] > 0 for m in out["LS"]["with_be"].values())
     rows = table([{"kubelet": out}], ["LS"], ["kubelet"]).splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == ["rr", "rr-pod", "rr-host-rt"]
+
+
+def test_the_machine_busy_time_counts_everything_but_idle_and_iowait(tmp_path):
+    stat = tmp_path / "stat"
+    #                 user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 20 30 5000 70 4 6 10 0 0\ncpu0 50 10 15 2500 35 2 3 5 0 0\n")
+    assert ls_latency.busy_ns(stat) == 170 * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
