@@ -18,10 +18,11 @@ with kubelet's values ("kubelet"), and through a `koordnode run` in front of it 
                       through the same path as the server's, so kubelet's and koordnode's values
                       apply to it as to any LS pod: another LS service on the node calling this
                       one. Row "rr-pod".
-             host-rt  on the node as "host", but SCHED_FIFO: its wake-ups never wait for a CFS
-                      task, so what is left is the server's side and the network path -- the
-                      nearest this one-machine bed gets to a client on another machine, whose
-                      CPU BE cannot touch. Row "rr-host-rt".
+             host-rt  on the node as "host", but SCHED_FIFO: a wake-up preempts any CFS task at
+                      once (BE included; only kernel code a task is in when it wakes, here
+                      preempt=none, delays it), so what is left is the server's side and the
+                      network path -- the nearest this one-machine bed gets to a client on
+                      another machine, whose CPU BE cannot touch. Row "rr-host-rt".
            For the slowest rounds (at or above p99 and p99.9) the client also says where the
            time went: how long the client and the server each waited for a CPU (run_delay of
            their schedstat) during those rounds; the rest is the network path and the work.
@@ -524,7 +525,8 @@ def main() -> int:
     parser.add_argument("--rr-client", default="host",
                         help="where the rr client runs, one or more of: host (on the node outside kubepods; row "
                         "'rr'), pod (in an LS pod of its own; row 'rr-pod'), host-rt (on the node, SCHED_FIFO: "
-                        "never waits for a CFS task, the nearest to a client on another machine; row 'rr-host-rt')")
+                        "does not wait for BE or any CFS task, the nearest to a client on another machine; "
+                        "row 'rr-host-rt')")
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=1, help="repeat every setup, interleaved; medians reported")
     parser.add_argument("--be-loops", type=int, default=3)
