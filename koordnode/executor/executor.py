@@ -8,6 +8,7 @@ skipped once and remembered; unsafe paths and invalid values are refused.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import os
@@ -94,6 +95,9 @@ class _Target:
     dir_inode: int | None = None
     # Found in the executor's cache of located files (looked up again if the file is gone).
     cached: bool = False
+    # Where it was found ((resource, cgroup) and the location), for a repeat of the same write.
+    key: tuple[str, str] | None = None
+    located: _Located | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass
@@ -153,9 +157,11 @@ class _Converger:
         # Dry run: the text last reported per file, so that the reconcile pass does not log
         # the same "would write" at info level every period.
         self._would_logged: dict[str, str] = {}
-        # file -> (inode of its directory, value koordnode last wrote or confirmed there).
-        # The inode tells a recreated cgroup (fresh defaults, not an overwrite) from the same one.
-        self._owned: dict[Path, tuple[int, Hashable]] = {}
+        # file -> (inode of its directory, value koordnode last wrote or confirmed there, the
+        # file's text then, the UNCHANGED result for that text). The inode tells a recreated
+        # cgroup (fresh defaults, not an overwrite) from the same one; the text lets a check
+        # that reads the very same text again skip parsing it (it holds the same value).
+        self._owned: dict[Path, tuple[int, Hashable, str | None, WriteResult | None]] = {}
         self._overwrites: dict[str, int] = {}
         self._last_overwrite: dict[str, dict[str, str]] = {}
 
@@ -203,12 +209,22 @@ class _Converger:
                           **self._log_fields(target.write))
         return True
 
-    def _remember(self, target: _Target) -> None:
+    def _remember(self, target: _Target, text: str | None = None, unchanged: WriteResult | None = None) -> None:
         if len(self._owned) >= self._MAX_OWNED and target.path not in self._owned:
             self._owned = {p: v for p, v in self._owned.items() if p.parent.is_dir()}
             if len(self._owned) >= self._MAX_OWNED:
                 self._owned.clear()  # never unbounded; only overwrite detection is lost
-        self._owned[target.path] = (self._target_dir_inode(target), target.expected)
+        self._owned[target.path] = (self._target_dir_inode(target), target.expected, text, unchanged)
+
+    def _unchanged_again(self, target: _Target, current: str) -> WriteResult | None:
+        """The result of the last check of this file when it reads exactly as it did then, in
+        the same directory, for the same value: nothing to parse, compare or remember again."""
+        owned = self._owned.get(target.path)
+        if (owned is None or owned[2] != current or owned[3] is None or target.dir_inode is None
+                or owned[0] != target.dir_inode or owned[1] != target.expected):
+            return None
+        result = owned[3]
+        return result if result.write == target.write else None
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
@@ -220,6 +236,10 @@ class _Converger:
             current = read_file(path)
         except OSError as err:
             return self._io_failure(write, path, None, None, f"read failed: {_describe(err)}", err)
+        if original_old is None and not force and not self.dry_run:
+            again = self._unchanged_again(target, current)
+            if again is not None:
+                return again
         old = (original_old if original_old is not None else current).strip()
         overwritten = original_old is None and self._check_overwrite(target, current)
         try:
@@ -228,9 +248,11 @@ class _Converger:
             return self._failed(write, path, old, None, str(err))
         already = fmt.extract(current, target.value) == target.expected
         if already and not force:
+            result = WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text, overwritten=overwritten)
             if not self.dry_run:  # a dry run owns nothing: it wrote nothing
-                self._remember(target)
-            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text, overwritten=overwritten)
+                self._remember(target, current if original_old is None and not overwritten else None,
+                               result if not overwritten else None)
+            return result
         if self.dry_run:
             return self._would_write(write, path, old, text, already)
         try:
@@ -332,6 +354,10 @@ class CgroupExecutor(_Converger):
         # that the directory is still the one found (same device and inode); anything else
         # (gone, recreated, the file missing) looks the path up again, resolved and confined.
         self._located: dict[tuple[str, str], _Located] = {}
+        # A write as last looked up: its located target, or the result that skipped it as
+        # unsupported. The reconcile pass repeats the same writes (the same plans) every
+        # period; a repeat is not validated, normalised and looked up again.
+        self._prepared: dict[CgroupWrite, _Target | WriteResult] = {}
 
     @property
     def root(self) -> Path:
@@ -353,6 +379,7 @@ class CgroupExecutor(_Converger):
         with self._lock:
             self._unsupported.clear()
             self._located.clear()
+            self._prepared.clear()
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         fields = {"reason": write.reason}
@@ -527,23 +554,61 @@ class CgroupExecutor(_Converger):
         if _directory_id(located.directory) != located.dir_id:
             del self._located[(resource.name, cgroup)]
             return None
-        return self._target_in(write, resource, located, value, cached=True)
+        return self._target_in(write, resource, located, value, cached=True, cgroup=cgroup)
 
     def _target_in(self, write: CgroupWrite, resource: Resource, located: _Located, value: Any,
-                   *, cached: bool) -> _Target:
+                   *, cached: bool, cgroup: str) -> _Target:
         """The write's target in a located file, unless a sibling file blocks the write."""
         self._check_not_blocked(write, resource, located)
         return _Target(write, located.path, located.fmt, value, located.fmt.expected(value),
-                       dir_inode=located.dir_id[1] if located.file_in_dir else None, cached=cached)
+                       dir_inode=located.dir_id[1] if located.file_in_dir else None, cached=cached,
+                       key=(resource.name, cgroup), located=located)
 
     def _unsupported_outcome(self, write: CgroupWrite, key: tuple[str, bool], reason: str) -> _Outcome:
         self._unsupported[key] = reason
         self._log.info("cgroup_resource_unsupported", resource=write.resource, cgroup=write.cgroup, reason=reason)
-        return _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=reason))
+        return self._skipped_unsupported(write, reason)
+
+    def _skipped_unsupported(self, write: CgroupWrite, reason: str) -> _Outcome:
+        result = WriteResult(write, WriteStatus.SKIPPED, detail=reason)
+        if len(self._prepared) >= self._MAX_PREPARED:
+            self._prepared.clear()
+        self._prepared[write] = result
+        return _Outcome(result)
+
+    _MAX_PREPARED = 65536  # bound on remembered writes; cleared beyond it (only a lookup is lost)
 
     def _locate(self, write: CgroupWrite) -> _Target:
         if not isinstance(write, CgroupWrite):
             raise _Outcome(WriteResult(write, WriteStatus.REFUSED, detail="not a CgroupWrite"))
+        try:
+            prepared = self._prepared.get(write)
+        except TypeError:  # an unhashable value: refused below
+            prepared = None
+        if prepared is not None:
+            repeated = self._repeat(write, prepared)
+            if repeated is not None:
+                return repeated
+        target = self._lookup(write)
+        if len(self._prepared) >= self._MAX_PREPARED:
+            self._prepared.clear()
+        self._prepared[write] = target if target.cached else dataclasses.replace(target, cached=True)
+        return target
+
+    def _repeat(self, write: CgroupWrite, prepared: _Target | WriteResult) -> _Target | None:
+        """The target of a write looked up before, if its location still holds; None: look up."""
+        if isinstance(prepared, WriteResult):  # unsupported until forget_unsupported()
+            raise _Outcome(prepared)
+        key, located = prepared.key, prepared.located
+        if key is None or located is None or self._located.get(key) is not located:
+            return None
+        if _directory_id(located.directory) != located.dir_id:
+            del self._located[key]
+            return None
+        self._check_not_blocked(write, get_resource(write.resource), located)
+        return prepared
+
+    def _lookup(self, write: CgroupWrite) -> _Target:
         try:
             resource: Resource = get_resource(write.resource)
             value = resource.validate(write.value)
@@ -553,7 +618,7 @@ class CgroupExecutor(_Converger):
 
         key = (resource.name, cgroup == "/")
         if key in self._unsupported:
-            raise _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=self._unsupported[key]))
+            raise self._skipped_unsupported(write, self._unsupported[key])
         formats = resource.files(self._fs.is_v2)
         if not formats:
             raise self._unsupported_outcome(
@@ -580,7 +645,7 @@ class CgroupExecutor(_Converger):
                     if len(self._located) >= self._MAX_LOCATED:
                         self._located.clear()
                     self._located[(resource.name, cgroup)] = located
-                    return self._target_in(write, resource, located, value, cached=False)
+                    return self._target_in(write, resource, located, value, cached=False, cgroup=cgroup)
         except UnsafePathError as err:
             raise self._refused(write, str(err)) from None
         names = " or ".join(fmt.filename for fmt in formats)
