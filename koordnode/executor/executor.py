@@ -406,6 +406,13 @@ class CgroupExecutor(_Converger):
             subset_ordered: list[int] = []
             for index in order:
                 write = plan[index]
+                try:
+                    prepared = self._prepared.get(write)
+                except TypeError:  # an unhashable value: refused by the lookup
+                    prepared = None
+                if isinstance(prepared, WriteResult):  # unsupported until forget_unsupported()
+                    results[index] = prepared
+                    continue
                 if isinstance(write, CgroupWrite):
                     resource = RESOURCES.get(write.resource) if isinstance(write.resource, str) else None
                     if resource is not None and resource.hierarchical_subset:
@@ -707,6 +714,10 @@ class CgroupExecutor(_Converger):
             current_text = read_file(target.path)
         except OSError:
             return None  # let the final converge step report it
+        if not force and not self.dry_run:
+            again = self._unchanged_again(target, current_text)
+            if again is not None:
+                return again  # as at the last check: nothing to widen or narrow
         current = target.fmt.extract(current_text, target.value)
         expected = target.expected
         if not isinstance(current, frozenset) or not isinstance(expected, frozenset) or expected <= current:

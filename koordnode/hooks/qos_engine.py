@@ -197,6 +197,13 @@ class Record:
         return dataclasses.replace(self, applied=tuple(applied), skipped=tuple(skipped),
                                    notes=tuple(dict.fromkeys(notes)), verified_at=time.time())
 
+    def checked_at(self, when: float) -> Record:
+        """The same record, verified again at `when` (the reconcile pass's cheap copy)."""
+        record = object.__new__(Record)
+        record.__dict__.update(self.__dict__)
+        record.__dict__["verified_at"] = when
+        return record
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -852,9 +859,9 @@ class QoSEngine:
                 and all(cid in self.container_records for cid in entry.container_plans)):
             # Nothing changed since the records were built: they only get the time of this check.
             now = pass_state.now if pass_state is not None else time.time()
-            self.pod_records[sandbox_id] = dataclasses.replace(self.pod_records[sandbox_id], verified_at=now)
+            self.pod_records[sandbox_id] = self.pod_records[sandbox_id].checked_at(now)
             for cid in entry.container_plans:
-                self.container_records[cid] = dataclasses.replace(self.container_records[cid], verified_at=now)
+                self.container_records[cid] = self.container_records[cid].checked_at(now)
             return decision
         entry.signature = signature
         self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, entry)
