@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -401,7 +401,8 @@ class CgroupExecutor(_Converger):
         plan = list(writes)
         results: list[WriteResult | None] = [None] * len(plan)
         # cpu.idle first: whether a group is idle decides whether its cpu.shares can be set.
-        order = sorted(range(len(plan)), key=lambda i: getattr(plan[i], "resource", None) != "cpu.idle")
+        idle = [getattr(write, "resource", None) == "cpu.idle" for write in plan]
+        order = [i for i, first in enumerate(idle) if first] + [i for i, first in enumerate(idle) if not first]
         with self._lock:
             subset_ordered: list[int] = []
             for index in order:
@@ -472,8 +473,9 @@ class CgroupExecutor(_Converger):
                 directory.mkdir(parents=True, exist_ok=True)
                 self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
 
-    def child_cgroups(self, cgroup: str, controller: str = "cpu") -> dict[str, float]:
-        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy."""
+    def child_cgroups(self, cgroup: str, controller: str = "cpu", *, skip: Set[str] = frozenset()) -> dict[str, float]:
+        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy;
+        the children in `skip` are left out (and not looked at)."""
         import time
 
         hierarchy = self._fs.hierarchy(controller)
@@ -488,9 +490,12 @@ class CgroupExecutor(_Converger):
             return {}
         base = normalize_cgroup_path(cgroup).rstrip("/")
         for entry in entries:
+            child = f"{base}/{entry.name}"
+            if child in skip:
+                continue
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    children[f"{base}/{entry.name}"] = now - entry.stat(follow_symlinks=False).st_mtime
+                    children[child] = now - entry.stat(follow_symlinks=False).st_mtime
             except OSError:
                 continue
         return children

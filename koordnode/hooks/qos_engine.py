@@ -1159,16 +1159,20 @@ class QoSEngine:
         live: set[str] = set()
         for pod in view.pods.values():
             if in_be_group(pod.cgroup_parent) and systemd_group_slice(pod.cgroup_parent) is None:
-                try:
-                    cgroup = self._pod_cgroup(pod.cgroup_parent)
-                except UnsafePathError:
-                    continue
+                planned = self._plans.get(pod.sandbox_id)
+                if planned is not None and planned.key[0] is pod and planned.key[2] is self.settings:
+                    cgroup = planned.pod_cgroup  # as the pass's plan found it
+                else:
+                    try:
+                        cgroup = self._pod_cgroup(pod.cgroup_parent)
+                    except UnsafePathError:
+                        continue
                 live.add(cgroup)
                 self._be_groups.add(be_group_of(cgroup))
         for group in list(self._be_groups):
-            for child, age_s in self.executor.child_cgroups(group).items():
+            for child, age_s in self.executor.child_cgroups(group, skip=live).items():
                 name = child.rsplit("/", 1)[-1]
-                if child in live or not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
+                if not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
                     continue
                 problems = self.executor.remove_cgroup(child)
                 if not problems:
