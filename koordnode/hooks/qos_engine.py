@@ -828,9 +828,9 @@ class QoSEngine:
         for c in running:
             self._kubelet_resources(view, c.container_id)  # known before the key is taken
         key = self._plan_key(pod, pod_in, running, be_cpus)
-        reused = cached is not None and key is not None and cached.key == key
-        if reused:
-            entry = cached
+        reused = False
+        if cached is not None and key is not None and cached.key == key:
+            entry, reused = cached, True
         else:
             entry = self._make_plan(view, pod, pod_in, running, decision, pod_cgroup, key)
             if key is not None:
