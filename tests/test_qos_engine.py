@@ -1459,3 +1459,29 @@ def test_a_state_change_or_a_reload_plans_again(make_node, counted):
     node.engine.reconcile(force=False)
     assert counted()["plan_container"] == 3
     assert node.read(node.ccg(other_cid), "cpu.shares") == "512"  # 2048 per CPU x 0.25 CPU
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_memory_plan_reuses_the_passes_plans_and_gives_the_same_writes(make_node, counted, version):
+    """The QoS manager's memory_qos strategy asks for every pod's memory values every 10 s."""
+    node = make_node(version=version)
+    run_one_pod_per_class(node, "cgroupfs")
+    node.engine.reconcile(force=False)
+    counted()
+    reused = node.engine.memory_plan()
+    assert counted()["plan_container"] == 0
+    node.engine.reconfigure(node.engine.settings)  # the same settings: nothing planned is kept
+    fresh = node.engine.memory_plan()
+    assert counted()["plan_container"] > 0
+    assert reused and sorted(map(repr, reused)) == sorted(map(repr, fresh))
+    # A state change of one pod: that pod's values are planned again, from the new state.
+    ls_cid = next(c.container_id for c in node.state.containers.values() if c.name == "app"
+                  and node.state.pods[c.sandbox_id].name == "ls")
+    node.engine.reconcile(force=False)
+    res = pb.LinuxContainerResources(cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=1024 * MIB,
+                                     unified={"memory.min": str(256 * MIB)})
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=ls_cid, linux=res))
+    counted()
+    after = node.engine.memory_plan()
+    assert counted()["plan_container"] == 2  # the LS pod's two containers
+    assert after != reused

@@ -230,6 +230,7 @@ class _PodPlan:
     group_write: CgroupWrite | None
     container_plans: dict[str, ContainerPlan]
     container_cgroups: dict[str, str]
+    memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
     # (status, detail) of each result the records were last built from; None: build them again.
     signature: tuple[tuple[WriteStatus, str], ...] | None = None
 
@@ -776,6 +777,14 @@ class QoSEngine:
         """Everything a pod's plan is made from, as the objects themselves (records and kubelet
         resources are replaced, never changed, so a tuple compare is mostly identity checks).
         None: plan every time (a container still asking for CPUs changes the allocator)."""
+        containers = self._containers_key(running)
+        if containers is None:
+            return None
+        allocator = self.allocator
+        return (pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
+                self.pod_resources.get(pod.sandbox_id), containers)
+
+    def _containers_key(self, running: list[Any]) -> tuple[Any, ...] | None:
         parts = []
         for c in running:
             cid = c.container_id
@@ -783,9 +792,16 @@ class QoSEngine:
                 return None
             parts.append((c, self.kubelet_resources.get(cid), self.cpu_owner.get(cid),
                           self.fallback_reason.get(cid)))
-        allocator = self.allocator
-        return (pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
-                self.pod_resources.get(pod.sandbox_id), tuple(parts))
+        return tuple(parts)
+
+    def _memory_writes_current(self, entry: _PodPlan | None, pod: PodRecord, running: list[Any]) -> bool:
+        """Whether a pod's last plan still holds for its memory values (the parts of its key
+        they depend on; the CPU pools do not change them)."""
+        if entry is None:
+            return False
+        key = entry.key
+        return (key[0] is pod and key[1] is None and key[2] is self.settings and key[3] == self.features
+                and key[7] is self.pod_resources.get(pod.sandbox_id) and key[8] == self._containers_key(running))
 
     def _be_cpus(self) -> frozenset[int] | None:
         cpus = self.be_cpuset_override() if self.be_cpuset_override is not None else None
@@ -899,6 +915,7 @@ class QoSEngine:
         container_plans: dict[str, ContainerPlan] = {}
         container_cgroups: dict[str, str] = {}
         memories = []
+        memory_writes: list[CgroupWrite] = []
         for c in running:
             try:
                 plan = self._plan(pod, c.name, c.container_id, self._kubelet_resources(view, c.container_id))
@@ -907,18 +924,20 @@ class QoSEngine:
                 continue
             writes.extend(plan.cri_mirror)
             writes.extend(plan.writes)
+            memory_writes.extend(plan.cri_mirror)
+            memory_writes.extend(plan.writes)
             container_plans[c.container_id] = plan
             container_cgroups[c.container_id] = cgroup
             memories.append(plan.memory)
         pod_level = self.pod_resources.get(pod.sandbox_id)
         resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
-        if resized is not None:
-            # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
-            writes.extend(resized.writes)
-        else:
-            writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
+        # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
+        pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
+        writes.extend(pod_memory)
+        memory_writes.extend(pod_memory)
         return _PodPlan(key if key is not None else (), decision, pod_cgroup, tuple(pod_plan.notes),
-                        tuple(writes), group_write, container_plans, container_cgroups)
+                        tuple(writes), group_write, container_plans, container_cgroups,
+                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES))
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: _PodPlan) -> None:
@@ -1080,9 +1099,19 @@ class QoSEngine:
         strategy to keep applied. Allocates nothing: the CPUs do not change memory values."""
         view = view if view is not None else self.state.view()
         writes: list[CgroupWrite] = []
+        by_pod: dict[str, list[Any]] = {}
+        for c in view.containers.values():
+            by_pod.setdefault(c.sandbox_id, []).append(c)
         with self.lock:
             for pod in view.pods.values():
                 if pod.state != POD_READY or skip_requested(pod.labels):
+                    continue
+                running = [c for c in by_pod.get(pod.sandbox_id, ()) if c.state == CONTAINER_RUNNING]
+                for c in running:
+                    self._kubelet_resources(view, c.container_id)
+                entry = self._plans.get(pod.sandbox_id)
+                if entry is not None and self._memory_writes_current(entry, pod, running):
+                    writes.extend(entry.memory_writes)  # the reconcile pass's plan still holds
                     continue
                 decision = self._decision(pod)
                 try:
@@ -1091,9 +1120,7 @@ class QoSEngine:
                     continue
                 config = self.settings.qos.for_class(decision.qos_class)
                 memories = []
-                for c in view.containers_of(pod.sandbox_id):
-                    if c.state != CONTAINER_RUNNING:
-                        continue
+                for c in running:
                     try:
                         plan = plan_container(
                             self.pod_input_from_record(pod),
