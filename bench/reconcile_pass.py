@@ -6,7 +6,9 @@ N pods are created through it as in bench/daemon_cpu.py (half LS, half BE, each 
 container, kubelet's tier and pod cgroups reproduced). Then the three calls of one pass
 (`Daemon.reconcile_once`: the engine's reconcile, the resctrl and the net QoS reconcile) are run
 --passes times from this thread on the loop's snapshot of the state, and each one's CPU time
-(this thread's, so the daemon's other threads are not in it) is reported: median and max.
+(this thread's, so the daemon's other threads are not in it) is reported: median and max; and
+the CPU of the engine's memory_plan(), which the QoS manager's memory_qos strategy calls every
+10 s in the tick thread.
 
     python3 -m bench.reconcile_pass [--pods 20] [--passes 30] [--profile out.prof]
 """
@@ -68,6 +70,7 @@ def main() -> int:
 
     load = os.getloadavg()[0]
     rows: dict[str, list[float]] = {"engine": [], "resctrl": [], "netqos": []}
+    memory_plan: list[float] = []
     with tempfile.TemporaryDirectory(prefix="koordnode-reconcile-pass-") as tmp:
         with ContainerdBed(Path(tmp) / "bed") as bed:
             prepare_qos_tiers(bed.kubepods_cgroup)
@@ -95,6 +98,7 @@ def main() -> int:
                         profiler.disable()
                     rows["resctrl"].append(_timed(daemon.resctrl.reconcile, groups))
                     rows["netqos"].append(_timed(daemon.netqos.reconcile, networks))
+                    memory_plan.append(_timed(engine.memory_plan, view))
                     time.sleep(0.05)
                 if profiler is not None:
                     profiler.dump_stats(args.profile)
@@ -116,6 +120,8 @@ def main() -> int:
         print(f"| {name} | {statistics.median(values):.2f} | {max(values):.2f} |")
     total = [sum(v) for v in zip(*rows.values(), strict=True)]
     print(f"| whole pass | {statistics.median(total):.2f} | {max(total):.2f} |")
+    print(f"\nthe QoS manager's memory_qos planning (engine.memory_plan, every 10 s in the tick thread): "
+          f"median {statistics.median(memory_plan):.2f} ms, max {max(memory_plan):.2f} ms")
     if args.counts:
         print("\nexecutor results of one pass (resource, outcome: count):")
         for (resource, status), n in sorted(counts.items()):
