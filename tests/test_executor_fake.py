@@ -762,8 +762,8 @@ def test_a_repeated_write_is_not_looked_up_again_and_an_unsupported_one_reads_no
     again = ex.apply(plan)
     assert [r.status for r in again] == [WriteStatus.UNCHANGED, WriteStatus.UNCHANGED, WriteStatus.SKIPPED]
     assert counts["normalize"] == 0
-    # cpu.shares: its file and the cpu.idle beside it; the cpuset once (no widening read); memory.min none.
-    assert counts["reads"] == 3, counts
+    # One read each for cpu.shares and the cpuset (no widening read); none for memory.min.
+    assert counts["reads"] == 2, counts
 
 
 def test_repeated_checks_still_tell_the_same_value_from_an_overwrite(tmp_path: Path, log: RecordingLogger) -> None:
@@ -790,3 +790,18 @@ def test_repeated_checks_still_tell_the_same_value_from_an_overwrite(tmp_path: P
     write_cgroup_file(root, POD, "cpu.cfs_quota_us", "50000")
     assert [(r.status, r.overwritten) for r in ex.apply(plan)][1] == (WriteStatus.UNCHANGED, False)
     assert ex.overwrites == {"cpuset.cpus": 1, "cpu.cfs_quota_us": 1}
+
+
+def test_a_repeated_check_of_a_weight_still_never_writes_an_idle_groups_weight(tmp_path: Path) -> None:
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2)]
+    ex.apply(plan)
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    write_cgroup_file(root, CTR, "cpu.idle", "1")
+    # Holding koordnode's value: nothing to write, whether the group is idle or not.
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    write_cgroup_file(root, CTR, "cpu.shares", "1024")  # the kernel's (or another writer's) weight
+    result = ex.apply(plan)[0]
+    assert result.status is WriteStatus.SKIPPED and "cpu.idle=1" in result.detail
+    assert read_cgroup_file(root, CTR, "cpu.shares") == "1024"

@@ -112,7 +112,6 @@ class _Located:
     fmt: FileFormat
     file_in_dir: bool  # the file is not a link to another directory (its dir_id is the directory's)
     siblings: dict[str, Path]
-    blocked_by_sibling: bool = False  # the resource is not written while a sibling file says so
 
 
 def _directory_id(path: Path) -> tuple[int, int] | None:
@@ -615,11 +614,12 @@ class CgroupExecutor(_Converger):
 
     def _checked_again(self, target: _Target) -> WriteResult | None:
         """The reconcile pass's common case in one step: a write looked up before, in the same
-        directory, whose file reads exactly as at its last check. None: the full path decides
-        (also for files whose write depends on a sibling file)."""
+        directory, whose file reads exactly as at its last check (then UNCHANGED). None: the full
+        path decides. A sibling that would block the write (cpu.idle=1 for cpu.shares) is not
+        read here: the file holds koordnode's value, so nothing would be written either way."""
         located = target.located
         owned = self._owned.get(target.path)
-        if (located is None or located.blocked_by_sibling or target.key is None or owned is None
+        if (located is None or target.key is None or owned is None
                 or owned[3] is None or owned[1] != target.expected  # a file shared with another value
                 or self._located.get(target.key) is not located
                 or _directory_id(located.directory) != located.dir_id):
@@ -676,8 +676,7 @@ class CgroupExecutor(_Converger):
             for fmt in formats:
                 path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
                 if path.is_file():
-                    located = _Located(hierarchy, directory, dir_id, path, fmt, path.parent == directory, {},
-                                       bool(resource.blocked_when))
+                    located = _Located(hierarchy, directory, dir_id, path, fmt, path.parent == directory, {})
                     if len(self._located) >= self._MAX_LOCATED:
                         self._located.clear()
                     self._located[(resource.name, cgroup)] = located
