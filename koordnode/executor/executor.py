@@ -146,7 +146,9 @@ class _Converger:
 
     _event = "kernel_write"
 
-    _MAX_OWNED = 65536  # bound on remembered files; pruned of vanished cgroups beyond it
+    # Bound on remembered files (~6 per pod: 16384 is ~2700 pods); pruned of vanished cgroups
+    # beyond it, so pods that come and go do not grow it.
+    _MAX_OWNED = 16384
 
     def __init__(self, logger: Any = None, *, dry_run: bool = False) -> None:
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
@@ -593,7 +595,9 @@ class CgroupExecutor(_Converger):
         self._prepared[write] = result
         return _Outcome(result)
 
-    _MAX_PREPARED = 65536  # bound on remembered writes; cleared beyond it (only a lookup is lost)
+    # Bound on remembered writes (a node of 250 pods repeats ~4000): cleared beyond it, which
+    # only costs lookups; churned pods' entries go then too.
+    _MAX_PREPARED = 16384
 
     def _locate(self, write: CgroupWrite) -> _Target:
         if not isinstance(write, CgroupWrite):
