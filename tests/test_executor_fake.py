@@ -758,6 +758,7 @@ def test_a_repeated_write_is_not_looked_up_again_and_an_unsupported_one_reads_no
 
     spy("normalize_cgroup_path", "normalize")
     spy("read_file", "reads")
+    spy("read_file_if_same", "reads")
     monkeypatch.setattr(ex._fs, "cgroup_dir", lambda *a: pytest.fail("looked up again"))
     again = ex.apply(plan)
     assert [r.status for r in again] == [WriteStatus.UNCHANGED, WriteStatus.UNCHANGED, WriteStatus.SKIPPED]
@@ -805,3 +806,20 @@ def test_a_repeated_check_of_a_weight_still_never_writes_an_idle_groups_weight(t
     result = ex.apply(plan)[0]
     assert result.status is WriteStatus.SKIPPED and "cpu.idle=1" in result.detail
     assert read_cgroup_file(root, CTR, "cpu.shares") == "1024"
+
+
+def test_a_cgroup_dir_swapped_for_a_link_out_after_quiet_checks_is_refused(tmp_path: Path, outside: Path) -> None:
+    """Repeated checks compare the identity of the file they open; the swapped path leads to
+    another file, so the full lookup runs and refuses it."""
+    (outside / "cpu.shares").write_text("2")  # even the value koordnode wants
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2)]
+    for _ in range(3):
+        ex.apply(plan)
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    real = root / "cpu" / CTR.lstrip("/")
+    real.rename(real.with_name("c1-moved"))
+    real.symlink_to(outside)
+    assert ex.apply(plan)[0].status is WriteStatus.REFUSED
+    assert (outside / "cpu.shares").read_text() == "2"

@@ -1343,6 +1343,7 @@ def counted(monkeypatch):
     spy(qos_engine, "plan_container", "plan_container")
     spy(qos_engine, "plan_pod_sandbox", "plan_pod_sandbox")
     spy(executor_module, "read_file", "reads")
+    spy(executor_module, "read_file_if_same", "reads")
 
     def take() -> dict[str, int]:
         taken = dict(counts)

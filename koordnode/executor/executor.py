@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, write_file
+from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, read_file_if_same, write_file
 from koordnode.executor.paths import (
     CgroupVersion,
     UnsafePathError,
@@ -112,6 +112,9 @@ class _Located:
     fmt: FileFormat
     file_in_dir: bool  # the file is not a link to another directory (its dir_id is the directory's)
     siblings: dict[str, Path]
+    # (device, inode) of the file, read once right after a check of the directory: later
+    # checks open the path and compare the open file's identity instead of the directory's.
+    file_id: tuple[int, int] | None = None
 
 
 def _directory_id(path: Path) -> tuple[int, int] | None:
@@ -625,13 +628,17 @@ class CgroupExecutor(_Converger):
         owned = self._owned.get(target.path)
         if (located is None or target.key is None or owned is None
                 or owned[3] is None or owned[1] != target.expected  # a file shared with another value
-                or self._located.get(target.key) is not located
-                or _directory_id(located.directory) != located.dir_id):
+                or self._located.get(target.key) is not located):
+            return None
+        if located.file_id is None and _directory_id(located.directory) != located.dir_id:
             return None
         try:
-            current = read_file(target.path)
+            read = read_file_if_same(target.path, located.file_id)
         except OSError:
             return None
+        if read is None:
+            return None  # another file at that path now: the full path looks again
+        current, located.file_id = read
         return self._unchanged_again(target, current)
 
     def _repeat(self, write: CgroupWrite, prepared: _Target | WriteResult) -> _Target | None:
