@@ -1383,9 +1383,12 @@ def test_a_pass_with_nothing_changed_plans_nothing_and_reads_each_value_once(mak
     counts = counted()
     assert counts["plan_container"] == 0 and counts["plan_pod_sandbox"] == 0, counts
     assert results and all(r.status.value in ("unchanged", "skipped") for r in results), results
-    # One read per value checked; nothing is read for a resource this kernel lacks.
+    # One read per value checked; nothing is read for a resource this kernel lacks; and no
+    # value is checked twice (the pools' cpusets are the plans' own).
     checked = sum(r.status.value == "unchanged" for r in results)
     assert counts["reads"] <= checked, (counts, checked)
+    keys = [(r.write.cgroup, r.write.resource) for r in results]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
     # The status still says when the values were last verified.
     before = {p["sandbox_id"]: p["verified_at"] for p in node.engine.decorate(node.state.snapshot())["pods"]}
     node.engine.reconcile(force=False)
@@ -1484,3 +1487,19 @@ def test_the_memory_plan_reuses_the_passes_plans_and_gives_the_same_writes(make_
     after = node.engine.memory_plan()
     assert counted()["plan_container"] == 2  # the LS pod's two containers
     assert after != reused
+
+
+def test_the_be_groups_idleness_is_checked_once_per_pass(make_node):
+    node = make_node(version="v1", be_idle_group=True)
+    add_cgroup(node.root, "/kubepods/koordnode_be")
+    for i in range(3):
+        add_cgroup(node.root, f"/kubepods/besteffort/podbe{i}")
+        cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=f"be{i}", uid=f"be{i}", namespace="d"),
+                                  linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/besteffort/podbe{i}"))
+        node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    node.engine.reconcile(force=False)
+    group = [r for r in _pass_results(node) if r.write.cgroup == "/kubepods/koordnode_be"]
+    assert [(r.write.resource, r.status.value) for r in group] == [("cpu.idle", "unchanged")]
+    write_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle", "0")  # another writer
+    node.engine.reconcile(force=False)
+    assert read_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle") == "1"
