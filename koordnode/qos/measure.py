@@ -406,10 +406,10 @@ class Measurer:
         """Drop every per-pod series and counter of pods and containers no longer running.
         Nothing to do while the inventory (the manager reuses it while NodeState is unchanged)
         and the tiers are those of the previous call: every table is keyed on them."""
-        key = (inventory, self.kubepods, tuple(self.tiers.values()))
-        if self._forgot_for is not None and self._forgot_for[0] is inventory and self._forgot_for[1:] == key[1:]:
+        inputs = (inventory, self.kubepods, tuple(self.tiers.values()))
+        if self._forgot_for is not None and self._forgot_for[0] is inventory and self._forgot_for[1:] == inputs[1:]:
             return
-        self._forgot_for = key
+        self._forgot_for = inputs
         live_pods = {p.sandbox_id for p in inventory.pods}
         live_cgroups = {p.cgroup for p in inventory.pods} | {c.cgroup for p in inventory.pods for c in p.containers}
         live_cgroups |= set(self.tiers.values()) | {self.kubepods}
