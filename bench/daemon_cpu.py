@@ -7,7 +7,7 @@ cgroups are reproduced). After a settle time the daemon's utime + stime (with th
 ran, such as nft) over --seconds is reported as percent of one core, with how its wake-ups are
 made (pressure polling or not, LS usage events), and split by thread (CPU time from
 /proc/PID/task/*/schedstat; thread names from `py-spy dump` when py-spy is on PATH): the event
-loop (MainThread), the QoS tick thread (koordnode-qos_*), the worker threads of asyncio.to_thread
+loop (MainThread), the QoS tick thread (koordnode-qos), the worker threads of asyncio.to_thread
 (asyncio_*: the reconcile passes), others. Setups:
 
     default    koordnode's defaults (BE pods in the idle BE group, LS usage events)
