@@ -205,7 +205,7 @@ class QoSManager:
     def tick(self, woken_by: str | None = None) -> TickReport:
         """One tick now, in the calling thread (tests, benchmarks). Evictions are returned,
         not executed."""
-        return self._tick(self.inventory(), woken_by)
+        return self._tick(woken_by)
 
     async def run(self, stop_event: asyncio.Event) -> None:
         """Tick every tick_ms and on pressure or LS usage, until stop_event is set.
@@ -308,7 +308,7 @@ class QoSManager:
                     last_usage_tick = now
             if now >= next_tick or woken_by is not None:
                 try:
-                    report = self._tick(None, woken_by)
+                    report = self._tick(woken_by)
                 except Exception as err:  # noqa: BLE001 - one bad tick must not end the manager
                     self._note_error(err)
                 else:
@@ -440,11 +440,10 @@ class QoSManager:
             self._procfs_executor = ProcfsExecutor(self._procfs_root, dry_run=self._dry_run)
         return self._procfs_executor
 
-    def _tick(self, inventory: Inventory | None, woken_by: str | None) -> TickReport:
-        with self._tick_lock:
+    def _tick(self, woken_by: str | None) -> TickReport:
+        with self._tick_lock:  # the inventory too: a reconfigure may change its mapping
             started = time.perf_counter()
-            if inventory is None:
-                inventory = self.inventory()
+            inventory = self.inventory()
             report = self._tick_locked(inventory, woken_by)
             report.duration_s = time.perf_counter() - started
             if self.on_tick is not None:
