@@ -44,7 +44,7 @@ from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.resctrl import group_of_class
 from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
-from koordnode.model.state import POD_READY, NodeState
+from koordnode.model.state import POD_READY, NodeState, NodeView
 
 if TYPE_CHECKING:
     from koordnode.nri.plugin import NriPlugin
@@ -357,22 +357,35 @@ class Daemon:
             await self.reconcile_once()
 
     async def reconcile_once(self) -> None:
+        # What the workers need from the state, taken here on the loop; the pods' containers and
+        # networks only for the features that use them (a disabled one only removes leftovers).
+        view = self.state.view()
+        groups = containers_by_group(self.state, self.config.cgroup.driver) if self.config.resctrl.enable else {}
+        networks = self._pod_networks() if self.config.net.enable else []
+        classes = await asyncio.to_thread(self._reconcile_pass, view, groups, networks)  # one thread hop
+        if classes:
+            self._record_classes(classes)
+
+    def _reconcile_pass(self, view: NodeView, groups: dict[str, list[str]],
+                        networks: list[PodNetwork]) -> dict[str, tuple[str, str]]:
+        """One pass, in a worker thread; returns the pods' classes for the loop to record."""
+        classes: dict[str, tuple[str, str]] = {}
         if self.qos is not None:
             try:
                 # Not forced: every file is read and compared, and only values another writer
                 # changed are written back (a rewrite of the same value changes nothing in the kernel).
-                classes = await asyncio.to_thread(self.qos.reconcile, False, self.state.view())
-                self._record_classes(classes)
+                classes = self.qos.reconcile(False, view)
             except Exception:
                 log.exception("reconcile_pass_failed")
         try:
-            await asyncio.to_thread(self.resctrl.reconcile, containers_by_group(self.state, self.config.cgroup.driver))
+            self.resctrl.reconcile(groups)
         except Exception:
             log.exception("resctrl_reconcile_failed")
         try:
-            await asyncio.to_thread(self.netqos.reconcile, self._pod_networks())
+            self.netqos.reconcile(networks)
         except Exception:
             log.exception("net_qos_reconcile_failed")
+        return classes
 
     # ---- hardware QoS helpers -------------------------------------------------------------
 

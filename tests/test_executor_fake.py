@@ -732,3 +732,94 @@ def test_procfs_unsupported_and_escape(tmp_path: Path, outside: Path, log: Recor
     assert len(log.named("sysctl_unsupported")) == 1
     assert ex.write("vm.min_free_kbytes", 1000).status is WriteStatus.REFUSED
     assert_untouched(outside)
+
+
+# --- repeated writes (the reconcile pass applies the same plans every period) ----------------
+
+
+def test_a_repeated_write_is_not_looked_up_again_and_an_unsupported_one_reads_nothing(
+        tmp_path: Path, monkeypatch) -> None:
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(POD, "cpu.shares", 2), W(CTR, "cpuset.cpus", "0-1"), W(CTR, "memory.min", 1 << 20)]
+    first = ex.apply(plan)
+    assert [r.status for r in first] == [WriteStatus.WRITTEN, WriteStatus.WRITTEN, WriteStatus.SKIPPED]
+    ex.apply(plan)
+    counts = {"normalize": 0, "resolve": 0, "reads": 0}
+
+    def spy(name, key):
+        real = getattr(executor_module, name)
+
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(executor_module, name, wrapper)
+
+    spy("normalize_cgroup_path", "normalize")
+    spy("read_file", "reads")
+    spy("read_file_if_same", "reads")
+    monkeypatch.setattr(ex._fs, "cgroup_dir", lambda *a: pytest.fail("looked up again"))
+    again = ex.apply(plan)
+    assert [r.status for r in again] == [WriteStatus.UNCHANGED, WriteStatus.UNCHANGED, WriteStatus.SKIPPED]
+    assert counts["normalize"] == 0
+    # One read each for cpu.shares and the cpuset (no widening read); none for memory.min.
+    assert counts["reads"] == 2, counts
+
+
+def test_repeated_checks_still_tell_the_same_value_from_an_overwrite(tmp_path: Path, log: RecordingLogger) -> None:
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root, logger=log)
+    plan = [W(CTR, "cpuset.cpus", "0-3"), W(POD, "cpu.cfs_quota_us", 50000)]
+    for _ in range(3):
+        ex.apply(plan)
+    write_cgroup_file(root, CTR, "cpuset.cpus", "0,1,2,3")  # the same set, spelt otherwise
+    assert [r.status for r in ex.apply(plan)] == [WriteStatus.UNCHANGED] * 2
+    assert ex.overwrites == {}
+    write_cgroup_file(root, CTR, "cpuset.cpus", "0-1")  # another writer narrowed it
+    write_cgroup_file(root, POD, "cpu.cfs_quota_us", "-1")
+    results = ex.apply(plan)
+    assert [(r.status, r.overwritten) for r in results] == [(WriteStatus.WRITTEN, True)] * 2
+    assert read_cgroup_file(root, CTR, "cpuset.cpus") == "0-3"
+    assert read_cgroup_file(root, POD, "cpu.cfs_quota_us") == "50000"
+    assert ex.overwrites == {"cpuset.cpus": 1, "cpu.cfs_quota_us": 1}
+    assert [r.status for r in ex.apply(plan)] == [WriteStatus.UNCHANGED] * 2
+    # A cgroup recreated with the very text koordnode last saw is no overwrite and is checked.
+    directory = cgroup_file(root, POD, "cpu.cfs_quota_us").parent
+    directory.rename(directory.with_name("pod1-old"))
+    add_cgroup(root, POD)
+    write_cgroup_file(root, POD, "cpu.cfs_quota_us", "50000")
+    assert [(r.status, r.overwritten) for r in ex.apply(plan)][1] == (WriteStatus.UNCHANGED, False)
+    assert ex.overwrites == {"cpuset.cpus": 1, "cpu.cfs_quota_us": 1}
+
+
+def test_a_repeated_check_of_a_weight_still_never_writes_an_idle_groups_weight(tmp_path: Path) -> None:
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2)]
+    ex.apply(plan)
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    write_cgroup_file(root, CTR, "cpu.idle", "1")
+    # Holding koordnode's value: nothing to write, whether the group is idle or not.
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    write_cgroup_file(root, CTR, "cpu.shares", "1024")  # the kernel's (or another writer's) weight
+    result = ex.apply(plan)[0]
+    assert result.status is WriteStatus.SKIPPED and "cpu.idle=1" in result.detail
+    assert read_cgroup_file(root, CTR, "cpu.shares") == "1024"
+
+
+def test_a_cgroup_dir_swapped_for_a_link_out_after_quiet_checks_is_refused(tmp_path: Path, outside: Path) -> None:
+    """Repeated checks compare the identity of the file they open; the swapped path leads to
+    another file, so the full lookup runs and refuses it."""
+    (outside / "cpu.shares").write_text("2")  # even the value koordnode wants
+    root = tree(tmp_path, "v1")
+    ex = CgroupExecutor(root)
+    plan = [W(CTR, "cpu.shares", 2)]
+    for _ in range(3):
+        ex.apply(plan)
+    assert ex.apply(plan)[0].status is WriteStatus.UNCHANGED
+    real = root / "cpu" / CTR.lstrip("/")
+    real.rename(real.with_name("c1-moved"))
+    real.symlink_to(outside)
+    assert ex.apply(plan)[0].status is WriteStatus.REFUSED
+    assert (outside / "cpu.shares").read_text() == "2"

@@ -1317,3 +1317,189 @@ def test_node_state_refuses_changes_from_a_worker_thread():
     t.join()
     assert errors and "event loop" in str(errors[0])
     assert state.pods["a"].qos_class is None
+
+
+# --- the periodic pass: plans reused while their inputs stay the same -----------------------------
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the engine's planning calls and of the executor's file reads (spies on the
+    functions the engine and the executor call; nothing is timed)."""
+    import koordnode.executor.executor as executor_module
+    import koordnode.hooks.qos_engine as qos_engine
+
+    counts = {"plan_container": 0, "plan_pod_sandbox": 0, "reads": 0}
+
+    def spy(module, name, key):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    spy(qos_engine, "plan_container", "plan_container")
+    spy(qos_engine, "plan_pod_sandbox", "plan_pod_sandbox")
+    spy(executor_module, "read_file", "reads")
+    spy(executor_module, "read_file_if_same", "reads")
+
+    def take() -> dict[str, int]:
+        taken = dict(counts)
+        for key in counts:
+            counts[key] = 0
+        return taken
+
+    return take
+
+
+def _pass_results(node: Node) -> list:
+    """One reconcile pass, with the executor's results of it."""
+    results: list = []
+    apply = node.engine.executor.apply
+
+    def recording(writes, **kwargs):
+        out = apply(writes, **kwargs)
+        results.extend(out)
+        return out
+
+    node.engine.executor.apply = recording
+    try:
+        node.engine.reconcile(force=False)
+    finally:
+        del node.engine.executor.apply
+    return results
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_pass_with_nothing_changed_plans_nothing_and_reads_each_value_once(make_node, counted, version):
+    node = make_node(version=version, toml='[node]\nblkio_devices = ["8:0"]\n')
+    run_one_pod_per_class(node, "cgroupfs")
+    node.engine.reconcile(force=False)
+    node.engine.reconcile(force=False)
+    counted()
+    results = _pass_results(node)
+    counts = counted()
+    assert counts["plan_container"] == 0 and counts["plan_pod_sandbox"] == 0, counts
+    assert results and all(r.status.value in ("unchanged", "skipped") for r in results), results
+    # One read per value checked; nothing is read for a resource this kernel lacks; and no
+    # value is checked twice (the pools' cpusets are the plans' own).
+    checked = sum(r.status.value == "unchanged" for r in results)
+    assert counts["reads"] <= checked, (counts, checked)
+    keys = [(r.write.cgroup, r.write.resource) for r in results]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    # The status still says when the values were last verified.
+    before = {p["sandbox_id"]: p["verified_at"] for p in node.engine.decorate(node.state.snapshot())["pods"]}
+    node.engine.reconcile(force=False)
+    after = {p["sandbox_id"]: p["verified_at"] for p in node.engine.decorate(node.state.snapshot())["pods"]}
+    assert all(after[sid] >= before[sid] for sid in before) and after != before
+
+
+def test_an_overwrite_after_quiet_passes_is_restored_with_one_write(make_node, counted):
+    node = make_node(version="v1")
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    node.run_container(be, cpu_shares=2)
+    for _ in range(3):
+        node.engine.reconcile(force=False)
+    shares = node.read(node.ccg(ls_cid), "cpu.shares")
+    write_cgroup_file(node.root, node.ccg(ls_cid), "cpu.shares", "1000")  # another writer
+    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "0")
+    counted()
+    results = _pass_results(node)
+    assert counted()["plan_container"] == 0  # the plan is the same; the files are not
+    written = [r for r in results if r.status.value == "written"]
+    assert sorted(r.write.resource for r in written) == ["cpu.idle", "cpu.shares"]
+    assert all(r.overwritten for r in written)
+    assert node.read(node.ccg(ls_cid), "cpu.shares") == shares and node.read(be.cgroup, "cpu.idle") == "1"
+    assert node.engine.executor.overwrites == {"cpu.idle": 1, "cpu.shares": 1}
+    applied = node.status_pod(ls)["containers"][0]["applied"]
+    assert any("restored after an overwrite" in line for line in applied), applied
+    # The pass after: nothing to do again, and the status no longer says restored.
+    assert all(r.status.value in ("unchanged", "skipped") for r in _pass_results(node))
+    applied = node.status_pod(ls)["containers"][0]["applied"]
+    assert not any("restored" in line for line in applied), applied
+
+
+def test_a_state_change_or_a_reload_plans_again(make_node, counted):
+    node = make_node(version="v1", topology=CpuTopology.describe(cores_per_numa=4, threads_per_core=1))
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    other = node.run_pod("other", parent="/kubepods/burstable/podother")
+    other_cid = node.run_container(other, cpu_shares=256)
+    node.engine.reconcile(force=False)
+    counted()
+    node.engine.reconcile(force=False)
+    assert counted()["plan_container"] == 0
+
+    # kubelet resizes one container: that pod alone is planned again, with the new value.
+    res = pb.LinuxContainerResources(cpu_period=100000, cpu_shares=768)
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=ls_cid, linux=res))
+    counted()
+    node.engine.reconcile(force=False)
+    assert counted()["plan_container"] == 1
+    assert node.read(node.ccg(ls_cid), "cpu.shares") == "768"
+
+    # An LSE pod takes CPUs: the pools moved, the pods planned before are planned again (the
+    # LSE pod's own plan, made when its container started, already saw the new pools).
+    lse_pod = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    node.run_container(lse_pod, **GUARANTEED_1CPU)
+    counted()
+    node.engine.reconcile(force=False)
+    assert counted()["plan_container"] == 2
+    assert cpus_of(node.root, node.ccg(other_cid)) == node.topology.online - cpus_of(
+        node.root, node.ccg(node.state.containers_of(lse_pod.sandbox_id)[0].container_id))
+
+    # A reload with another value for LS: planned again, and the new value is written.
+    node.engine.reconcile(force=False)
+    counted()
+    reloaded = parse_config(f'[cgroup]\nroot = "{node.root}"\nbe_idle_group = false\n'
+                            '[qos.LS]\ncpu_shares_per_cpu = 2048\n')
+    node.engine.reconfigure(EngineSettings.of(reloaded))
+    node.engine.reconcile(force=False)
+    assert counted()["plan_container"] == 3
+    assert node.read(node.ccg(other_cid), "cpu.shares") == "512"  # 2048 per CPU x 0.25 CPU
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_memory_plan_reuses_the_passes_plans_and_gives_the_same_writes(make_node, counted, version):
+    """The QoS manager's memory_qos strategy asks for every pod's memory values every 10 s."""
+    node = make_node(version=version)
+    run_one_pod_per_class(node, "cgroupfs")
+    node.engine.reconcile(force=False)
+    counted()
+    reused = node.engine.memory_plan()
+    assert counted()["plan_container"] == 0
+    node.engine.reconfigure(node.engine.settings)  # the same settings: nothing planned is kept
+    fresh = node.engine.memory_plan()
+    assert counted()["plan_container"] > 0
+    assert reused and sorted(map(repr, reused)) == sorted(map(repr, fresh))
+    # A state change of one pod: that pod's values are planned again, from the new state.
+    ls_cid = next(c.container_id for c in node.state.containers.values() if c.name == "app"
+                  and node.state.pods[c.sandbox_id].name == "ls")
+    node.engine.reconcile(force=False)
+    res = pb.LinuxContainerResources(cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=1024 * MIB,
+                                     unified={"memory.min": str(256 * MIB)})
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=ls_cid, linux=res))
+    counted()
+    after = node.engine.memory_plan()
+    assert counted()["plan_container"] == 2  # the LS pod's two containers
+    assert after != reused
+
+
+def test_the_be_groups_idleness_is_checked_once_per_pass(make_node):
+    node = make_node(version="v1", be_idle_group=True)
+    add_cgroup(node.root, "/kubepods/koordnode_be")
+    for i in range(3):
+        add_cgroup(node.root, f"/kubepods/besteffort/podbe{i}")
+        cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=f"be{i}", uid=f"be{i}", namespace="d"),
+                                  linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/besteffort/podbe{i}"))
+        node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    node.engine.reconcile(force=False)
+    group = [r for r in _pass_results(node) if r.write.cgroup == "/kubepods/koordnode_be"]
+    assert [(r.write.resource, r.status.value) for r in group] == [("cpu.idle", "unchanged")]
+    write_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle", "0")  # another writer
+    node.engine.reconcile(force=False)
+    assert read_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle") == "1"

@@ -75,6 +75,26 @@ def read_file(path: Path) -> str:
     return b"".join(chunks).decode("ascii", errors="replace")
 
 
+def read_file_if_same(path: Path, file_id: tuple[int, int] | None) -> tuple[str, tuple[int, int]] | None:
+    """read_file, but only from the very file (device, inode) seen before; None when the path
+    now leads elsewhere (the cgroup was recreated, or a directory on the way was swapped).
+    `file_id` None: any file; its id comes back with the text, to be given next time. The
+    identity is taken from the open descriptor, before anything is read: one fstat instead of
+    a stat of the directory by path. O_NONBLOCK: a swapped path never blocks the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        found = (st.st_dev, st.st_ino)
+        if file_id is not None and found != file_id:
+            return None
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", errors="replace"), found
+
+
 def write_file(path: Path, text: str) -> None:
     """One write(2) of `text` (kernel files take one value per write). Never creates.
 

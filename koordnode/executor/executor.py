@@ -8,19 +8,20 @@ skipped once and remembered; unsafe paths and invalid values are refused.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import os
 import stat
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, write_file
+from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, read_file_if_same, write_file
 from koordnode.executor.paths import (
     CgroupVersion,
     UnsafePathError,
@@ -94,6 +95,9 @@ class _Target:
     dir_inode: int | None = None
     # Found in the executor's cache of located files (looked up again if the file is gone).
     cached: bool = False
+    # Where it was found ((resource, cgroup) and the location), for a repeat of the same write.
+    key: tuple[str, str] | None = None
+    located: _Located | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass
@@ -108,6 +112,9 @@ class _Located:
     fmt: FileFormat
     file_in_dir: bool  # the file is not a link to another directory (its dir_id is the directory's)
     siblings: dict[str, Path]
+    # (device, inode) of the file, read once right after a check of the directory: later
+    # checks open the path and compare the open file's identity instead of the directory's.
+    file_id: tuple[int, int] | None = None
 
 
 def _directory_id(path: Path) -> tuple[int, int] | None:
@@ -142,7 +149,9 @@ class _Converger:
 
     _event = "kernel_write"
 
-    _MAX_OWNED = 65536  # bound on remembered files; pruned of vanished cgroups beyond it
+    # Bound on remembered files (~6 per pod: 16384 is ~2700 pods); pruned of vanished cgroups
+    # beyond it, so pods that come and go do not grow it.
+    _MAX_OWNED = 16384
 
     def __init__(self, logger: Any = None, *, dry_run: bool = False) -> None:
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
@@ -153,9 +162,11 @@ class _Converger:
         # Dry run: the text last reported per file, so that the reconcile pass does not log
         # the same "would write" at info level every period.
         self._would_logged: dict[str, str] = {}
-        # file -> (inode of its directory, value koordnode last wrote or confirmed there).
-        # The inode tells a recreated cgroup (fresh defaults, not an overwrite) from the same one.
-        self._owned: dict[Path, tuple[int, Hashable]] = {}
+        # file -> (inode of its directory, value koordnode last wrote or confirmed there, the
+        # file's text then, the UNCHANGED result for that text). The inode tells a recreated
+        # cgroup (fresh defaults, not an overwrite) from the same one; the text lets a check
+        # that reads the very same text again skip parsing it (it holds the same value).
+        self._owned: dict[Path, tuple[int, Hashable, str | None, WriteResult | None]] = {}
         self._overwrites: dict[str, int] = {}
         self._last_overwrite: dict[str, dict[str, str]] = {}
 
@@ -203,12 +214,22 @@ class _Converger:
                           **self._log_fields(target.write))
         return True
 
-    def _remember(self, target: _Target) -> None:
+    def _remember(self, target: _Target, text: str | None = None, unchanged: WriteResult | None = None) -> None:
         if len(self._owned) >= self._MAX_OWNED and target.path not in self._owned:
             self._owned = {p: v for p, v in self._owned.items() if p.parent.is_dir()}
             if len(self._owned) >= self._MAX_OWNED:
                 self._owned.clear()  # never unbounded; only overwrite detection is lost
-        self._owned[target.path] = (self._target_dir_inode(target), target.expected)
+        self._owned[target.path] = (self._target_dir_inode(target), target.expected, text, unchanged)
+
+    def _unchanged_again(self, target: _Target, current: str) -> WriteResult | None:
+        """The result of the last check of this file when it reads exactly as it did then, in
+        the same directory, for the same value: nothing to parse, compare or remember again."""
+        owned = self._owned.get(target.path)
+        if (owned is None or owned[2] != current or owned[3] is None or target.dir_inode is None
+                or owned[0] != target.dir_inode or owned[1] != target.expected):
+            return None
+        result = owned[3]
+        return result if result.write == target.write else None
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
@@ -220,6 +241,10 @@ class _Converger:
             current = read_file(path)
         except OSError as err:
             return self._io_failure(write, path, None, None, f"read failed: {_describe(err)}", err)
+        if original_old is None and not force and not self.dry_run:
+            again = self._unchanged_again(target, current)
+            if again is not None:
+                return again
         old = (original_old if original_old is not None else current).strip()
         overwritten = original_old is None and self._check_overwrite(target, current)
         try:
@@ -228,9 +253,11 @@ class _Converger:
             return self._failed(write, path, old, None, str(err))
         already = fmt.extract(current, target.value) == target.expected
         if already and not force:
+            result = WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text, overwritten=overwritten)
             if not self.dry_run:  # a dry run owns nothing: it wrote nothing
-                self._remember(target)
-            return WriteResult(write, WriteStatus.UNCHANGED, str(path), old, text, overwritten=overwritten)
+                self._remember(target, current if original_old is None and not overwritten else None,
+                               result if not overwritten else None)
+            return result
         if self.dry_run:
             return self._would_write(write, path, old, text, already)
         try:
@@ -332,6 +359,10 @@ class CgroupExecutor(_Converger):
         # that the directory is still the one found (same device and inode); anything else
         # (gone, recreated, the file missing) looks the path up again, resolved and confined.
         self._located: dict[tuple[str, str], _Located] = {}
+        # A write as last looked up: its located target, or the result that skipped it as
+        # unsupported. The reconcile pass repeats the same writes (the same plans) every
+        # period; a repeat is not validated, normalised and looked up again.
+        self._prepared: dict[CgroupWrite, _Target | WriteResult] = {}
 
     @property
     def root(self) -> Path:
@@ -353,6 +384,7 @@ class CgroupExecutor(_Converger):
         with self._lock:
             self._unsupported.clear()
             self._located.clear()
+            self._prepared.clear()
 
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         fields = {"reason": write.reason}
@@ -374,11 +406,24 @@ class CgroupExecutor(_Converger):
         plan = list(writes)
         results: list[WriteResult | None] = [None] * len(plan)
         # cpu.idle first: whether a group is idle decides whether its cpu.shares can be set.
-        order = sorted(range(len(plan)), key=lambda i: getattr(plan[i], "resource", None) != "cpu.idle")
+        idle = [getattr(write, "resource", None) == "cpu.idle" for write in plan]
+        order = [i for i, first in enumerate(idle) if first] + [i for i, first in enumerate(idle) if not first]
         with self._lock:
             subset_ordered: list[int] = []
             for index in order:
                 write = plan[index]
+                try:
+                    prepared = self._prepared.get(write)
+                except TypeError:  # an unhashable value: refused by the lookup
+                    prepared = None
+                if isinstance(prepared, WriteResult):  # unsupported until forget_unsupported()
+                    results[index] = prepared
+                    continue
+                if prepared is not None and not force and not self.dry_run:
+                    again = self._checked_again(prepared)
+                    if again is not None:
+                        results[index] = again
+                        continue
                 if isinstance(write, CgroupWrite):
                     resource = RESOURCES.get(write.resource) if isinstance(write.resource, str) else None
                     if resource is not None and resource.hierarchical_subset:
@@ -438,8 +483,9 @@ class CgroupExecutor(_Converger):
                 directory.mkdir(parents=True, exist_ok=True)
                 self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
 
-    def child_cgroups(self, cgroup: str, controller: str = "cpu") -> dict[str, float]:
-        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy."""
+    def child_cgroups(self, cgroup: str, controller: str = "cpu", *, skip: Set[str] = frozenset()) -> dict[str, float]:
+        """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy;
+        the children in `skip` are left out (and not looked at)."""
         import time
 
         hierarchy = self._fs.hierarchy(controller)
@@ -454,9 +500,12 @@ class CgroupExecutor(_Converger):
             return {}
         base = normalize_cgroup_path(cgroup).rstrip("/")
         for entry in entries:
+            child = f"{base}/{entry.name}"
+            if child in skip:
+                continue
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    children[f"{base}/{entry.name}"] = now - entry.stat(follow_symlinks=False).st_mtime
+                    children[child] = now - entry.stat(follow_symlinks=False).st_mtime
             except OSError:
                 continue
         return children
@@ -527,23 +576,85 @@ class CgroupExecutor(_Converger):
         if _directory_id(located.directory) != located.dir_id:
             del self._located[(resource.name, cgroup)]
             return None
-        return self._target_in(write, resource, located, value, cached=True)
+        return self._target_in(write, resource, located, value, cached=True, cgroup=cgroup)
 
     def _target_in(self, write: CgroupWrite, resource: Resource, located: _Located, value: Any,
-                   *, cached: bool) -> _Target:
+                   *, cached: bool, cgroup: str) -> _Target:
         """The write's target in a located file, unless a sibling file blocks the write."""
         self._check_not_blocked(write, resource, located)
         return _Target(write, located.path, located.fmt, value, located.fmt.expected(value),
-                       dir_inode=located.dir_id[1] if located.file_in_dir else None, cached=cached)
+                       dir_inode=located.dir_id[1] if located.file_in_dir else None, cached=cached,
+                       key=(resource.name, cgroup), located=located)
 
     def _unsupported_outcome(self, write: CgroupWrite, key: tuple[str, bool], reason: str) -> _Outcome:
         self._unsupported[key] = reason
         self._log.info("cgroup_resource_unsupported", resource=write.resource, cgroup=write.cgroup, reason=reason)
-        return _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=reason))
+        return self._skipped_unsupported(write, reason)
+
+    def _skipped_unsupported(self, write: CgroupWrite, reason: str) -> _Outcome:
+        result = WriteResult(write, WriteStatus.SKIPPED, detail=reason)
+        if len(self._prepared) >= self._MAX_PREPARED:
+            self._prepared.clear()
+        self._prepared[write] = result
+        return _Outcome(result)
+
+    # Bound on remembered writes (a node of 250 pods repeats ~4000): cleared beyond it, which
+    # only costs lookups; churned pods' entries go then too.
+    _MAX_PREPARED = 16384
 
     def _locate(self, write: CgroupWrite) -> _Target:
         if not isinstance(write, CgroupWrite):
             raise _Outcome(WriteResult(write, WriteStatus.REFUSED, detail="not a CgroupWrite"))
+        try:
+            prepared = self._prepared.get(write)
+        except TypeError:  # an unhashable value: refused below
+            prepared = None
+        if prepared is not None:
+            repeated = self._repeat(write, prepared)
+            if repeated is not None:
+                return repeated
+        target = self._lookup(write)
+        if len(self._prepared) >= self._MAX_PREPARED:
+            self._prepared.clear()
+        self._prepared[write] = target if target.cached else dataclasses.replace(target, cached=True)
+        return target
+
+    def _checked_again(self, target: _Target) -> WriteResult | None:
+        """The reconcile pass's common case in one step: a write looked up before, in the same
+        directory, whose file reads exactly as at its last check (then UNCHANGED). None: the full
+        path decides. A sibling that would block the write (cpu.idle=1 for cpu.shares) is not
+        read here: the file holds koordnode's value, so nothing would be written either way."""
+        located = target.located
+        owned = self._owned.get(target.path)
+        if (located is None or target.key is None or owned is None
+                or owned[3] is None or owned[1] != target.expected  # a file shared with another value
+                or self._located.get(target.key) is not located):
+            return None
+        if located.file_id is None and _directory_id(located.directory) != located.dir_id:
+            return None
+        try:
+            read = read_file_if_same(target.path, located.file_id)
+        except OSError:
+            return None
+        if read is None:
+            return None  # another file at that path now: the full path looks again
+        current, located.file_id = read
+        return self._unchanged_again(target, current)
+
+    def _repeat(self, write: CgroupWrite, prepared: _Target | WriteResult) -> _Target | None:
+        """The target of a write looked up before, if its location still holds; None: look up."""
+        if isinstance(prepared, WriteResult):  # unsupported until forget_unsupported()
+            raise _Outcome(prepared)
+        key, located = prepared.key, prepared.located
+        if key is None or located is None or self._located.get(key) is not located:
+            return None
+        if _directory_id(located.directory) != located.dir_id:
+            del self._located[key]
+            return None
+        self._check_not_blocked(write, get_resource(write.resource), located)
+        return prepared
+
+    def _lookup(self, write: CgroupWrite) -> _Target:
         try:
             resource: Resource = get_resource(write.resource)
             value = resource.validate(write.value)
@@ -553,7 +664,7 @@ class CgroupExecutor(_Converger):
 
         key = (resource.name, cgroup == "/")
         if key in self._unsupported:
-            raise _Outcome(WriteResult(write, WriteStatus.SKIPPED, detail=self._unsupported[key]))
+            raise self._skipped_unsupported(write, self._unsupported[key])
         formats = resource.files(self._fs.is_v2)
         if not formats:
             raise self._unsupported_outcome(
@@ -580,7 +691,7 @@ class CgroupExecutor(_Converger):
                     if len(self._located) >= self._MAX_LOCATED:
                         self._located.clear()
                     self._located[(resource.name, cgroup)] = located
-                    return self._target_in(write, resource, located, value, cached=False)
+                    return self._target_in(write, resource, located, value, cached=False, cgroup=cgroup)
         except UnsafePathError as err:
             raise self._refused(write, str(err)) from None
         names = " or ".join(fmt.filename for fmt in formats)
@@ -642,6 +753,10 @@ class CgroupExecutor(_Converger):
             current_text = read_file(target.path)
         except OSError:
             return None  # let the final converge step report it
+        if not force and not self.dry_run:
+            again = self._unchanged_again(target, current_text)
+            if again is not None:
+                return again  # as at the last check: nothing to widen or narrow
         current = target.fmt.extract(current_text, target.value)
         expected = target.expected
         if not isinstance(current, frozenset) or not isinstance(expected, frozenset) or expected <= current:

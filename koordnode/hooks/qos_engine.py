@@ -18,7 +18,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,13 @@ class Record:
         return dataclasses.replace(self, applied=tuple(applied), skipped=tuple(skipped),
                                    notes=tuple(dict.fromkeys(notes)), verified_at=time.time())
 
+    def checked_at(self, when: float) -> Record:
+        """The same record, verified again at `when` (the reconcile pass's cheap copy)."""
+        record = object.__new__(Record)
+        record.__dict__.update(self.__dict__)
+        record.__dict__["verified_at"] = when
+        return record
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -208,6 +215,36 @@ class PublishedStatus:
     engine: Mapping[str, Any]
     pod_records: Mapping[str, Record]
     container_records: Mapping[str, Record]
+
+
+@dataclasses.dataclass
+class _PodPlan:
+    """One pod's plan as the last apply made it, with what it was made from (`key`): a pass
+    whose inputs are the same objects reuses it instead of planning again."""
+
+    key: tuple[Any, ...]
+    decision: ClassDecision
+    pod_cgroup: str
+    notes: tuple[str, ...]
+    writes: tuple[CgroupWrite, ...]  # without the BE group's cpu.idle (added per apply)
+    group_write: CgroupWrite | None
+    container_plans: dict[str, ContainerPlan]
+    container_cgroups: dict[str, str]
+    memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
+    # (status, detail) of each result the records were last built from; None: build them again.
+    signature: tuple[tuple[WriteStatus, str], ...] | None = None
+
+
+@dataclasses.dataclass
+class _PassState:
+    """What one reconcile pass shares between its pods."""
+
+    containers: dict[str, list[Any]]  # sandbox id -> its containers, indexed once per pass
+    be_cpus: frozenset[int] | None  # the QoS manager's BE cpuset, asked once per pass
+    results: list[WriteResult] = dataclasses.field(default_factory=list)  # counted once at the end
+    covered: set[str] = dataclasses.field(default_factory=set)  # containers whose cpuset a plan wrote
+    be_groups: set[str] = dataclasses.field(default_factory=set)  # BE groups whose cpu.idle was checked
+    now: float = dataclasses.field(default_factory=time.time)
 
 
 class CpuReservation:
@@ -279,6 +316,8 @@ class QoSEngine:
         with self.lock:
             self._publish_status()
         self._be_groups: set[str] = set()  # cgroupfs BE groups seen, swept by the reconcile pass
+        # sandbox id -> its last plan, reused while what it was made from stays the same.
+        self._plans: dict[str, _PodPlan] = {}
         # systemd driver: the group slices, made idle through systemd off the CRI path.
         self.be_slices = SystemdBeGroup(lambda cgroup: self.executor.read(cgroup, "cpu.idle"))
 
@@ -299,6 +338,7 @@ class QoSEngine:
         """A reloaded configuration, applied to the next call and the next reconcile pass."""
         with self.lock:
             self._apply_settings(settings, old=self.allocator)
+            self._plans.clear()
             self.executor.forget_unsupported()
             self._publish_status()
 
@@ -587,7 +627,7 @@ class QoSEngine:
             pod = view.pod_of_container(container_id)
             if pod is None:
                 return
-            self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=False)
+            self._apply_pod(view, pod.sandbox_id, None, force=False)
             self._publish_status()
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
@@ -627,7 +667,7 @@ class QoSEngine:
         with self.lock:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
-                self._apply_pod(view, sandbox_id, self.pod_input_from_record(pod), force=False)
+                self._apply_pod(view, sandbox_id, None, force=False)
                 self._publish_status()
 
     def _pod_resources_plan(self, pod: PodRecord, kubelet: ContainerResources) -> PodResourcesPlan | None:
@@ -652,6 +692,7 @@ class QoSEngine:
         with self.lock:
             for cid in [c for c, s in self.container_pod.items() if s == sandbox_id]:
                 self._drop_container(cid)
+            self._plans.pop(sandbox_id, None)
             if removed:
                 self.pod_records.pop(sandbox_id, None)
                 self.pod_resources.pop(sandbox_id, None)
@@ -731,78 +772,175 @@ class QoSEngine:
         self.kubelet_resources[container_id] = restored
         return restored
 
-    def _apply_pod(self, view: NodeView, sandbox_id: str, pod_in: PodInput, *,
-                   force: bool) -> ClassDecision | None:
+    def _plan_key(self, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
+                  be_cpus: frozenset[int] | None) -> tuple[Any, ...] | None:
+        """Everything a pod's plan is made from, as the objects themselves (records and kubelet
+        resources are replaced, never changed, so a tuple compare is mostly identity checks).
+        None: plan every time (a container still asking for CPUs changes the allocator)."""
+        containers = self._containers_key(running)
+        if containers is None:
+            return None
+        allocator = self.allocator
+        return (pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
+                self.pod_resources.get(pod.sandbox_id), containers)
+
+    def _containers_key(self, running: list[Any]) -> tuple[Any, ...] | None:
+        parts = []
+        for c in running:
+            cid = c.container_id
+            if cid in self.reallocate:
+                return None
+            parts.append((c, self.kubelet_resources.get(cid), self.cpu_owner.get(cid),
+                          self.fallback_reason.get(cid)))
+        return tuple(parts)
+
+    def _memory_writes_current(self, entry: _PodPlan | None, pod: PodRecord, running: list[Any]) -> bool:
+        """Whether a pod's last plan still holds for its memory values (the parts of its key
+        they depend on; the CPU pools do not change them)."""
+        if entry is None:
+            return False
+        key = entry.key
+        return (key[0] is pod and key[1] is None and key[2] is self.settings and key[3] == self.features
+                and key[7] is self.pod_resources.get(pod.sandbox_id) and key[8] == self._containers_key(running))
+
+    def _be_cpus(self) -> frozenset[int] | None:
+        cpus = self.be_cpuset_override() if self.be_cpuset_override is not None else None
+        return frozenset(cpus) if cpus else None
+
+    def _apply_pod(self, view: NodeView, sandbox_id: str, pod_in: PodInput | None, *,
+                   force: bool, pass_state: _PassState | None = None) -> ClassDecision | None:
         """Pod-level and container-level writes of one pod (its running containers); returns
-        the class decision for the loop to record (None when the pod is unknown or skipped)."""
+        the class decision for the loop to record (None when the pod is unknown or skipped).
+        `pod_in`: the pod as a CRI call describes it; None: as recorded. `pass_state`: the
+        reconcile pass this is part of (None: a single call from a hook)."""
         pod = view.pods.get(sandbox_id)
         if pod is None or skip_requested(pod.labels):
+            self._plans.pop(sandbox_id, None)
             return None  # skipped pods are left alone, also by the reconcile pass after a restart
-        decision = self._decision(pod)
-        try:
-            pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
-        except UnsafePathError as exc:
-            self.pod_records[sandbox_id] = dataclasses.replace(
-                self.pod_records.get(sandbox_id, Record()), qos_class=decision.qos_class.value,
-                why=decision.why, skipped=(f"cgroup parent {pod.cgroup_parent!r} refused: {exc}",))
-            log.warning("unsafe_cgroup_parent_refused", sandbox_id=sandbox_id, error=str(exc))
-            return decision
+        cached = self._plans.get(sandbox_id)
+        if cached is not None and cached.key[0] is pod and cached.key[2] is self.settings:
+            decision, pod_cgroup = cached.decision, cached.pod_cgroup
+        else:
+            decision = self._decision(pod)
+            try:
+                pod_cgroup = self._pod_cgroup(pod.cgroup_parent)
+            except UnsafePathError as exc:
+                self._plans.pop(sandbox_id, None)
+                self.pod_records[sandbox_id] = dataclasses.replace(
+                    self.pod_records.get(sandbox_id, Record()), qos_class=decision.qos_class.value,
+                    why=decision.why, skipped=(f"cgroup parent {pod.cgroup_parent!r} refused: {exc}",))
+                log.warning("unsafe_cgroup_parent_refused", sandbox_id=sandbox_id, error=str(exc))
+                return decision
         if not self.features.group_identity and self._probe_group_identity(pod_cgroup):
             self.features = KernelFeatures(cgroup_version=self.features.cgroup_version, group_identity=True)
             log.info("group_identity_kernel_detected", detail="BE pods get cpu.bvt_warp_ns instead of cpu.idle")
-        pod_plan = plan_pod_sandbox(pod_in, decision=decision, config=self.settings.qos.for_class(decision.qos_class),
-                                    features=self.features, pod_cgroup=pod_cgroup, node=self.settings.node)
-        writes: list[CgroupWrite] = list(pod_plan.writes)
-        if in_be_group(pod.cgroup_parent):
-            # Re-asserted by every reconcile: the group's idleness is what protects LS.
-            writes.insert(0, CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group"))
-            if systemd_group_slice(pod.cgroup_parent) is not None:
-                # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
-                # the slice (each container start): the group's idleness is what protects LS.
-                writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
-        container_plans: dict[str, tuple[ContainerPlan, int]] = {}
-        memories = []
-        containers = view.containers_of(sandbox_id)
-        for c in containers:
-            if c.state != CONTAINER_RUNNING:
-                continue
-            try:
-                plan = self._plan(pod, c.name, c.container_id, self._kubelet_resources(view, c.container_id))
-            except UnsafePathError:
-                continue
-            start = len(writes)
-            writes.extend(plan.cri_mirror)
-            writes.extend(plan.writes)
-            container_plans[c.container_id] = (plan, start)
-            memories.append(plan.memory)
-        pod_level = self.pod_resources.get(sandbox_id)
-        resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
-        if resized is not None:
-            # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
-            writes.extend(resized.writes)
+        if pass_state is not None:
+            containers = pass_state.containers.get(sandbox_id, [])
+            be_cpus = pass_state.be_cpus
         else:
-            writes.extend(plan_pod_memory(pod_cgroup, decision.qos_class, memories))
+            containers = view.containers_of(sandbox_id)
+            be_cpus = self._be_cpus()
+        running = [c for c in containers if c.state == CONTAINER_RUNNING]
+        for c in running:
+            self._kubelet_resources(view, c.container_id)  # known before the key is taken
+        key = self._plan_key(pod, pod_in, running, be_cpus)
+        reused = False
+        if cached is not None and key is not None and cached.key == key:
+            entry, reused = cached, True
+        else:
+            entry = self._make_plan(view, pod, pod_in, running, decision, pod_cgroup, key)
+            if key is not None:
+                self._plans[sandbox_id] = entry
+            else:
+                self._plans.pop(sandbox_id, None)
+        writes = entry.writes
+        group_write = entry.group_write
+        if group_write is not None and pass_state is not None:
+            if group_write.cgroup in pass_state.be_groups:
+                group_write = None  # checked already in this pass (the group is shared by all BE pods)
+            else:
+                pass_state.be_groups.add(group_write.cgroup)
+        if group_write is not None:
+            writes = (group_write, *writes)
         results = self.executor.apply(writes, force=force)
-        METRICS.record_writes(results)
-        self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, container_plans)
+        if pass_state is not None:
+            pass_state.results.extend(results)
+            pass_state.covered.update(entry.container_plans)
+        else:
+            METRICS.record_writes(results)
+        own = results[1:] if group_write is not None else results
+        signature = tuple((r.status, r.detail) for r in own)
+        failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
+        if (reused and not failed and signature == entry.signature and sandbox_id in self.pod_records
+                and all(cid in self.container_records for cid in entry.container_plans)):
+            # Nothing changed since the records were built: they only get the time of this check.
+            now = pass_state.now if pass_state is not None else time.time()
+            self.pod_records[sandbox_id] = self.pod_records[sandbox_id].checked_at(now)
+            for cid in entry.container_plans:
+                self.container_records[cid] = self.container_records[cid].checked_at(now)
+            return decision
+        entry.signature = signature
+        self._publish_metrics(pod, containers, decision.qos_class.value, pod_cgroup, results, entry)
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
             by_cgroup.setdefault(r.cgroup_write.cgroup, []).append(r)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
                                      qos_class=decision.qos_class.value, why=decision.why)
-        self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), pod_plan.notes)
-        for cid, (plan, _) in container_plans.items():
+        self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), entry.notes)
+        for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
             self.container_records[cid] = crec.with_results(
-                by_cgroup.get(self._container_cgroup(pod.cgroup_parent, cid), []), plan.notes)
-        failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
+                by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
         if failed:
             log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
                         failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
 
+    def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
+                   decision: ClassDecision, pod_cgroup: str, key: tuple[Any, ...] | None) -> _PodPlan:
+        """Plan one pod: its pod cgroup, its running containers and its memory protection."""
+        pod_input = pod_in if pod_in is not None else self.pod_input_from_record(pod)
+        pod_plan = plan_pod_sandbox(pod_input, decision=decision,
+                                    config=self.settings.qos.for_class(decision.qos_class),
+                                    features=self.features, pod_cgroup=pod_cgroup, node=self.settings.node)
+        writes: list[CgroupWrite] = list(pod_plan.writes)
+        group_write = None
+        if in_be_group(pod.cgroup_parent):
+            # Re-asserted by every reconcile: the group's idleness is what protects LS.
+            group_write = CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group")
+            if systemd_group_slice(pod.cgroup_parent) is not None:
+                # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
+                # the slice (each container start): the group's idleness is what protects LS.
+                writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
+        container_plans: dict[str, ContainerPlan] = {}
+        container_cgroups: dict[str, str] = {}
+        memories = []
+        memory_writes: list[CgroupWrite] = []
+        for c in running:
+            try:
+                plan = self._plan(pod, c.name, c.container_id, self._kubelet_resources(view, c.container_id))
+                cgroup = self._container_cgroup(pod.cgroup_parent, c.container_id)
+            except UnsafePathError:
+                continue
+            writes.extend(plan.cri_mirror)
+            writes.extend(plan.writes)
+            memory_writes.extend(plan.cri_mirror)
+            memory_writes.extend(plan.writes)
+            container_plans[c.container_id] = plan
+            container_cgroups[c.container_id] = cgroup
+            memories.append(plan.memory)
+        pod_level = self.pod_resources.get(pod.sandbox_id)
+        resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
+        # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
+        pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
+        writes.extend(pod_memory)
+        memory_writes.extend(pod_memory)
+        return _PodPlan(key if key is not None else (), decision, pod_cgroup, tuple(pod_plan.notes),
+                        tuple(writes), group_write, container_plans, container_cgroups,
+                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES))
+
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
-                         results: list[WriteResult], container_plans: dict[str, tuple[ContainerPlan, int]]) -> None:
+                         results: list[WriteResult], entry: _PodPlan) -> None:
         self._metric_names[pod.sandbox_id] = (pod.namespace, pod.name)
         names = {c.container_id: c.name for c in containers}
         applied: dict[str, dict[str, Any]] = {}
@@ -810,8 +948,8 @@ class QoSEngine:
             if r.ok:
                 applied.setdefault(r.cgroup_write.cgroup, {})[r.cgroup_write.resource] = r.write.value
         METRICS.set_applied(pod.namespace, pod.name, "", cls, applied.get(pod_cgroup, {}))
-        for cid, (plan, _) in container_plans.items():
-            values = dict(applied.get(self._container_cgroup(pod.cgroup_parent, cid), {}))
+        for cid, plan in entry.container_plans.items():
+            values = dict(applied.get(entry.container_cgroups[cid], {}))
             if plan.cri.oom_score_adj is not None:
                 values["oom_score_adj"] = plan.cri.oom_score_adj
             METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
@@ -825,12 +963,15 @@ class QoSEngine:
         return CpusetDecision(cpus=frozenset(cpus), exclusive=False, fallback=False,
                               reason="BE cpuset set by the cpu_suppress strategy (policy cpuset)")
 
-    def _refresh_pools(self, view: NodeView) -> None:
-        """After an allocation changed: move running shared-pool containers to the new pools."""
+    def _refresh_pools(self, view: NodeView, skip: Set[str] = frozenset(),
+                       results: list[WriteResult] | None = None) -> None:
+        """After an allocation changed: move running shared-pool containers to the new pools.
+        `skip`: containers whose cpuset was just written from their plan. `results`: where the
+        results go to be counted (default: counted here)."""
         writes = []
         moves: dict[str, str] = {}
         for c in view.containers.values():
-            if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner:
+            if c.state != CONTAINER_RUNNING or c.container_id in self.cpu_owner or c.container_id in skip:
                 continue
             pod = view.pods.get(c.sandbox_id)
             if pod is None or skip_requested(pod.labels):
@@ -852,13 +993,22 @@ class QoSEngine:
         if moves and self.pool_updates is not None:  # moves are only made for NRI mode
             self.pool_updates.publish(moves)
         if writes:
-            results = self.executor.apply(writes)
-            METRICS.record_writes(results)
-            for r in results:
+            applied = self.executor.apply(writes)
+            if results is not None:
+                results.extend(applied)
+            else:
+                METRICS.record_writes(applied)
+            for r in applied:
                 self._note_pool_result(r)
 
     def _note_pool_result(self, result: WriteResult) -> None:
         """Keep the container's status line for its cpuset current after a pool change."""
+        if result.status is not WriteStatus.UNCHANGED:
+            for entry in self._plans.values():
+                entry.signature = None  # records changed here: the next apply builds them again
+        self._note_pool_line(result)
+
+    def _note_pool_line(self, result: WriteResult) -> None:
         cid = result.cgroup_write.cgroup.rsplit("/", 1)[-1].removeprefix("cri-containerd-").removesuffix(".scope")
         record = self.container_records.get(cid)
         if record is None:
@@ -949,9 +1099,19 @@ class QoSEngine:
         strategy to keep applied. Allocates nothing: the CPUs do not change memory values."""
         view = view if view is not None else self.state.view()
         writes: list[CgroupWrite] = []
+        by_pod: dict[str, list[Any]] = {}
+        for c in view.containers.values():
+            by_pod.setdefault(c.sandbox_id, []).append(c)
         with self.lock:
             for pod in view.pods.values():
                 if pod.state != POD_READY or skip_requested(pod.labels):
+                    continue
+                running = [c for c in by_pod.get(pod.sandbox_id, ()) if c.state == CONTAINER_RUNNING]
+                for c in running:
+                    self._kubelet_resources(view, c.container_id)
+                entry = self._plans.get(pod.sandbox_id)
+                if entry is not None and self._memory_writes_current(entry, pod, running):
+                    writes.extend(entry.memory_writes)  # the reconcile pass's plan still holds
                     continue
                 decision = self._decision(pod)
                 try:
@@ -960,9 +1120,7 @@ class QoSEngine:
                     continue
                 config = self.settings.qos.for_class(decision.qos_class)
                 memories = []
-                for c in view.containers_of(pod.sandbox_id):
-                    if c.state != CONTAINER_RUNNING:
-                        continue
+                for c in running:
                     try:
                         plan = plan_container(
                             self.pod_input_from_record(pod),
@@ -992,19 +1150,31 @@ class QoSEngine:
         with self.lock:
             # First, before this pass re-asserts cpu.idle itself: whether systemd still has it.
             self._sweep_systemd_be_groups(view)
+            containers: dict[str, list[Any]] = {}
+            for c in view.containers.values():
+                containers.setdefault(c.sandbox_id, []).append(c)
+            pass_state = _PassState(containers, self._be_cpus())
+            allocator, version = self.allocator, self.allocator.version
             for pod in view.pods.values():
                 if pod.state != POD_READY:
                     continue
                 try:
-                    decision = self._apply_pod(view, pod.sandbox_id, self.pod_input_from_record(pod), force=force)
+                    decision = self._apply_pod(view, pod.sandbox_id, None, force=force, pass_state=pass_state)
                 except Exception:  # one pod's trouble must not stop the others' reconcile
                     log.exception("pod_reconcile_failed", sandbox_id=pod.sandbox_id)
                     continue
                 if decision is not None:
                     classes[pod.sandbox_id] = (decision.qos_class.value, decision.why)
-            self._refresh_pools(view)
+            # The plans above wrote the cpuset of the containers they cover, unless an allocation
+            # changed during the pass (which moves the pools under containers already done).
+            unchanged = self.allocator is allocator and allocator.version == version and self.pool_updates is None
+            self._refresh_pools(view, skip=pass_state.covered if unchanged else frozenset(),
+                                results=pass_state.results)
+            METRICS.record_writes(pass_state.results)
             for sid in [sid for sid in self.pod_records if sid not in view.pods]:
                 del self.pod_records[sid]
+            for sid in [sid for sid in self._plans if sid not in view.pods]:
+                del self._plans[sid]
             self._sweep_be_group(view)
             self._publish_status()
         return classes
@@ -1016,16 +1186,20 @@ class QoSEngine:
         live: set[str] = set()
         for pod in view.pods.values():
             if in_be_group(pod.cgroup_parent) and systemd_group_slice(pod.cgroup_parent) is None:
-                try:
-                    cgroup = self._pod_cgroup(pod.cgroup_parent)
-                except UnsafePathError:
-                    continue
+                planned = self._plans.get(pod.sandbox_id)
+                if planned is not None and planned.key[0] is pod and planned.key[2] is self.settings:
+                    cgroup = planned.pod_cgroup  # as the pass's plan found it
+                else:
+                    try:
+                        cgroup = self._pod_cgroup(pod.cgroup_parent)
+                    except UnsafePathError:
+                        continue
                 live.add(cgroup)
                 self._be_groups.add(be_group_of(cgroup))
         for group in list(self._be_groups):
-            for child, age_s in self.executor.child_cgroups(group).items():
+            for child, age_s in self.executor.child_cgroups(group, skip=live).items():
                 name = child.rsplit("/", 1)[-1]
-                if child in live or not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
+                if not name.startswith("pod") or age_s < BE_GROUP_SWEEP_AGE_S:
                     continue
                 problems = self.executor.remove_cgroup(child)
                 if not problems:
