@@ -8,7 +8,24 @@ with kubelet's values ("kubelet"), and through a `koordnode run` in front of it 
     probe  inside the LS container (ExecSync): sleep 1 ms, then 100 us of calibrated work,
            --rounds times; how late each round finished (p50 / p99 / p99.9)
     rr     a TCP server in the LS container does 50 us of work per 64-byte request; a client
-           on the host sends one request per ms: round-trip times (p50 / p99 / p99.9)
+           sends one request per ms: round-trip times (p50 / p99 / p99.9). Where the client
+           runs is --rr-client (one or more, each a row of its own):
+             host     on the node, in the benchmark's own cgroup outside kubepods (the root
+                      cgroup when run from a shell): a node agent or anything not in a pod. Its
+                      wake-ups compete with the whole kubepods group, BE included, one level up,
+                      where koordnode's idle BE group does not reach. Row "rr" (the old name).
+             pod      in a pod of its own, an LS pod (Burstable, 1 CPU requested) created
+                      through the same path as the server's, so kubelet's and koordnode's values
+                      apply to it as to any LS pod: another LS service on the node calling this
+                      one. Row "rr-pod".
+             host-rt  on the node as "host", but SCHED_FIFO: a wake-up preempts any CFS task at
+                      once (BE included; only kernel code a task is in when it wakes, here
+                      preempt=none, delays it), so what is left is the server's side and the
+                      network path -- the nearest this one-machine bed gets to a client on
+                      another machine, whose CPU BE cannot touch. Row "rr-host-rt".
+           For the slowest rounds (at or above p99 and p99.9) the client also says where the
+           time went: how long the client and the server each waited for a CPU (run_delay of
+           their schedstat) during those rounds; the rest is the network path and the work.
 
 and the CPU the BE pod got while LS was measured, against what LS left idle.
 
@@ -31,6 +48,7 @@ and the cpuidle driver and states, so a reader on another machine knows).
 
     python3 -m bench.ls_latency [--quick] [--classes LS,LSR,LSE]
                                 [--setups kubelet,koordnode-tier,koordnode,koordnode-nosuppress]
+                                [--variants probe,rr] [--rr-client host[,pod,host-rt]]
                                 [--rounds 8000] [--repeat 1] [--koordnode-toml FILE]
                                 [--no-idle-latency-hold] [--json]
 
@@ -67,6 +85,10 @@ SETUPS = {
     "koordnode-nosuppress": "[strategy.cpu_suppress]\nenable = false\n",
 }
 
+
+# --rr-client placement -> the table's variant name ("rr" keeps the name of the runs before the option)
+RR_CLIENTS = {"host": "rr", "pod": "rr-pod", "host-rt": "rr-host-rt"}
+RR_CLIENT_RT_PRIORITY = 50
 
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
 CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
@@ -128,6 +150,13 @@ def describe_idle(idle: dict, held: bool) -> str:
     return f"cpuidle driver {idle['driver'] or 'none'}, governor {idle['governor'] or '-'}{poll}; states: {states}\n{hold}"
 
 
+def describe_rr_clients(rr_clients: list[str], host_cgroup: str) -> str:
+    where = {"host": f"on the node in cpu cgroup {host_cgroup} (outside kubepods)",
+             "pod": "exec'd in an LS pod of its own (Burstable, 1 CPU requested)",
+             "host-rt": f"on the node in cpu cgroup {host_cgroup}, SCHED_FIFO {RR_CLIENT_RT_PRIORITY}"}
+    return "rr clients: " + "; ".join(f"{RR_CLIENTS[c]}: {where[c]}" for c in rr_clients)
+
+
 def build_probe(directory: Path) -> Path:
     out = directory / "ls_probe"
     subprocess.run(["gcc", "-O2", "-static", "-o", str(out), str(REPO / "bench" / "ls_probe.c")], check=True)
@@ -135,8 +164,30 @@ def build_probe(directory: Path) -> Path:
 
 
 def parse_line(text: str) -> dict:
-    p50, p99, p999, mx, n = text.split()[:5]
-    return {"p50_us": float(p50), "p99_us": float(p99), "p999_us": float(p999), "max_us": float(mx), "n": int(n)}
+    """ls_probe's line: five numbers, then (the rr client) key=value fields saying where the slowest
+    round trips went, e.g. client_wait_p99=12.5 -> result["where"]["p99"]["client_wait_us"] (-1: the
+    kernel had no schedstat)."""
+    fields = text.split()
+    p50, p99, p999, mx, n = fields[:5]
+    out = {"p50_us": float(p50), "p99_us": float(p99), "p999_us": float(p999), "max_us": float(mx), "n": int(n)}
+    where: dict[str, dict[str, float | None]] = {}
+    for field in fields[5:]:
+        key, _, value = field.partition("=")
+        quantity, _, rounds = key.rpartition("_")
+        if quantity in ("rtt", "client_wait", "server_wait") and rounds:
+            number = float(value)
+            where.setdefault(rounds, {})[f"{quantity}_us"] = None if number < 0 else number
+    if where:
+        out["where"] = where
+    return out
+
+
+def variants_of(kinds: list[str], rr_clients: list[str]) -> list[str]:
+    """The measurements a run makes, in order: "probe", then one rr row per client placement."""
+    out = ["probe"] if "probe" in kinds else []
+    if "rr" in kinds:
+        out += [RR_CLIENTS[c] for c in rr_clients]
+    return out
 
 
 def cgroup_of(pid: int, controller: str) -> str:
@@ -151,11 +202,20 @@ def usage_ns(cgroup: str) -> int:
     return int((CG / "cpuacct" / cgroup.lstrip("/") / "cpuacct.usage").read_text())
 
 
+def busy_ns(stat: Path = Path("/proc/stat")) -> int:
+    """CPU time the whole machine spent busy (all but idle and iowait), from /proc/stat's cpu line."""
+    fields = stat.read_text().split("\n", 1)[0].split()
+    assert fields[0] == "cpu", fields
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 class Bench:
     def __init__(self, bed, probe: Path, args: argparse.Namespace, work: Path) -> None:
         from tests.support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
 
         self.bed, self.probe, self.args, self.work = bed, probe, args, work
+        self.variants = variants_of(args.variants, args.rr_clients)
         prepare_qos_tiers(bed.kubepods_cgroup)
         kubelet_update_qos_cgroups(bed.kubepods_cgroup)
 
@@ -207,24 +267,41 @@ class Bench:
             raise RuntimeError(f"probe failed: {resp.stderr.decode()}")
         return parse_line(resp.stdout.decode())
 
-    def rr_run(self, ip: str) -> dict:
+    def rr_run(self, cri, variant: str, ip: str, client_cid: str | None) -> dict:
+        from koordnode.cri import api_pb2 as pb
+
+        timeout = int(self.args.rounds / 200) + 60
+        if variant == RR_CLIENTS["pod"]:
+            resp = cri.rt.ExecSync(pb.ExecSyncRequest(
+                container_id=client_cid,
+                cmd=[PROBE_IN_CONTAINER, "client", ip, str(PORT), str(self.args.rounds), str(SLEEP_US)],
+                timeout=timeout), timeout=timeout + 10)
+            if resp.exit_code != 0:
+                raise RuntimeError(f"rr client in its pod failed: {resp.stderr.decode()}")
+            return parse_line(resp.stdout.decode())
+        realtime = variant == RR_CLIENTS["host-rt"]
         done = subprocess.run([str(self.probe), "client", ip, str(PORT), str(self.args.rounds), str(SLEEP_US)],
-                              capture_output=True, text=True, timeout=self.args.rounds / 200 + 60, check=True)
+                              capture_output=True, text=True, timeout=timeout, check=True,
+                              preexec_fn=rt_client_scheduling if realtime else None)
         return parse_line(done.stdout)
 
-    def measure(self, cri, ls_cid: str, ls_ip: str, be_cid: str | None) -> dict:
+    def measure(self, cri, ls_cid: str, ls_ip: str, be_cid: str | None, client_cid: str | None) -> dict:
         ls_cg = cgroup_of(self.pid_of(cri, ls_cid), "cpuacct")
         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpuacct") if be_cid else None
         result: dict = {}
-        for variant in ("probe", "rr"):
+        for variant in self.variants:
             t0 = time.monotonic()
-            ls0, be0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0
-            result[variant] = self.probe_run(cri, ls_cid) if variant == "probe" else self.rr_run(ls_ip)
+            ls0, be0, busy0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
+            result[variant] = (self.probe_run(cri, ls_cid) if variant == "probe"
+                               else self.rr_run(cri, variant, ls_ip, client_cid))
             elapsed = time.monotonic() - t0
-            ls_cpus = (usage_ns(ls_cg) - ls0) / 1e9 / elapsed
+            ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
+            ls_cpus = ls_ns / 1e9 / elapsed
             result[variant]["ls_cpus"] = round(ls_cpus, 3)
+            # Everything but the LS and BE pods (the rr client too): on a shared machine, what else ran.
+            result[variant]["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
             if be_cg:
-                be_cpus = (usage_ns(be_cg) - be0) / 1e9 / elapsed
+                be_cpus = be_ns / 1e9 / elapsed
                 result[variant]["be_cpus"] = round(be_cpus, 3)
                 result[variant]["be_share_of_idle"] = round(be_cpus / max(1e-9, CPUS - ls_cpus), 3)
         return result
@@ -253,28 +330,34 @@ class Bench:
             for cls in self.args.classes:
                 ls_sid, ls_cid = self.pod(cri, f"ls-{cls.lower()}", cls,
                                           [PROBE_IN_CONTAINER, "server", str(PORT), str(SERVER_WORK_US)])
+                client_sid = client_cid = None
                 try:
+                    if RR_CLIENTS["pod"] in self.variants:
+                        client_sid, client_cid = self.pod(cri, "rr-client", "LS", CLIENT_POD_COMMAND)
                     ip = cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=ls_sid)).status.network.ip
                     time.sleep(0.5)
-                    alone = self.measure(cri, ls_cid, ip, None)
+                    alone = self.measure(cri, ls_cid, ip, None, client_cid)
                     loops = " & ".join([f"{PROBE_IN_CONTAINER} spin"] * self.args.be_loops)
                     be_sid, be_cid = self.pod(cri, "be", "BE", ["sh", "-c", f"{loops} & wait"])
                     try:
                         time.sleep(1.0)
                         settled_s = settle_suppression(kn) if kn is not None else None
                         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpu")
-                        with_be = self.measure(cri, ls_cid, ip, be_cid)
+                        with_be = self.measure(cri, ls_cid, ip, be_cid, client_cid)
                         suppress = suppress_decision(kn) if kn is not None else None
                     finally:
                         self.remove(cri, be_sid)
                 finally:
                     self.remove(cri, ls_sid)
+                    if client_sid:
+                        self.remove(cri, client_sid)
                 out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress,
                             "suppress_settled_s": settled_s}
                 print(f"  {setup:20s} {cls:3s} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
-                    f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs)"
-                    for v in ("probe", "rr")), flush=True)
+                    f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs, other "
+                    f"{alone[v]['other_cpus']:.2f} / {with_be[v]['other_cpus']:.2f})"
+                    for v in self.variants), flush=True)
                 if suppress:
                     settled = ("" if suppress == "off" else " (quota not settled)" if settled_s is None
                                else f" (quota at its target {1 + settled_s:.1f} s after BE started)")
@@ -286,6 +369,28 @@ class Bench:
         return out
 
 
+
+
+# The rr client pod's container only waits; each run's client is exec'd into it (ExecSync), so it
+# runs in the pod's cgroup like any process of that pod.
+CLIENT_POD_COMMAND = ["sh", "-c", "while :; do sleep 3600; done"]
+
+
+def rt_client_scheduling() -> None:
+    """In the host-rt client, before exec: SCHED_FIFO, so its wake-ups preempt every CFS task."""
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RR_CLIENT_RT_PRIORITY))
+
+
+def check_rt_client() -> str | None:
+    """Why a SCHED_FIFO client cannot run here (None: it can). With RT group scheduling a task
+    in a cgroup without cpu.rt_runtime_us may not become real-time."""
+    try_it = (f"import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param({RR_CLIENT_RT_PRIORITY}))")
+    done = subprocess.run([sys.executable, "-c", try_it], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no error text"])[-1]
+        return (f"--rr-client host-rt: cannot make the client SCHED_FIFO in cgroup "
+                f"{cgroup_of(os.getpid(), 'cpu')} ({last})")
+    return None
 
 
 def settle_suppression(kn, timeout_s: float = 30.0) -> float | None:
@@ -327,16 +432,30 @@ def suppress_decision(kn) -> str | None:
             f"{decision.get('decision') or ''}").rstrip("; ")
 
 
-def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
-    """One row per class, variant and setup; medians over the repeats."""
+def _med(values):
     import statistics
 
-    def med(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
-    def us(v):
-        return "—" if v is None else f"{v:,.0f} µs"
+
+def _us(v):
+    return "—" if v is None else f"{v:,.0f} µs"
+
+
+def _variants_in(results: list[dict]) -> list[str]:
+    """The variants the runs measured, in the order they were measured."""
+    seen: list[str] = []
+    for run in results:
+        for per_class in run.values():
+            for cls in per_class.values():
+                seen += [v for v in cls["alone"] if v not in seen]
+    return seen
+
+
+def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
+    """One row per class, variant and setup; medians over the repeats."""
+    med, us = _med, _us
 
     def ratio(a, b):
         return "—" if a is None or not b else f"{a / b:.1f}×"
@@ -345,7 +464,7 @@ def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
             "p99 with/alone", "p99.9 with/alone", "BE CPUs (of what LS left idle)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cls in classes:
-        for variant in ("probe", "rr"):
+        for variant in _variants_in(results):
             for s in setups:
                 runs = [r[s][cls] for r in results if s in r and cls in r[s]]
                 if not runs:
@@ -362,6 +481,36 @@ def table(results: list[dict], classes: list[str], setups: list[str]) -> str:
     return "\n".join(lines)
 
 
+def where_table(results: list[dict], classes: list[str], setups: list[str]) -> str:
+    """Where the request/response tail went: for the rounds at or above p99 (and p99.9 with BE),
+    the mean round trip and how much of it the client and the server each waited for a CPU
+    (schedstat run_delay); medians over the repeats. Empty when no rr variant ran."""
+    rr = [v for v in _variants_in(results) if v != "probe"]
+    if not rr:
+        return ""
+    head = ["LS pod class", "variant", "setup"]
+    parts = [("alone", "p99"), ("with_be", "p99"), ("with_be", "p999")]
+    label = {("alone", "p99"): "alone ≥p99", ("with_be", "p99"): "with BE ≥p99", ("with_be", "p999"): "with BE ≥p99.9"}
+    for part in parts:
+        head += [f"{label[part]}: RTT", "client waited", "server waited"]
+    head.append("other CPUs alone / with BE")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cls in classes:
+        for variant in rr:
+            for s in setups:
+                runs = [r[s][cls] for r in results if s in r and cls in r[s]]
+                if not runs:
+                    continue
+                cells = [cls, variant, s]
+                for phase, rounds in parts:
+                    wheres = [r[phase][variant].get("where", {}).get(rounds, {}) for r in runs]
+                    cells += [_us(_med([w.get(q) for w in wheres])) for q in ("rtt_us", "client_wait_us", "server_wait_us")]
+                other = [_med([r[phase][variant].get("other_cpus") for r in runs]) for phase in ("alone", "with_be")]
+                cells.append(" / ".join("—" if o is None else f"{o:.2f}" for o in other))
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2000 rounds, one repeat (a few minutes)")
@@ -371,6 +520,13 @@ def main() -> int:
                         "koordnode (defaults); koordnode-tier: BE pods left in kubelet's besteffort tier "
                         "(be_idle_group = false, the behaviour before the BE group); koordnode-nosuppress: "
                         "the BE group without the cpu_suppress quota")
+    parser.add_argument("--variants", default="probe,rr",
+                        help="probe: the sleep/work probe in the LS container; rr: request/response round trips")
+    parser.add_argument("--rr-client", default="host",
+                        help="where the rr client runs, one or more of: host (on the node outside kubepods; row "
+                        "'rr'), pod (in an LS pod of its own; row 'rr-pod'), host-rt (on the node, SCHED_FIFO: "
+                        "does not wait for BE or any CFS task, the nearest to a client on another machine; "
+                        "row 'rr-host-rt')")
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=1, help="repeat every setup, interleaved; medians reported")
     parser.add_argument("--be-loops", type=int, default=3)
@@ -387,8 +543,17 @@ def main() -> int:
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         parser.error(f"unknown setups {unknown}; known: {', '.join(SETUPS)}")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.rr_clients = [c.strip() for c in args.rr_client.split(",") if c.strip()]
+    for name, given, known in (("variants", args.variants, ("probe", "rr")), ("--rr-client", args.rr_clients, RR_CLIENTS)):
+        wrong = [g for g in given if g not in known]
+        if wrong or not given or len(set(given)) != len(given):
+            parser.error(f"{name}: {', '.join(given) or 'nothing'} given; choose one or more of {', '.join(known)}, each once")
     if os.geteuid() != 0 or not (CG / "cpuacct").is_dir() or shutil.which("gcc") is None:
         print("needs root, cgroup v1 (cpu, cpuacct) and gcc", file=sys.stderr)
+        return 2
+    if "rr" in args.variants and "host-rt" in args.rr_clients and (why := check_rt_client()):
+        print(why, file=sys.stderr)
         return 2
     from contextlib import nullcontext
 
@@ -399,6 +564,9 @@ def main() -> int:
     load_before = os.getloadavg()
     results: list[dict] = []
     print(describe_idle(idle, args.idle_latency_hold), flush=True)
+    host_client_cgroup = cgroup_of(os.getpid(), "cpu")
+    if "rr" in args.variants:
+        print(describe_rr_clients(args.rr_clients, host_client_cgroup), flush=True)
     with hold, tempfile.TemporaryDirectory(prefix="koordnode-ls-latency-") as tmp:
         work = Path(tmp)
         probe = build_probe(work)
@@ -412,15 +580,28 @@ def main() -> int:
     load_after = os.getloadavg()
     doc = {"cpus": CPUS, "rounds": args.rounds, "repeat": args.repeat, "be_loops": args.be_loops,
            "load_before": load_before, "load_after": load_after, "kernel": os.uname().release,
-           "idle_latency_hold": args.idle_latency_hold, "cpuidle": idle, "runs": results}
+           "idle_latency_hold": args.idle_latency_hold, "cpuidle": idle, "variants": args.variants,
+           "rr_clients": args.rr_clients if "rr" in args.variants else [], "host_client_cgroup": host_client_cgroup,
+           "runs": results}
     if args.json:
         print(json.dumps(doc, indent=2))
     print()
     print(f"{CPUS} CPUs, kernel {os.uname().release}, {args.rounds} rounds x {args.repeat}, BE = {args.be_loops} "
           f"busy loops; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     print(describe_idle(idle, args.idle_latency_hold))
+    if "rr" in args.variants:
+        print(describe_rr_clients(args.rr_clients, host_client_cgroup))
     print()
     print(table(results, args.classes, setups))
+    where = where_table(results, args.classes, setups)
+    if where:
+        print()
+        print("Where the round trips' tail went (mean per round over the rounds at or above the percentile; "
+              "client / server waited = schedstat run_delay, waiting for a CPU while runnable, and both can "
+              "wait at once; the rest is the network path, the 50 us of work and the system calls; other "
+              "CPUs = what the machine used besides the LS and BE pods, the client included):")
+        print()
+        print(where)
     return 0
 
 
