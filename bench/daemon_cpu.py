@@ -5,7 +5,10 @@ Half the pods are LS (Burstable, 1 CPU requested, a short burst of work every se
 (BestEffort, a short burst every second), as kubelet would create them (its QoS tiers and pod
 cgroups are reproduced). After a settle time the daemon's utime + stime (with the children it
 ran, such as nft) over --seconds is reported as percent of one core, with how its wake-ups are
-made (pressure polling or not, LS usage events). Setups:
+made (pressure polling or not, LS usage events), and split by thread (CPU time from
+/proc/PID/task/*/schedstat; thread names from `py-spy dump` when py-spy is on PATH): the event
+loop (MainThread), the QoS tick thread (koordnode-qos), the worker threads of asyncio.to_thread
+(asyncio_*: the reconcile passes), others. Setups:
 
     default    koordnode's defaults (BE pods in the idle BE group, LS usage events)
     tier       BE pods left in kubelet's besteffort tier (be_idle_group = false): pressure polling
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +42,45 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of the daemon and of the children it waited for (tc, nft, ...)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """tid -> ns on CPU (first field of schedstat) for every thread of `pid`."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """tid -> Python thread name, from `py-spy dump` (empty without py-spy)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    try:
+        text = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    names = {}
+    for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', text, re.M):
+        names[int(m.group(1))] = m.group(2)
+    return names
+
+
+def thread_groups(pid: int, before: dict[int, int], after: dict[int, int], seconds: float) -> dict[str, float]:
+    """ms of CPU per second of wall time, by role."""
+    names = thread_names(pid)
+    groups: dict[str, float] = {}
+    for tid, ns in after.items():
+        name = names.get(tid, f"tid {tid}")
+        role = ("event loop" if name == "MainThread" else "qos tick" if name.startswith("koordnode-qos")
+                else "to_thread workers" if name.startswith("asyncio_") else name)
+        groups[role] = groups.get(role, 0.0) + (ns - before.get(tid, 0)) / 1e6 / seconds
+    return {k: round(v, 2) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
 
 
 def make_pods(bed, cri, n: int) -> list[str]:
@@ -83,9 +126,11 @@ def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: fl
         sids = make_pods(bed, cri, pods)
         time.sleep(settle)
         spy = start_profiler(kn.proc.pid, f"{profile}.{setup}.txt", seconds) if profile else None
-        c0, t0 = cpu_seconds(kn.proc.pid), time.monotonic()
+        ticks0 = kn.status()["qos_manager"]["ticks"]
+        c0, t0, th0 = cpu_seconds(kn.proc.pid), time.monotonic(), thread_cpu_ns(kn.proc.pid)
         time.sleep(seconds)
-        c1, t1 = cpu_seconds(kn.proc.pid), time.monotonic()
+        c1, t1, th1 = cpu_seconds(kn.proc.pid), time.monotonic(), thread_cpu_ns(kn.proc.pid)
+        ticks1 = kn.status()["qos_manager"]["ticks"]
         if spy is not None:
             spy.wait(30)
         manager = kn.status()["qos_manager"]
@@ -96,7 +141,11 @@ def run_setup(bed, work: Path, setup: str, pods: int, settle: float, seconds: fl
             "usage_watch": manager.get("usage_watch", {}).get("mode"),
             "ticks": manager["ticks"]["count"],
             "woken_by_usage": manager["ticks"].get("woken_by_usage"),
+            # within the measured window (the counts above are since start)
+            "window_ticks": ticks1["count"] - ticks0["count"],
+            "window_woken_by_usage": (ticks1.get("woken_by_usage") or 0) - (ticks0.get("woken_by_usage") or 0),
             "woken_by_pressure": manager["ticks"]["woken_by_pressure"],
+            "threads_ms_per_s": thread_groups(kn.proc.pid, th0, th1, t1 - t0),
         }
     finally:
         for sid in sids:
@@ -134,11 +183,13 @@ def main() -> int:
                 print(rows[-1], flush=True)
     print(f"\n{os.cpu_count()} CPUs, {args.pods} pods, {args.seconds:.0f} s; load average {load:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after\n")
-    print("| setup | daemon CPU (% of a core) | pressure wake-ups | LS usage wake-ups | ticks woken by usage |")
-    print("|---|---|---|---|---|")
+    print("| setup | daemon CPU (% of a core) | by thread (ms of CPU per s) | pressure wake-ups | LS usage wake-ups "
+          "| ticks in the window (woken by usage) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['setup']} | {r['cpu_percent']:.2f}% | {r['pressure_watch']} | {r['usage_watch']} | "
-              f"{r['woken_by_usage']} of {r['ticks']} |")
+        threads = ", ".join(f"{k} {v:.2f}" for k, v in r["threads_ms_per_s"].items() if v >= 0.01)
+        print(f"| {r['setup']} | {r['cpu_percent']:.2f}% | {threads} | {r['pressure_watch']} | {r['usage_watch']} | "
+              f"{r['window_ticks']} ({r['window_woken_by_usage']}) |")
     return 0
 
 

@@ -135,6 +135,9 @@ class Metrics:
         self._lock = threading.Lock()  # guards the bookkeeping below; gauges lock themselves
         self._applied: dict[tuple[str, str, str], _AppliedSeries] = {}
         self._followers: dict[str, Any] = {}
+        # Gauges the QoS tick sets every tick, with the value last set: unchanged values are not
+        # set again (a labelled set is a lookup and a lock; PSI averages move every 2 s).
+        self._gauge_last: dict[tuple[Any, ...], float] = {}
 
         if process_metrics:
             ProcessCollector(registry=r)
@@ -293,8 +296,9 @@ class Metrics:
     def set_be_cpu(self, quota_cores: float | None, suppress_ratio: float = 1.0) -> None:
         """BE tier CPU after a cpu_suppress decision: the budget in cores (None = unlimited;
         ``Budget.cpus``) and the pressure factor applied to it (``Budget.ratio``)."""
-        self.be_cpu_quota.set(-1 if quota_cores is None else max(0.0, float(quota_cores)))
-        self.be_suppress_ratio.set(max(0.0, float(suppress_ratio)))
+        self._set_if_changed(("be_cpu_quota",), self.be_cpu_quota,
+                             -1 if quota_cores is None else max(0.0, float(quota_cores)))
+        self._set_if_changed(("be_suppress_ratio",), self.be_suppress_ratio, max(0.0, float(suppress_ratio)))
 
     def set_psi(self, resource: str, *, some_avg10: float | None,
                 full_avg10: float | None = None, scope: str = "node") -> None:
@@ -302,7 +306,16 @@ class Metrics:
         (cpu, memory, io) of ``scope`` (``node``, or e.g. a tier such as ``be``)."""
         for kind, percent in (("some", some_avg10), ("full", full_avg10)):
             if percent is not None:
-                self.psi.labels(scope, resource, kind).set(float(percent) / 100.0)
+                key = ("psi", scope, resource, kind)
+                value = float(percent) / 100.0
+                if self._gauge_last.get(key) != value:
+                    self.psi.labels(scope, resource, kind).set(value)
+                    self._gauge_last[key] = value
+
+    def _set_if_changed(self, key: tuple[Any, ...], gauge: Gauge, value: float) -> None:
+        if self._gauge_last.get(key) != value:
+            gauge.set(value)
+            self._gauge_last[key] = value
 
     def set_pressures(self, pressures: Mapping[str, Any], *, scope: str = "node") -> None:
         """Every resource of a {resource: Pressure or None} map (``NodeSample.pressure``):

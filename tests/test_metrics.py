@@ -235,6 +235,34 @@ def test_executor_results_by_resource_and_outcome(metrics: Metrics) -> None:
                  outcome="written") == 1
 
 
+def test_tick_gauges_are_set_only_when_their_value_changes() -> None:
+    """The QoS tick publishes PSI and the BE budget every tick; a value that did not change is
+    not set again (counted: labelled lookups and sets), and a change still shows."""
+    metrics = Metrics(process_metrics=False)
+    lookups: list[tuple[str, ...]] = []
+    labels = metrics.psi.labels
+
+    def counting(*names: str):  # noqa: ANN202 - a spy on the gauge
+        lookups.append(names)
+        return labels(*names)
+
+    metrics.psi.labels = counting  # type: ignore[method-assign]
+    sets: list[float] = []
+    quota_set = metrics.be_cpu_quota.set
+    metrics.be_cpu_quota.set = lambda v: sets.append(v) or quota_set(v)  # type: ignore[method-assign]
+    line = SimpleNamespace
+    pressures = {"cpu": SimpleNamespace(some=line(avg10=5.0), full=None)}
+    for _ in range(5):
+        metrics.set_pressures(pressures)
+        metrics.set_be_cpu(1.5, 1.0)
+    assert lookups == [("node", "cpu", "some")]
+    assert sets == [1.5]
+    metrics.set_pressures({"cpu": SimpleNamespace(some=line(avg10=7.0), full=None)})
+    metrics.set_be_cpu(None)
+    assert value(metrics, "koordnode_psi_avg10_ratio", scope="node", resource="cpu", kind="some") == 0.07
+    assert value(metrics, "koordnode_be_cpu_quota_cores") == -1
+
+
 def test_be_cpu_psi_and_reloads() -> None:
     metrics = Metrics(process_metrics=False, clock=lambda: 5000.0)
     assert value(metrics, "koordnode_be_cpu_quota_cores") == -1  # unlimited until told

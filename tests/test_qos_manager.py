@@ -588,3 +588,64 @@ def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
         node.advance(1.0, {ls: 0.0, be: 2.4})
         manager.tick()
     assert group_quota() == 360_000
+
+
+# ------------------------------------------------------------------------ cost: counted, not timed
+
+
+def test_regular_ticks_do_not_wake_the_event_loop(tmp_path):
+    """The tick thread keeps its own schedule: once the watches have their targets, a tick that
+    changed nothing for the loop schedules nothing on it (before: every tick went through the
+    loop, submitted to a pool and came back with a thread-safe callback)."""
+    node = FakeNode(tmp_path, "v1")
+    node.add_pod("ls1", "LS", BURSTABLE)
+    node.add_pod("be1", "BE", BESTEFFORT)
+    config = settings(tick_ms=20, psi_triggers=False, psi_poll_ms=0, usage_wake_cpu_ms=0)
+    manager = QoSManager(config, node.state, CgroupExecutor(node.root), procfs_root=node.proc)
+    handed: list[object] = []
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+
+        def counting(callback, *args, **kwargs):  # noqa: ANN001, ANN202 - a spy on the loop
+            handed.append(callback)
+            return real(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        task = asyncio.create_task(manager.run(stop))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if manager.status()["ticks"]["count"] >= 8:
+                break
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return manager.status()["ticks"]["count"]
+
+    ticks = asyncio.run(scenario())
+    assert ticks >= 8
+    assert len(handed) == 1, handed  # the first tick's targets for the watches, then nothing
+
+
+def test_an_unchanged_node_state_reuses_the_inventory_and_forgets_nothing(node):
+    manager = make_manager(node)
+    calls: list[object] = []
+    keep_only = manager.history.keep_only
+
+    def spy(prefix, live):  # noqa: ANN001, ANN202
+        calls.append(prefix)
+        return keep_only(prefix, live)
+
+    manager.history.keep_only = spy  # type: ignore[method-assign]
+    first = manager.inventory()
+    assert manager.inventory() is first  # NodeState published no new view: nothing rebuilt
+    for _ in range(3):
+        node.advance(1.0, {node.ls: 0.5, node.be: 0.5})
+        manager.tick()
+    assert len(calls) == 1  # the first tick only
+    node.add_pod("ls2", "LS", BURSTABLE)
+    assert manager.inventory() is not first
+    node.advance(1.0, {node.ls: 0.5, node.be: 0.5})
+    manager.tick()
+    assert len(calls) == 2

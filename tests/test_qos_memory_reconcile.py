@@ -89,3 +89,43 @@ def test_a_node_watermark_write_does_not_fail_the_daemons_tick_observer(tmp_path
     assert (proc / "sys" / "vm" / "min_free_kbytes").read_text().strip() == "70000"
     ticks = daemon.qos_manager.status()["ticks"]
     assert ticks["errors"] == 0, ticks["last_error"]
+
+
+def test_the_memory_pass_leaves_pod_values_to_a_reconcile_pass_that_runs_as_often(tmp_path):
+    """With the engine's reconcile pass on at least as often ([cgroup] reconcile_interval_s <=
+    [qos_manager] reconcile_interval_s), it already reads and restores every pod's values, memory
+    included: the manager's memory pass plans no pod (counted) and says why; the node
+    watermarks stay the manager's."""
+    root = make_cgroup_tree(tmp_path, "v2", cgroups=["/kubepods/burstable", "/kubepods/besteffort"])
+    proc = make_procfs(tmp_path, cpus=4)
+    config = from_dict(Config, {
+        "cgroup": {"root": str(root), "driver": "cgroupfs", "reconcile_interval_s": 10},
+        "procfs": {"root": str(proc)},
+        "admin": {"socket": str(tmp_path / "run" / "admin.sock")},
+        "qos_manager": {"reconcile_interval_s": 10},
+        "strategy": {"memory_qos": {"enable": True, "min_free_kbytes": 70000}, "cpu_suppress": {"enable": False}},
+    })
+    daemon = Daemon(config)
+    assert daemon.qos is not None and daemon.qos_manager is not None, daemon.qos_error
+    planned: list[object] = []
+    plan = daemon.qos.memory_plan
+    daemon.qos.memory_plan = lambda *a: planned.append(a) or plan(*a)  # type: ignore[method-assign]
+    daemon.qos_manager.tick()
+    assert planned == []
+    decision = daemon.qos_manager.status()["strategies"]["memory_qos"]["decision"]
+    assert "reconcile pass" in decision["inputs"]["planner"]
+    assert (proc / "sys" / "vm" / "min_free_kbytes").read_text().strip() == "70000"
+
+    # The reconcile pass slower than the memory pass: the manager plans the pods again.
+    config_slow = from_dict(Config, {**{"cgroup": {"root": str(root), "driver": "cgroupfs", "reconcile_interval_s": 60}},
+                                     "procfs": {"root": str(proc)},
+                                     "admin": {"socket": str(tmp_path / "run2" / "admin.sock")},
+                                     "qos_manager": {"reconcile_interval_s": 10},
+                                     "strategy": {"cpu_suppress": {"enable": False}}})
+    daemon = Daemon(config_slow)
+    assert daemon.qos is not None and daemon.qos_manager is not None
+    plan = daemon.qos.memory_plan
+    daemon.qos.memory_plan = lambda *a: planned.append(a) or plan(*a)  # type: ignore[method-assign]
+    daemon.qos_manager.tick()
+    assert len(planned) == 1
+    assert daemon.qos_manager.status()["strategies"]["memory_qos"]["decision"]["inputs"]["planner"] == "hooks"

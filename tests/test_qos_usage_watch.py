@@ -146,3 +146,52 @@ def test_event_budget_is_bounded():
 
     status = asyncio.run(run())
     assert "not watched" in status["missing"]["ls"] and status["armed"] == []
+
+
+def test_rearm_touches_only_the_events_a_wake_disabled(cgroup, monkeypatch):
+    """After a tick, only events a wake disabled need re-arming: with none, rearm() makes no
+    system call (before: a reset per event per tick); after a wake it re-enables them."""
+    import koordnode.qos.usage_watch as usage_watch
+
+    ioctls: list[int] = []
+    real_ioctl = usage_watch.fcntl.ioctl
+
+    def counting(fd, request, arg=0):  # noqa: ANN001, ANN202 - a spy on the real ioctl
+        ioctls.append(request)
+        return real_ioctl(fd, request, arg)
+
+    async def run() -> tuple[list[int], list[int], bool, list[str]]:
+        loop = asyncio.get_running_loop()
+        wakes: list[str] = []
+        watch = UsageWatch(period_ns=10_000_000, min_rate=0.1, on_wake=wakes.append)
+        watch.start(loop)
+        watch.set_targets({"ls": cgroup})
+        if "perf-events" not in watch.mode:
+            watch.stop()
+            pytest.skip(f"perf cgroup events unavailable: {watch.mode}")
+        monkeypatch.setattr(usage_watch.fcntl, "ioctl", counting)
+        proc = None
+        try:
+            assert not watch.needs_rearm
+            watch.rearm()  # a tick with no wake before it
+            idle_ioctls = list(ioctls)
+            proc, _ = _spawn_in(cgroup, "while True: pass")
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if wakes:
+                    break
+            needed = watch.needs_rearm
+            ioctls.clear()
+            watch.rearm()
+            return idle_ioctls, list(ioctls), needed and not watch.needs_rearm, wakes
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+            watch.stop()
+
+    idle_ioctls, after_wake, needed, wakes = asyncio.run(run())
+    assert idle_ioctls == []
+    assert wakes == ["ls"] and needed
+    cpus = len(usage_watch.online_cpus())
+    assert after_wake.count(usage_watch._IOC_ENABLE) == cpus  # every event of the woken cgroup

@@ -23,7 +23,7 @@ from koordnode.model.qos_class import (
     pod_qos_class,
 )
 from koordnode.policy.strategies.base import ContainerView, Inventory, PodView
-from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, PodRecord
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, NodeView, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
 __all__ = ["InventoryBuilder", "build_inventory", "tier_cgroups"]
@@ -72,17 +72,22 @@ class InventoryBuilder:
         self.driver = driver  # [cgroup] driver: the cgroup paths are the engine's (hooks/qos_engine.py)
         self._pods: dict[str, tuple[tuple[object, ...], tuple[str, QoSClass, str, int, Any] | str]] = {}
         self._containers: dict[str, tuple[tuple[object, ...], ContainerView | str]] = {}
+        # The last inventory and the NodeView it was built from: NodeState publishes a new
+        # view on every change, so while it is the same object nothing needs rebuilding.
+        self._last: tuple[NodeView, Inventory] | None = None
 
     def set_mapping(self, mapping: Mapping[KubeQoS, QoSClass]) -> None:
         if mapping != self.mapping:
             self.mapping = mapping
             self._pods.clear()
+            self._last = None
 
     def set_driver(self, driver: str) -> None:
         if driver != self.driver:
             self.driver = driver
             self._pods.clear()
             self._containers.clear()
+            self._last = None
 
     def _pod(self, pod: PodRecord) -> tuple[str, QoSClass, str, int, Any] | str:
         key = (pod.cgroup_parent, pod.qos_class, pod.updated_at)
@@ -126,6 +131,15 @@ class InventoryBuilder:
         return value
 
     def build(self, state: NodeState) -> Inventory:
+        view = state.view()
+        last = self._last
+        if last is not None and last[0] is view:
+            return last[1]
+        inventory = self._build(view)
+        self._last = (view, inventory)
+        return inventory
+
+    def _build(self, state: NodeView) -> Inventory:
         pods: list[PodView] = []
         skipped: list[str] = []
         by_pod: dict[str, list[ContainerRecord]] = {}

@@ -14,15 +14,17 @@ cgroups fires (see psi.py) or LS usage events do (usage_watch.py). The work is s
 - status.py: every decision, write and eviction, for `status()`;
 - this module: the loop (ticks, wake-ups, the pressure and usage watches), reconfigure.
 
-Threads: NodeState is read only on the event loop thread (the inventory snapshot); the tick
-itself (file reads, strategies, executor writes, a few ms) runs in one worker thread so the
-proxy sharing the loop is not blocked. `status()` may be called from the loop at any time.
+Threads: the ticks (the inventory from NodeState's immutable view, file reads, strategies,
+executor writes, a few ms) run in one thread of their own that keeps the tick schedule, so the
+proxy sharing the event loop is neither blocked nor woken by a regular tick. The loop owns the
+pressure and usage watches and the evictions: their events wake the tick thread, and a tick
+hands back to the loop only what changed for them. `status()` may be called from the loop at
+any time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +60,8 @@ __all__ = ["EvictFn", "QoSManager", "STRATEGIES"]
 # woken ticks are at least this far apart.
 _USAGE_WAKE_MIN_RATE = 0.5
 _MIN_USAGE_WAKE_INTERVAL_S = 0.1
+# How long stopping waits for the tick in progress.
+_STOP_WAIT_S = 10.0
 
 
 class QoSManager:
@@ -115,12 +119,16 @@ class QoSManager:
 
         # Loop side.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        # Wake-ups for the tick thread (from the loop's watches, reconfigure, stop).
+        self._wake = threading.Event()
+        self._wake_lock = threading.Lock()
         self._woken_by: str | None = None
+        self._stopping = False
+        # The (pressure, usage) targets last handed to the loop's watches.
+        self._handed_targets: tuple[dict[str, str], dict[str, str]] | None = None
         self._watch: PressureWatch | None = None
         self._usage: UsageWatch | None = None
         self._pressure_watch_note: str | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._evict_tasks: set[asyncio.Task[Any]] = set()
         # Dry run: decide and report, but write nothing (executors), register no PSI trigger
         # (a kernel write: the watch polls instead) and evict nothing.
@@ -168,7 +176,8 @@ class QoSManager:
         return self.collector.cpuset_cpus(self.be_tier)
 
     def inventory(self) -> Inventory:
-        """The pods and containers the next tick works on (from NodeState: loop thread)."""
+        """The pods and containers the next tick works on (from NodeState's current view,
+        which no later change alters: any thread; rebuilt only when the view changed)."""
         return self._inventory.build(self.state)
 
     def forgets(self, cgroup: str) -> bool:
@@ -196,71 +205,36 @@ class QoSManager:
     def tick(self, woken_by: str | None = None) -> TickReport:
         """One tick now, in the calling thread (tests, benchmarks). Evictions are returned,
         not executed."""
-        return self._tick(self.inventory(), woken_by)
+        return self._tick(woken_by)
 
     async def run(self, stop_event: asyncio.Event) -> None:
-        """Tick every tick_ms and on pressure, until stop_event is set."""
+        """Tick every tick_ms and on pressure or LS usage, until stop_event is set.
+
+        The ticks run in a thread of their own that keeps the schedule itself: a regular tick
+        does not wake the event loop (which serves CRI calls). The loop owns the watches (their
+        file descriptors are in its selector) and the evictions (CRI calls): it wakes the tick
+        thread on their events, and hears back only when a tick changed what it owns (the
+        watched cgroups, events a wake disabled, evictions)."""
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="koordnode-qos")
-        stopper = self._loop.create_task(self._forward_stop(stop_event))
+        self._stopping = False
         self._start_watch()
         self._start_usage_watch()
         log.info("qos_manager_started", tick_ms=self._settings.tick_ms, be_tier=self.be_tier,
                  cgroup_version=self.collector.version.value, trigger_mode=self.trigger_mode)
-        next_tick = self._clock()
-        last_pressure_tick = last_usage_tick = float("-inf")
+        thread = threading.Thread(target=self._tick_loop, name="koordnode-qos", daemon=True)
+        thread.start()
         try:
-            while not stop_event.is_set():
-                now = self._clock()
-                woken_by, self._woken_by = self._woken_by, None
-                self._wake.clear()
-                if woken_by is not None and woken_by.startswith("pressure:") and now < next_tick:
-                    # At most one pressure tick per PSI window (the kernel's own rate), and
-                    # none while the early strategies cannot do more (BE suppressed as far as it goes).
-                    if self._runner.saturated or now - last_pressure_tick < self._settings.psi_window_us / 1e6:
-                        self._book.skipped_wake()
-                        woken_by = None
-                    else:
-                        last_pressure_tick = now
-                elif woken_by is not None and woken_by.startswith("usage:") and now < next_tick:
-                    if self._runner.saturated or now - last_usage_tick < _MIN_USAGE_WAKE_INTERVAL_S:
-                        self._book.skipped_wake()
-                        woken_by = None
-                    else:
-                        last_usage_tick = now
-                if now >= next_tick or woken_by is not None:
-                    inventory = self.inventory()
-                    try:
-                        report = await self._loop.run_in_executor(self._pool, self._tick, inventory, woken_by)
-                    except Exception as err:  # noqa: BLE001 - one bad tick must not end the manager
-                        self._note_error(err)
-                    else:
-                        if self._watch is not None:
-                            self._watch.set_targets(report.watch_targets)
-                        if self._usage is not None:
-                            self._usage.set_targets(report.usage_targets)
-                            self._usage.rearm()
-                        for owner, eviction in zip(report.eviction_owners, report.evictions, strict=True):
-                            self._spawn_eviction(owner, eviction)
-                    if now >= next_tick:
-                        next_tick = max(next_tick + self._settings.tick_ms / 1000.0, self._clock())
-                delay = max(0.0, next_tick - self._clock())
-                try:
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
+            await stop_event.wait()
         finally:
-            stopper.cancel()
+            self._stopping = True
+            self._wake.set()
+            thread.join(_STOP_WAIT_S)  # at most the tick in progress (a few ms)
             self._stop_watch()
             if self._usage is not None:
                 self._usage.stop()
                 self._usage = None
             if self._evict_tasks:
                 await asyncio.gather(*list(self._evict_tasks), return_exceptions=True)
-            self._pool.shutdown(wait=True)
-            self._pool = None
             self.collector.close()
             self._loop = None
             log.info("qos_manager_stopped")
@@ -290,39 +264,88 @@ class QoSManager:
 
     # ================================================================== the loop side
 
-    async def _forward_stop(self, stop_event: asyncio.Event) -> None:
-        await stop_event.wait()
-        if self._wake is not None:
-            self._wake.set()
-
     def _request_tick(self, why: str) -> None:
+        """Wake the tick thread (any thread may call this)."""
+        if self._loop is None:
+            return
+        self._wake_for(why)
+
+    def _wake_for(self, why: str) -> None:
+        with self._wake_lock:
+            self._woken_by = self._woken_by or why
+        self._wake.set()
+
+    def _on_pressure(self, target: str) -> None:
+        self._wake_for(f"pressure:{target}")
+
+    def _on_usage(self, target: str) -> None:
+        self._wake_for(f"usage:{target}")
+
+    # ================================================================== the tick thread
+
+    def _tick_loop(self) -> None:
+        """The tick thread: ticks at tick_ms, and when woken between ticks (rate-limited)."""
+        next_tick = self._clock()
+        last_pressure_tick = last_usage_tick = float("-inf")
+        while not self._stopping:
+            now = self._clock()
+            self._wake.clear()
+            with self._wake_lock:
+                woken_by, self._woken_by = self._woken_by, None
+            if woken_by is not None and woken_by.startswith("pressure:") and now < next_tick:
+                # At most one pressure tick per PSI window (the kernel's own rate), and
+                # none while the early strategies cannot do more (BE suppressed as far as it goes).
+                if self._runner.saturated or now - last_pressure_tick < self._settings.psi_window_us / 1e6:
+                    self._book.skipped_wake()
+                    woken_by = None
+                else:
+                    last_pressure_tick = now
+            elif woken_by is not None and woken_by.startswith("usage:") and now < next_tick:
+                if self._runner.saturated or now - last_usage_tick < _MIN_USAGE_WAKE_INTERVAL_S:
+                    self._book.skipped_wake()
+                    woken_by = None
+                else:
+                    last_usage_tick = now
+            if now >= next_tick or woken_by is not None:
+                try:
+                    report = self._tick(woken_by)
+                except Exception as err:  # noqa: BLE001 - one bad tick must not end the manager
+                    self._note_error(err)
+                else:
+                    self._hand_back(report)
+                if now >= next_tick:
+                    next_tick = max(next_tick + self._settings.tick_ms / 1000.0, self._clock())
+            self._wake.wait(max(0.0, next_tick - self._clock()))
+
+    def _hand_back(self, report: TickReport) -> None:
+        """Give the loop what a tick changed of what it owns; nothing (no wake-up) otherwise."""
+        watch, usage = self._watch, self._usage
+        targets = (report.watch_targets, report.usage_targets)
+        retarget = targets != self._handed_targets or bool(
+            watch is not None and watch.needs_retry or usage is not None and usage.needs_retry)
+        rearm = usage is not None and usage.needs_rearm
+        if not (retarget or rearm or report.evictions):
+            return
+        self._handed_targets = targets
         loop = self._loop
         if loop is None:
             return
-
-        def wake() -> None:
-            self._woken_by = self._woken_by or why
-            if self._wake is not None:
-                self._wake.set()
-
         try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            wake()
-        else:
-            loop.call_soon_threadsafe(wake)
+            loop.call_soon_threadsafe(self._after_tick, report, retarget, rearm)
+        except RuntimeError:  # the loop closed under us (shutdown)
+            pass
 
-    def _on_pressure(self, target: str) -> None:
-        self._woken_by = self._woken_by or f"pressure:{target}"
-        if self._wake is not None:
-            self._wake.set()
-
-    def _on_usage(self, target: str) -> None:
-        self._woken_by = self._woken_by or f"usage:{target}"
-        if self._wake is not None:
-            self._wake.set()
+    def _after_tick(self, report: TickReport, retarget: bool, rearm: bool) -> None:
+        """On the loop: apply what a tick handed back."""
+        if retarget:
+            if self._watch is not None:
+                self._watch.set_targets(report.watch_targets)
+            if self._usage is not None:
+                self._usage.set_targets(report.usage_targets)
+        if rearm and self._usage is not None:
+            self._usage.rearm()
+        for owner, eviction in zip(report.eviction_owners, report.evictions, strict=True):
+            self._spawn_eviction(owner, eviction)
 
     def _start_usage_watch(self) -> None:
         period_ns = int(self._settings.usage_wake_cpu_ms * 1e6)
@@ -417,9 +440,10 @@ class QoSManager:
             self._procfs_executor = ProcfsExecutor(self._procfs_root, dry_run=self._dry_run)
         return self._procfs_executor
 
-    def _tick(self, inventory: Inventory, woken_by: str | None) -> TickReport:
-        with self._tick_lock:
+    def _tick(self, woken_by: str | None) -> TickReport:
+        with self._tick_lock:  # the inventory too: a reconfigure may change its mapping
             started = time.perf_counter()
+            inventory = self.inventory()
             report = self._tick_locked(inventory, woken_by)
             report.duration_s = time.perf_counter() - started
             if self.on_tick is not None:

@@ -24,7 +24,9 @@ from koordnode.qos.inventory import tier_cgroups
 
 log = structlog.get_logger("koordnode.qos")
 
-MemoryPlanFn = Callable[[], Iterable[CgroupWrite]]
+# The hooks' memory writes; None while another pass keeps the pods' values (memory_qos then
+# keeps only the node watermarks), with the reason in the planner's `note` attribute.
+MemoryPlanFn = Callable[[], Iterable[CgroupWrite] | None]
 ReservedCpus = frozenset[int] | Callable[[], frozenset[int]] | None
 
 # Rates over shorter intervals than this are too noisy; the previous rate is kept instead.
@@ -88,10 +90,14 @@ class CollectorProbe:
         if self._memory_plan is None:
             return None
         try:
-            return tuple(self._memory_plan())
+            planned = self._memory_plan()
+            return None if planned is None else tuple(planned)
         except Exception as err:  # noqa: BLE001 - the planner is foreign code
             log.warning("memory_plan_failed", error=str(err))
             return ()
+
+    def memory_plan_note(self) -> str:
+        return str(getattr(self._memory_plan, "note", "") or "")
 
 
 @dataclass
@@ -127,6 +133,7 @@ class Measurer:
         self.system_used_cpus: float | None = None
         self._last_decision_at: float | None = None
         self._last_sweep: float | None = None
+        self._forgot_for: tuple[Inventory, str, tuple[str, ...]] | None = None  # forget_gone's last inputs
 
     def configure(self, settings: ManagerSettings) -> None:
         """A (reloaded) configuration: where kubepods and the tiers are, the history length."""
@@ -396,7 +403,13 @@ class Measurer:
             history.append("node/ls_cpu_pressure_percent", now, ls_pressure)
 
     def forget_gone(self, inventory: Inventory) -> None:
-        """Drop every per-pod series and counter of pods and containers no longer running."""
+        """Drop every per-pod series and counter of pods and containers no longer running.
+        Nothing to do while the inventory (the manager reuses it while NodeState is unchanged)
+        and the tiers are those of the previous call: every table is keyed on them."""
+        inputs = (inventory, self.kubepods, tuple(self.tiers.values()))
+        if self._forgot_for is not None and self._forgot_for[0] is inventory and self._forgot_for[1:] == inputs[1:]:
+            return
+        self._forgot_for = inputs
         live_pods = {p.sandbox_id for p in inventory.pods}
         live_cgroups = {p.cgroup for p in inventory.pods} | {c.cgroup for p in inventory.pods for c in p.containers}
         live_cgroups |= set(self.tiers.values()) | {self.kubepods}

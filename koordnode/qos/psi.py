@@ -246,6 +246,11 @@ class PressureWatch:
         self._reader.close()
         self._loop = None
 
+    @property
+    def needs_retry(self) -> bool:
+        """Some target could not be armed: set_targets() with the same targets tries again."""
+        return bool(self._missing)
+
     def set_targets(self, targets: Mapping[str, str]) -> None:
         if dict(targets) == self._targets and not self._missing:
             return

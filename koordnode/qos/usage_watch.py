@@ -9,8 +9,9 @@ with a sample period it signals (POLLIN on its fd) each time that much time has 
 Per watched cgroup there is one event per online CPU. An event that fires after `period_ns`
 of LS CPU time on its CPU at a rate of at least `min_rate` (CPU time / wall time since it was
 armed) wakes the manager; slower use (an idle pod's housekeeping) only re-arms it. After a
-wake the cgroup's events stay disabled until the next tick re-arms them, so a busy LS costs
-at most one wake-up per tick, and an idle node none.
+wake the cgroup's events stay disabled until the tick that follows re-arms them, so a busy LS
+costs at most one wake-up per tick, and an idle node none. Events that did not wake are left
+counting (no re-arm per tick): their rate is measured since they were armed or last fired.
 
 The watched cgroups are the LS pressure targets (the burstable tier, then each Guaranteed
 pod), up to MAX_EVENTS events in all: on a node with many CPUs and Guaranteed pods the last ones are
@@ -130,7 +131,7 @@ class UsageWatch:
     """Calls `on_wake(name)` on the event loop when a watched cgroup starts using CPU.
 
     `set_targets({name: absolute cgroup directory in the perf hierarchy})` at any time;
-    `rearm()` after each tick.
+    `rearm()` after a tick when `needs_rearm` (a wake disabled events).
     """
 
     def __init__(self, *, period_ns: int, min_rate: float, on_wake: Callable[[str], None],
@@ -148,6 +149,8 @@ class UsageWatch:
         self.wakeups = 0
         self.rearms = 0  # slow-use re-arms (fired below min_rate)
         self.last_wake: tuple[float, str] | None = None
+        # A wake disabled some events; a plain bool so the tick thread may read it.
+        self.needs_rearm = False
 
     @property
     def mode(self) -> str:
@@ -185,14 +188,23 @@ class UsageWatch:
         if self._loop is not None:
             self._open()
 
+    @property
+    def needs_retry(self) -> bool:
+        """Some target could not be watched: set_targets() with the same targets tries again."""
+        return bool(self._missing)
+
     def rearm(self) -> None:
+        """Enable the events a wake disabled, counting from now (the others keep counting)."""
+        self.needs_rearm = False
         now = self._clock()
         for events in self._events.values():
             for event in events:
+                if event.enabled:
+                    continue
                 try:
                     event.arm(now)
                 except OSError:
-                    continue
+                    self.needs_rearm = True  # try again after the next tick
 
     # ------------------------------------------------------------------ internals
 
@@ -265,6 +277,7 @@ class UsageWatch:
                 other.consume()
             except OSError:
                 continue
+        self.needs_rearm = True
         self.wakeups += 1
         self.last_wake = (now, name)
         try:

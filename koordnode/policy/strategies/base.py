@@ -79,6 +79,9 @@ class Probe(Protocol):
     def memory_plan(self) -> tuple[CgroupWrite, ...] | None:
         """The hooks' memory writes for the running pods and containers; None: no planner."""
 
+    def memory_plan_note(self) -> str:
+        """Why memory_plan() gave None (shown as memory_qos's planner); "" = no planner."""
+
 
 @dataclass(frozen=True)
 class TickSnapshot:

@@ -38,6 +38,7 @@ class MemoryQoSInput:
     planned: tuple[CgroupWrite, ...]  # the hooks' writes for the running pods and containers
     interval_s: float = 10.0  # [qos_manager] reconcile_interval_s
     have_planner: bool = True
+    planner_note: str = ""  # why there is no plan, when the pods' values are kept elsewhere
 
 
 def decide_memory_qos(inp: MemoryQoSInput, cfg: MemoryQoSConfig) -> StrategyResult:
@@ -45,7 +46,7 @@ def decide_memory_qos(inp: MemoryQoSInput, cfg: MemoryQoSConfig) -> StrategyResu
     due_in = None if inp.last_reconcile is None else inp.interval_s - (inp.now - inp.last_reconcile)
     inputs: dict[str, object] = {
         "reconcile_interval_s": inp.interval_s,
-        "planner": "hooks" if inp.have_planner else "none (node watermarks only)",
+        "planner": "hooks" if inp.have_planner else inp.planner_note or "none (node watermarks only)",
         "min_free_kbytes": cfg.min_free_kbytes or None,
         "watermark_scale_factor": cfg.watermark_scale_factor or None,
     }
@@ -87,11 +88,14 @@ class MemoryQoS:
     def decide(self, snap: TickSnapshot, cfg: MemoryQoSConfig, state: float | None,
                earlier: Mapping[str, StrategyResult]) -> StrategyResult:
         planned: tuple[CgroupWrite, ...] | None = None
+        note = ""
         if snap.due(state):
             planned = snap.probe.memory_plan()  # only when a pass is due: it plans every pod
+            if planned is None:
+                note = snap.probe.memory_plan_note()
         result = decide_memory_qos(
             MemoryQoSInput(snap.now, state, planned or (), snap.reconcile_interval_s,
-                           have_planner=planned is not None or not snap.due(state)),
+                           have_planner=planned is not None or not snap.due(state), planner_note=note),
             cfg)
         # A waiting pass has nothing new to show.
         return dataclasses.replace(result, explain=bool(result.writes or result.sysctls))
