@@ -43,12 +43,16 @@ def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
                  metrics_listen: str = "", kubepods: str = "", nri_socket: str = "") -> tuple[Path, str, str]:
     listen = str(sockdir / "koordnode.sock")
     admin = str(sockdir / "admin.sock")
+    qos_manager = f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n' if kubepods else ""
+    if qos_manager and "[qos_manager]\n" in extra:
+        # TOML defines a table once: the caller's [qos_manager] gets the key instead.
+        extra, qos_manager = extra.replace("[qos_manager]\n", qos_manager, 1), ""
     text = (
         (f'[runtime]\nmode = "nri"\n[nri]\nsocket = "{nri_socket}"\n' if nri_socket else "")
         + f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
         f'[metrics]\nlisten = "{metrics_listen}"\n'
-        + (f'[qos_manager]\nkubepods_cgroup = "{kubepods}"\n' if kubepods else "")
+        + qos_manager
         + '[log]\nformat = "json"\nlevel = "info"\n' + extra
     )
     path = workdir / "koordnode.toml"
