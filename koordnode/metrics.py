@@ -306,16 +306,20 @@ class Metrics:
         (cpu, memory, io) of ``scope`` (``node``, or e.g. a tier such as ``be``)."""
         for kind, percent in (("some", some_avg10), ("full", full_avg10)):
             if percent is not None:
-                key = ("psi", scope, resource, kind)
                 value = float(percent) / 100.0
-                if self._gauge_last.get(key) != value:
+                if self._changed(("psi", scope, resource, kind), value):  # the labelled lookup only then
                     self.psi.labels(scope, resource, kind).set(value)
-                    self._gauge_last[key] = value
 
     def _set_if_changed(self, key: tuple[Any, ...], gauge: Gauge, value: float) -> None:
-        if self._gauge_last.get(key) != value:
+        if self._changed(key, value):
             gauge.set(value)
-            self._gauge_last[key] = value
+
+    def _changed(self, key: tuple[Any, ...], value: float) -> bool:
+        """Whether `value` differs from the last one set under `key` (and remember it)."""
+        if self._gauge_last.get(key) == value:
+            return False
+        self._gauge_last[key] = value
+        return True
 
     def set_pressures(self, pressures: Mapping[str, Any], *, scope: str = "node") -> None:
         """Every resource of a {resource: Pressure or None} map (``NodeSample.pressure``):

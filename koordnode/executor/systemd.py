@@ -17,17 +17,24 @@ _SLICE = re.compile(r"^[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*\.slice$")
 SYSTEMD_RUNNING = Path("/run/systemd/system")
 
 
-def _systemctl(args: list[str], timeout_s: float) -> str | None:
-    """Run systemctl; the problem, or None."""
+def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | str:
+    """Run systemctl: how it ended, or the problem that kept it from running."""
     if not SYSTEMD_RUNNING.is_dir():
         return "systemd is not running (no /run/systemd/system)"
     systemctl = shutil.which("systemctl")
     if systemctl is None:
         return "systemctl not found"
     try:
-        done = subprocess.run([systemctl, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
+        return subprocess.run([systemctl, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"systemctl {' '.join(args)}: {exc}"
+
+
+def _systemctl(args: list[str], timeout_s: float) -> str | None:
+    """Run systemctl; the problem, or None."""
+    done = _run(args, timeout_s)
+    if isinstance(done, str):
+        return done
     if done.returncode != 0:
         return f"systemctl {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}"
     return None
@@ -54,17 +61,12 @@ def start_idle_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
 
 def slice_cpu_weight(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
     """The slice's CPUWeight as systemd has it ("idle", a number, "[not set]"); None if unknown."""
-    if not _SLICE.match(slice_name) or not SYSTEMD_RUNNING.is_dir():
+    if not _SLICE.match(slice_name):
         return None
-    systemctl = shutil.which("systemctl")
-    if systemctl is None:
+    done = _run(["show", "-p", "CPUWeight", "--value", slice_name], timeout_s)
+    if isinstance(done, str) or done.returncode != 0:
         return None
-    try:
-        done = subprocess.run([systemctl, "show", "-p", "CPUWeight", "--value", slice_name], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout.strip()
 
 
 def stop_slice(slice_name: str, *, timeout_s: float = 5.0) -> str | None:
