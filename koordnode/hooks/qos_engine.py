@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Set
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -217,12 +217,27 @@ class PublishedStatus:
     container_records: Mapping[str, Record]
 
 
+class _PlanKey(NamedTuple):
+    """Everything a pod's plan is made from, as the objects themselves (records and kubelet
+    resources are replaced, never changed, so comparing two keys is mostly identity checks)."""
+
+    pod: PodRecord
+    pod_in: PodInput | None
+    settings: Any
+    features: KernelFeatures
+    allocator: Any
+    allocator_version: Any
+    be_cpus: frozenset[int] | None
+    pod_resources: Any
+    containers: tuple[Any, ...]
+
+
 @dataclasses.dataclass
 class _PodPlan:
-    """One pod's plan as the last apply made it, with what it was made from (`key`): a pass
-    whose inputs are the same objects reuses it instead of planning again."""
+    """One pod's plan as the last apply made it, with what it was made from (`key`; None: not
+    to be reused): a pass whose inputs are the same objects reuses it instead of planning again."""
 
-    key: tuple[Any, ...]
+    key: _PlanKey | None
     decision: ClassDecision
     pod_cgroup: str
     notes: tuple[str, ...]
@@ -233,6 +248,10 @@ class _PodPlan:
     memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
     # (status, detail) of each result the records were last built from; None: build them again.
     signature: tuple[tuple[WriteStatus, str], ...] | None = None
+
+    def made_for(self, pod: PodRecord, settings: Any) -> bool:
+        """Whether this plan's decision and pod cgroup are those of `pod` under `settings`."""
+        return self.key is not None and self.key.pod is pod and self.key.settings is settings
 
 
 @dataclasses.dataclass
@@ -773,16 +792,15 @@ class QoSEngine:
         return restored
 
     def _plan_key(self, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
-                  be_cpus: frozenset[int] | None) -> tuple[Any, ...] | None:
-        """Everything a pod's plan is made from, as the objects themselves (records and kubelet
-        resources are replaced, never changed, so a tuple compare is mostly identity checks).
-        None: plan every time (a container still asking for CPUs changes the allocator)."""
+                  be_cpus: frozenset[int] | None) -> _PlanKey | None:
+        """What a pod's plan is made from; None: plan every time (a container still asking for
+        CPUs changes the allocator)."""
         containers = self._containers_key(running)
         if containers is None:
             return None
         allocator = self.allocator
-        return (pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
-                self.pod_resources.get(pod.sandbox_id), containers)
+        return _PlanKey(pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
+                        self.pod_resources.get(pod.sandbox_id), containers)
 
     def _containers_key(self, running: list[Any]) -> tuple[Any, ...] | None:
         parts = []
@@ -800,8 +818,9 @@ class QoSEngine:
         if entry is None:
             return False
         key = entry.key
-        return (key[0] is pod and key[1] is None and key[2] is self.settings and key[3] == self.features
-                and key[7] is self.pod_resources.get(pod.sandbox_id) and key[8] == self._containers_key(running))
+        return (key is not None and key.pod is pod and key.pod_in is None and key.settings is self.settings
+                and key.features == self.features and key.pod_resources is self.pod_resources.get(pod.sandbox_id)
+                and key.containers == self._containers_key(running))
 
     def _be_cpus(self) -> frozenset[int] | None:
         cpus = self.be_cpuset_override() if self.be_cpuset_override is not None else None
@@ -818,7 +837,7 @@ class QoSEngine:
             self._plans.pop(sandbox_id, None)
             return None  # skipped pods are left alone, also by the reconcile pass after a restart
         cached = self._plans.get(sandbox_id)
-        if cached is not None and cached.key[0] is pod and cached.key[2] is self.settings:
+        if cached is not None and cached.made_for(pod, self.settings):
             decision, pod_cgroup = cached.decision, cached.pod_cgroup
         else:
             decision = self._decision(pod)
@@ -897,7 +916,7 @@ class QoSEngine:
         return decision
 
     def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
-                   decision: ClassDecision, pod_cgroup: str, key: tuple[Any, ...] | None) -> _PodPlan:
+                   decision: ClassDecision, pod_cgroup: str, key: _PlanKey | None) -> _PodPlan:
         """Plan one pod: its pod cgroup, its running containers and its memory protection."""
         pod_input = pod_in if pod_in is not None else self.pod_input_from_record(pod)
         pod_plan = plan_pod_sandbox(pod_input, decision=decision,
@@ -935,7 +954,7 @@ class QoSEngine:
         pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
         writes.extend(pod_memory)
         memory_writes.extend(pod_memory)
-        return _PodPlan(key if key is not None else (), decision, pod_cgroup, tuple(pod_plan.notes),
+        return _PodPlan(key, decision, pod_cgroup, tuple(pod_plan.notes),
                         tuple(writes), group_write, container_plans, container_cgroups,
                         tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES))
 
@@ -1187,7 +1206,7 @@ class QoSEngine:
         for pod in view.pods.values():
             if in_be_group(pod.cgroup_parent) and systemd_group_slice(pod.cgroup_parent) is None:
                 planned = self._plans.get(pod.sandbox_id)
-                if planned is not None and planned.key[0] is pod and planned.key[2] is self.settings:
+                if planned is not None and planned.made_for(pod, self.settings):
                     cgroup = planned.pod_cgroup  # as the pass's plan found it
                 else:
                     try:
