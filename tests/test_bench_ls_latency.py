@@ -73,6 +73,9 @@ def test_while_held_idle_cpus_stay_out_of_states_with_exit_latency():
         pytest.skip("no idle state with an exit latency on this machine")
     with IdleLatencyHold():
         assert _current_request_us() == 0
+        # A CPU that halted before the hold counts that entry only when it wakes (the kernel
+        # bumps a state's usage on exit); the hold wakes every idle CPU, so let those land first.
+        time.sleep(0.05)
         before = _deep_state_entries()
         time.sleep(0.3)  # the test's CPUs idle meanwhile
         assert _deep_state_entries() == before

@@ -292,6 +292,7 @@ def test_busybox_pod_runs_logs_and_lands_in_expected_cgroup(
         assert bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.pod_id}").is_dir(), "sandbox cgroup"
         assert str(bed.state) in "".join(mp for mp, _ in _mount_points()), "netns mounted under bed state"
         assert Path(f"/sys/class/net/{bed.bridge_name}").exists()
+        assert bed.shim_pids(pod.pod_id), "the pod's own shim is found by its sandbox id"
     finally:
         pod.remove()
 
@@ -299,7 +300,8 @@ def test_busybox_pod_runs_logs_and_lands_in_expected_cgroup(
     assert pod.container_id not in bed.list_container_ids()
     assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.container_id}").exists()
     assert not bed.cgroup_path("cpu", f"{pod.cgroup_parent}/{pod.pod_id}").exists()
-    _wait_for(lambda: not bed.shim_pids(), 10, "the pod's shim to exit")
+    # Only this pod's shim: the bed is shared with the session's other tests.
+    _wait_for(lambda: not bed.shim_pids(pod.pod_id), 10, "the pod's shim to exit")
     # containerd leaves the pod-level parent (kubelet's job); the bed removes it.
     bed.cleanup_cgroups(pod.cgroup_parent)
     assert not any((mount / pod.cgroup_parent.lstrip("/")).exists() for mount in CGROUP_FS_ROOT.iterdir())

@@ -900,13 +900,17 @@ disabled_plugins = [
             self._log_file.close()
             self._log_file: BinaryIO | None = None
 
-    def shim_pids(self) -> list[int]:
-        """Pids of the containerd shims serving this bed."""
+    def shim_pids(self, sandbox_id: str | None = None) -> list[int]:
+        """Pids of the containerd shims serving this bed (only the one started for
+        ``sandbox_id`` when given: a runc v2 shim is started with ``-id <sandbox id>``)."""
         pids = []
         for pid, argv in _processes():
             if not argv or "containerd-shim" not in os.path.basename(argv[0]):
                 continue
-            if any(argv[i] == "-address" and argv[i + 1] == str(self.socket) for i in range(len(argv) - 1)):
+            flags = dict(zip(argv[1:], argv[2:]))
+            if flags.get("-address") != str(self.socket):
+                continue
+            if sandbox_id is None or flags.get("-id") == sandbox_id:
                 pids.append(pid)
         return pids
 
