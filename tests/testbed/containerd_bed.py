@@ -907,7 +907,7 @@ disabled_plugins = [
         for pid, argv in _processes():
             if not argv or "containerd-shim" not in os.path.basename(argv[0]):
                 continue
-            flags = dict(zip(argv[1:], argv[2:]))
+            flags = dict(zip(argv[1:], argv[2:], strict=False))  # each flag with the word after it
             if flags.get("-address") != str(self.socket):
                 continue
             if sandbox_id is None or flags.get("-id") == sandbox_id:
