@@ -124,11 +124,13 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
                 os.kill(worker.pid, signal.SIGUSR1)
             # The quota follows the LS load: down to what the decision allows with LS's measured
             # use (the floor when LS gets both CPUs; on a shared machine the kernel may leave BE
-            # some CPU and LS less, so the target is read from the decision, not assumed).
+            # some CPU and LS less, so the target is read from the decision, not assumed). LS using
+            # at least 0.8 CPUs must take at least half a CPU off the quota it had while idle.
             def follows_ls() -> bool:
                 inputs = (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
                 target = max(FLOOR, inputs.get("target_quota_us") or FLOOR)
-                return inputs.get("ls_used_cpus", 0) >= 0.8 and quota() <= target and quota() < idle_quota * 0.6
+                half_cpu = (inputs.get("period_us") or 100_000) // 2
+                return inputs.get("ls_used_cpus", 0) >= 0.8 and quota() <= target and quota() <= idle_quota - half_cpu
 
             busy_after = await until(follows_ls, 5)
             for worker in ls_workers:
