@@ -69,5 +69,6 @@ def test_a_short_real_run_counts_every_server_wake_up(tmp_path: Path):
     result = wake_placement.run_once(probe, "tier", "rr", 300, None, tmp_path / "trace.txt")
     assert result["n"] == 300
     placed = result["wakeups"]["local"]["n"] + result["wakeups"]["remote"]["n"]
-    assert 300 <= placed <= 302  # one per request, plus the accept and the close
+    # one per request, plus the accept, the close and the odd request read in two parts
+    assert 300 <= placed <= 310
     assert not wake_placement.BENCH_ROOT.exists()

@@ -90,7 +90,7 @@ def bed():
                     time.sleep(0.05)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_be_tier_quota_follows_a_real_ls_load(bed):
     kubepods, pods, ls_workers = bed
     quota_file = CGROUP / "cpu" / kubepods.strip("/") / "besteffort" / "cpu.cfs_quota_us"
@@ -118,7 +118,13 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
         stop = asyncio.Event()
         task = asyncio.create_task(manager.run(stop))
         try:
-            await until(lambda: quota() > 5 * FLOOR, 10)  # LS idle: BE gets a budget
+            def target() -> int:
+                inputs = (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
+                return int(inputs.get("target_quota_us") or 0)
+
+            # LS idle: BE gets a budget; the quota grows by at most 10% of the node per tick, so
+            # the idle quota is read once it has reached the decision's target
+            await until(lambda: quota() > 5 * FLOOR and quota() >= 0.95 * target(), 15)
             idle_quota = quota()
             for worker in ls_workers:
                 os.kill(worker.pid, signal.SIGUSR1)
@@ -132,7 +138,7 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
                 half_cpu = (inputs.get("period_us") or 100_000) // 2
                 return inputs.get("ls_used_cpus", 0) >= 0.8 and quota() <= target and quota() <= idle_quota - half_cpu
 
-            busy_after = await until(follows_ls, 5)
+            busy_after = await until(follows_ls, 10)
             for worker in ls_workers:
                 os.kill(worker.pid, signal.SIGUSR2)
             recovered_after = await until(lambda: quota() > 5 * FLOOR, 10)
@@ -144,7 +150,7 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
 
     result = asyncio.run(scenario())
     assert result["idle_quota"] > 5 * FLOOR
-    assert result["busy_after"] < 5
+    assert result["busy_after"] < 10
     status = result["status"]
     assert status["trigger_mode"].startswith(("psi-trigger", "polling"))
     assert status["strategies"]["cpu_suppress"]["last_write"]["status"] == "written"
