@@ -118,9 +118,11 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
         stop = asyncio.Event()
         task = asyncio.create_task(manager.run(stop))
         try:
+            def decision_inputs() -> dict:
+                return (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
+
             def target() -> int:
-                inputs = (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
-                return int(inputs.get("target_quota_us") or 0)
+                return int(decision_inputs().get("target_quota_us") or 0)
 
             # LS idle: BE gets a budget; the quota grows by at most 10% of the node per tick, so
             # the idle quota is read once it has reached the decision's target
@@ -133,7 +135,7 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
             # some CPU and LS less, so the target is read from the decision, not assumed). LS using
             # at least 0.8 CPUs must take at least half a CPU off the quota it had while idle.
             def follows_ls() -> bool:
-                inputs = (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
+                inputs = decision_inputs()
                 target = max(FLOOR, inputs.get("target_quota_us") or FLOOR)
                 half_cpu = (inputs.get("period_us") or 100_000) // 2
                 return inputs.get("ls_used_cpus", 0) >= 0.8 and quota() <= target and quota() <= idle_quota - half_cpu
