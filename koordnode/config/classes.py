@@ -37,7 +37,8 @@ _CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
     "blkio_weight": (0, 1000, "blkio.weight (10..1000) of the pod; 0 = leave unset"),
     "blkio_read_bps": (0, _INT64_MAX, "read throttle in bytes/s per configured device; 0 = none"),
     "blkio_write_bps": (0, _INT64_MAX, "write throttle in bytes/s per configured device; 0 = none"),
-    "cpu_idle": (0, 1, "cpu.idle of the pod cgroup (upstream kernels >= 5.15)"),
+    "cpu_idle": (0, 1, "cpu.idle of the pod cgroup (upstream kernels >= 5.15); 1 ranks the pod only "
+                 "against its sibling pods, drops its cpu.shares and draws LS network wake-ups to its CPUs"),
     "cpu_bvt_warp_ns": (-1, 2, "cpu.bvt_warp_ns of the pod cgroup (group identity kernels)"),
 }
 
@@ -141,7 +142,14 @@ class BEClassConfig(QoSClassConfig):
     blkio_weight: int = _class_field("blkio_weight", 100)
     blkio_read_bps: int = _class_field("blkio_read_bps", 500 * MIB)
     blkio_write_bps: int = _class_field("blkio_write_bps", 200 * MIB)
-    cpu_idle: int = _class_field("cpu_idle", 1)
+    # 0: cpu.idle on the BE pod does not protect LS (SCHED_IDLE ranks a cgroup only against its
+    # siblings; BE pods meet LS one level up, where koordnode's BE group decides), and any
+    # SCHED_IDLE on BE hurts LS request/response: the kernel's wake-up placement counts a CPU
+    # running only idle work as idle (sched_idle_cpu()), so an LS server's network wake-ups went
+    # to the CPU running BE in 53-75% of round trips (non-idle BE: 98-100% stayed local), LS
+    # p99.9 2.7-6.0x its alone value (bench/wake_placement.py). 1 still works: the pod is idle
+    # and its batch cpu.shares are dropped (the kernel pins an idle group's weight).
+    cpu_idle: int = _class_field("cpu_idle", 0)
     resctrl: ResctrlClassConfig = field(
         default_factory=lambda: ResctrlClassConfig(cat_range_end_percent=30),
         metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
