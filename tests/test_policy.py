@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,6 +27,7 @@ from koordnode.policy.class_policy import (
     plan_besteffort_tier,
     plan_container,
     plan_pod_memory,
+    plan_pod_resources,
     plan_pod_sandbox,
     requested_cpus,
 )
@@ -168,7 +170,7 @@ POD_EXPECTED = {
     QoSClass.LSE: (0, 0, 1000, False),
     QoSClass.LSR: (0, 0, 800, False),
     QoSClass.LS: (0, 0, 500, False),
-    QoSClass.BE: (1, -1, 100, True),
+    QoSClass.BE: (0, -1, 100, True),  # [qos.BE] cpu_idle = 0 by default (README, wake placement)
 }
 
 
@@ -271,6 +273,7 @@ BATCH = batch_annotation(
     }
 )
 BE_RESOURCES = ContainerResources(cpu_period=100000, cpu_shares=2, oom_score_adj=1000)
+IDLE_BE = dataclasses.replace(QOS.BE, cpu_idle=1)  # the idle BE pod, no longer the default
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -329,9 +332,18 @@ def test_be_pod_sandbox_batch_sums() -> None:
     )
     writes = by_resource(result.writes)
     assert writes[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000
-    # With cpu.idle=1 the kernel refuses cpu.shares: not planned, and said why.
+    # The default BE pod (cpu_idle = 0) is not idle either: it gets its batch cpu.shares.
+    for version in ("v1", "v2"):
+        plain = plan_pod_sandbox(
+            pod, decision=decision, config=QOS.BE, features=KernelFeatures(version), pod_cgroup=BESTEFFORT_PARENT
+        )
+        plain_writes = by_resource(plain.writes)
+        assert plain_writes[(BESTEFFORT_PARENT, "cpu.idle")] == 0, version
+        assert plain_writes[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000, version
+        assert not any("idle" in note for note in plain.notes), version
+    # With cpu_idle = 1 configured the kernel refuses cpu.shares: not planned, and said why.
     idle = plan_pod_sandbox(
-        pod, decision=decision, config=QOS.BE, features=KernelFeatures("v2"), pod_cgroup=BESTEFFORT_PARENT
+        pod, decision=decision, config=IDLE_BE, features=KernelFeatures("v2"), pod_cgroup=BESTEFFORT_PARENT
     )
     assert (BESTEFFORT_PARENT, "cpu.shares") not in by_resource(idle.writes)
     assert by_resource(idle.writes)[(BESTEFFORT_PARENT, "cpu.idle")] == 1
@@ -355,7 +367,67 @@ def test_be_pod_sandbox_batch_sums() -> None:
     writes = by_resource(result.writes)
     assert writes[(BESTEFFORT_PARENT, "memory.limit_in_bytes")] == GIB + 512 * MIB
     assert writes[(BESTEFFORT_PARENT, "cpu.cfs_quota_us")] == -1  # "a" has no cpu limit
-    assert (BESTEFFORT_PARENT, "cpu.shares") not in writes
+    assert writes[(BESTEFFORT_PARENT, "cpu.shares")] == 2  # no batch-cpu request: BE's fixed shares
+
+
+@pytest.mark.parametrize("group_identity", [False, True])
+def test_a_be_pod_gets_the_class_weight_unless_idle(group_identity: bool) -> None:
+    # A Burstable pod labelled BE sits beside the LS pods in kubelet's burstable tier with
+    # kubelet's pod weight: not idle by default, it gets BE's fixed cpu.shares on the pod.
+    pod = pod_of(QoSClass.BE, BURSTABLE_PARENT)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    features = KernelFeatures("v1", group_identity)
+
+    def sandbox(config):
+        return plan_pod_sandbox(pod, decision=decision, config=config, features=features, pod_cgroup=BURSTABLE_PARENT)
+
+    assert by_resource(sandbox(QOS.BE).writes)[(BURSTABLE_PARENT, "cpu.shares")] == 2
+    fixed = dataclasses.replace(QOS.BE, cpu_shares_fixed=8)
+    assert by_resource(sandbox(fixed).writes)[(BURSTABLE_PARENT, "cpu.shares")] == 8
+    # cpu_shares_fixed = 0 (per requested CPU): the pod's request is not known here; kubelet's stays.
+    per_cpu = dataclasses.replace(QOS.BE, cpu_shares_fixed=0)
+    assert (BURSTABLE_PARENT, "cpu.shares") not in by_resource(sandbox(per_cpu).writes)
+    idle = by_resource(sandbox(IDLE_BE).writes)
+    if group_identity:
+        assert idle[(BURSTABLE_PARENT, "cpu.shares")] == 2  # bvt, not cpu.idle: the weight can be set
+    else:
+        assert (BURSTABLE_PARENT, "cpu.shares") not in idle and idle[(BURSTABLE_PARENT, "cpu.idle")] == 1
+    # Other classes keep kubelet's pod weight.
+    ls = pod_of(QoSClass.LS, BURSTABLE_PARENT)
+    ls_plan = plan_pod_sandbox(ls, decision=resolve_qos_class(ls.labels, ls.cgroup_parent), config=QOS.LS,
+                               features=features, pod_cgroup=BURSTABLE_PARENT)
+    assert (BURSTABLE_PARENT, "cpu.shares") not in by_resource(ls_plan.writes)
+
+
+@pytest.mark.parametrize("group_identity", [False, True])
+def test_be_pod_level_resize_keeps_the_batch_shares(group_identity: bool) -> None:
+    # UpdatePodSandboxResources of a BE pod: the pod cgroup has one cpu.shares, the sum of the
+    # batch-cpu requests that plan_pod_sandbox writes too (each reconcile pass applies both plans).
+    pod = pod_of(None, BESTEFFORT_PARENT, BATCH)
+    decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
+    features = KernelFeatures("v2", group_identity)
+    kubelet = ContainerResources(cpu_shares=2)
+
+    def resize(pod: PodInput, config=QOS.BE):
+        return plan_pod_resources(pod, kubelet, decision=decision, config=config, features=features,
+                                  pod_cgroup=BESTEFFORT_PARENT)
+
+    sandbox = plan_pod_sandbox(pod, decision=decision, config=QOS.BE, features=features, pod_cgroup=BESTEFFORT_PARENT)
+    resized = resize(pod)
+    assert by_resource(resized.writes)[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000
+    assert by_resource(sandbox.writes)[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000
+    assert resized.cri.cpu_shares == 2000 * 1024 // 1000
+    # Without batch resources: BE's fixed shares.
+    plain = resize(pod_of(None, BESTEFFORT_PARENT))
+    assert by_resource(plain.writes)[(BESTEFFORT_PARENT, "cpu.shares")] == 2 and plain.cri.cpu_shares == 2
+    # cpu_idle = 1 configured: the idle pod's weight is pinned, so no cpu.shares at all.
+    idle = resize(pod, IDLE_BE)
+    if group_identity:
+        assert by_resource(idle.writes)[(BESTEFFORT_PARENT, "cpu.shares")] == 2000 * 1024 // 1000
+    else:
+        assert (BESTEFFORT_PARENT, "cpu.shares") not in by_resource(idle.writes)
+        assert idle.cri.cpu_shares is None
+        assert any("idle" in note for note in idle.notes)
 
 
 # --- memory request sources, overrides ----------------------------------------------------
@@ -544,7 +616,7 @@ def test_plan_pod_memory_sums_containers() -> None:
 )
 def test_besteffort_tier(group_identity: bool, resource: str, value: int) -> None:
     tier = "/kubepods/besteffort"
-    writes = plan_besteffort_tier(tier, QoSClass.BE, QOS.BE, KernelFeatures("v1", group_identity))
+    writes = plan_besteffort_tier(tier, QoSClass.BE, IDLE_BE, KernelFeatures("v1", group_identity))
     assert by_resource(writes) == {(tier, resource): value}
 
 

@@ -471,6 +471,18 @@ def _cpu_priority_write(
     )
 
 
+def _batch_pod_shares(annotations: PodAnnotations) -> tuple[int, str] | None:
+    """A BE pod's cpu.shares from the sum of its containers' batch-cpu requests; None without any."""
+    spec = annotations.extended_resources
+    if spec is None:
+        return None
+    requests = [c.cpu_request_milli for c in spec.containers.values() if c.cpu_request_milli is not None]
+    if not requests:
+        return None
+    shares = clamp_shares(sum(requests) * KUBELET_SHARES_PER_CPU // 1000)
+    return shares, f"BE pod: sum of batch-cpu requests {sum(requests)}m"
+
+
 def _batch_pod_writes(pod_cgroup: str, annotations: PodAnnotations) -> tuple[list[CgroupWrite], list[str]]:
     """BE pod cgroup limits from the sum of its containers' batch resources."""
     spec = annotations.extended_resources
@@ -479,14 +491,9 @@ def _batch_pod_writes(pod_cgroup: str, annotations: PodAnnotations) -> tuple[lis
     containers = list(spec.containers.values())
     writes: list[CgroupWrite] = []
     notes: list[str] = []
-    requests = [c.cpu_request_milli for c in containers if c.cpu_request_milli is not None]
-    if requests:
-        shares = clamp_shares(sum(requests) * KUBELET_SHARES_PER_CPU // 1000)
-        writes.append(
-            CgroupWrite(
-                pod_cgroup, "cpu.shares", shares, f"BE pod: sum of batch-cpu requests {sum(requests)}m"
-            )
-        )
+    batch_shares = _batch_pod_shares(annotations)
+    if batch_shares is not None:
+        writes.append(CgroupWrite(pod_cgroup, "cpu.shares", *batch_shares))
     limits = [c.cpu_limit_milli for c in containers]
     if all(limit is not None and limit > 0 for limit in limits):
         total = sum(limit for limit in limits if limit is not None)
@@ -533,6 +540,12 @@ def plan_pod_sandbox(
             if any(write.resource == "cpu.shares" for write in batch_writes):
                 batch_notes.append("BE pod: pod cpu.shares not set: the pod cgroup is idle (cpu.idle=1)")
             batch_writes = [write for write in batch_writes if write.resource != "cpu.shares"]
+        elif config.cpu_shares_fixed > 0 and not any(write.resource == "cpu.shares" for write in batch_writes):
+            # Not idle, so the pod competes with its siblings by weight: a Burstable pod labelled
+            # BE sits beside the LS pods in kubelet's burstable tier with kubelet's weight per
+            # requested CPU unless the pod gets BE's own.
+            shares = clamp_shares(config.cpu_shares_fixed)
+            batch_writes.append(CgroupWrite(pod_cgroup, "cpu.shares", shares, f"BE pod: fixed cpu.shares {shares}"))
         writes += batch_writes
         notes += batch_notes
 
@@ -620,7 +633,8 @@ def plan_pod_resources(
 
     kubelet has already written its own values to the pod cgroup when it sends the call; the
     class's numbers replace them the way they do for a container: cpu.shares per requested
-    CPU (not for an idle BE pod, whose weight the kernel pins), memory.min/low from the pod's
+    CPU (a BE pod with batch-cpu requests: their sum, as plan_pod_sandbox has it; none for an
+    idle BE pod, whose weight the kernel pins), memory.min/low from the pod's
     memory request (Guaranteed: its limit; Memory QoS: unified memory.min/low) and memory.high
     from its limit.
     """
@@ -630,7 +644,13 @@ def plan_pod_resources(
     writes: list[CgroupWrite] = []
     shares: int | None = None
     idle_be = qos_class is QoSClass.BE and not features.group_identity and config.cpu_idle == 1
-    if resources.cpu_shares > 0 and not idle_be:
+    batch_shares = _batch_pod_shares(annotations) if qos_class is QoSClass.BE else None
+    if batch_shares is not None and not idle_be:
+        # The same value plan_pod_sandbox writes: the pod cgroup has one cpu.shares.
+        shares, why = batch_shares
+        notes.append(why)
+        writes.append(CgroupWrite(pod_cgroup, "cpu.shares", shares, "pod-level resize: " + why))
+    elif resources.cpu_shares > 0 and not idle_be:
         shares, why = cpu_shares_for(qos_class, config, resources.cpu_shares, None)
         notes.append("pod: " + why)
         writes.append(CgroupWrite(pod_cgroup, "cpu.shares", shares, "pod-level resize: " + why))
