@@ -66,7 +66,7 @@ def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path
     sandboxes = []
     try:
         koordnode.wait_rebuilt()
-        # A Burstable pod labelled BE (a real run: cpu.shares 512 -> 2, pod cpu.idle 1,
+        # A Burstable pod labelled BE (a real run: cpu.shares 512 -> 2 on container and pod,
         # oom_score_adj 1000) and a Guaranteed one (LSR: shares x64, exclusive cpuset).
         be_sb = sandbox_config(bed, "batch", qos="burstable", labels={"koordinator.sh/qosClass": "BE"})
         lsr_sb = sandbox_config(bed, "svc", qos="guaranteed")
@@ -113,7 +113,9 @@ def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path
         by_name = {p["name"]: p for p in status["pods"]}
         assert by_name["batch"]["qos_class"] == "BE"
         assert by_name["svc"]["qos_class"] == "LSR"
-        assert any("cpu.idle=1" in a and "would_write" in a for a in by_name["batch"]["applied"])
+        be_parent = created["batch"][0]
+        assert any(a.startswith(f"cpu.shares=2 on {be_parent} (") and "would_write" in a
+                   for a in by_name["batch"]["applied"]), by_name["batch"]["applied"]
         # What koordnode recorded for the container is what containerd got.
         assert by_name["batch"]["containers"][0]["resources"]["cpu_shares"] == 512
         assert "dry run" in status["qos_manager"]["trigger_mode"]  # no PSI trigger registered
@@ -152,14 +154,16 @@ def test_switching_dry_run_off_by_reload_applies_the_decisions(containerd_bed, t
                                                              resources={"cpu_shares": 512}))
         time.sleep(0.5)
         parent = sb.linux.cgroup_parent
-        assert cg_read("cpu", parent, "cpu.idle") == "0"
+        assert cg_read("cpu", parent, "cpu.shares") != "2"
+        assert cg_read("cpu", f"{parent}/{cid}", "cpu.shares") == "512"
         text = koordnode.config_path.read_text().replace("dry_run = true", "dry_run = false")
         koordnode.config_path.write_text(text)
         koordnode.proc.send_signal(1)  # SIGHUP
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and cg_read("cpu", parent, "cpu.idle") != "1":
+        while time.monotonic() < deadline and cg_read("cpu", parent, "cpu.shares") != "2":
             time.sleep(0.1)
-        assert cg_read("cpu", parent, "cpu.idle") == "1"  # the reconcile pass after the reload
+        assert cg_read("cpu", parent, "cpu.shares") == "2"  # the reconcile pass after the reload: BE's weight
+        assert cg_read("cpu", parent, "cpu.idle") == "0"  # [qos.BE] cpu_idle = 0
         assert cg_read("cpu", f"{parent}/{cid}", "cpu.shares") == "2"
         assert koordnode.status()["dry_run"]["enabled"] is False
     finally:

@@ -135,10 +135,10 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
         sb, sid, cid = pods.run(cls.lower(), **kwargs)
         created[cls] = (sb.linux.cgroup_parent, sid, cid)
     expect_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512, "BE": 2}
-    expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "1"}
+    expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "0"}  # [qos.BE] cpu_idle = 0
     expect_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
     # Pod-level values are written after PostStartContainer: give the last one a moment.
-    wait_for(lambda: cg_read("cpu", created["BE"][0], "cpu.idle") == "1", 5, "BE pod cpu.idle")
+    wait_for(lambda: cg_read("cpu", created["BE"][0], "cpu.shares") == "2", 5, "BE pod cpu.shares")
     status = koordnode.status()
     assert status["mode"] == "nri" and status["nri"]["connected"]
     by_sid = {p["sandbox_id"]: p for p in status["pods"]}
@@ -296,7 +296,7 @@ def test_containerd_restart_reconnects_reregisters_and_resynchronizes(nri_bed, c
     try:
         pods.cri = cri2
         sb2, _, cid2 = pods.run("after", qos="besteffort", resources={"cpu_shares": 2})
-        wait_for(lambda: cg_read("cpu", sb2.linux.cgroup_parent, "cpu.idle") == "1", 5, "new BE pod cpu.idle")
+        wait_for(lambda: cg_read("cpu", sb2.linux.cgroup_parent, "cpu.shares") == "2", 5, "new BE pod cpu.shares")
         # The new BE container is off the LSE core.
         be_cpus = parse_cpu_list(cg_read("cpuset", f"{sb2.linux.cgroup_parent}/{cid2}", "cpuset.cpus"))
         assert not (be_cpus & parse_cpu_list(lse_cpus))
@@ -317,7 +317,7 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         be_sb, _, be_cid = pods.run("be-gap", qos="besteffort", resources={"cpu_shares": 2})
         lsr_cg = f"{lsr_sb.linux.cgroup_parent}/{lsr_cid}"
         assert cg_read("cpu", lsr_cg, "cpu.shares") == "1024"
-        assert cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "0"
+        assert cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.shares") != "2"
         assert process_oom(cri, be_cid) == 0
         assert "koordnode.io/kubelet-resources" not in runtime_spec(cri, lsr_cid)["annotations"]
 
@@ -333,7 +333,8 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         assert parse_cpu_list(cg_read("cpuset", lsr_cg, "cpuset.cpus")) == ls_cpus
         assert kn.status()["qos"]["cpus"]["allocations"] == {}
         # ... and the cgroup-level values NRI cannot carry came from the reconcile pass.
-        wait_for(lambda: cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "1", 10, "gap BE pod cpu.idle")
+        wait_for(lambda: cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.shares") == "2", 10, "gap BE pod cpu.shares")
+        assert cg_read("cpu", be_sb.linux.cgroup_parent, "cpu.idle") == "0"  # [qos.BE] cpu_idle = 0
         # oom_score_adj, which NRI updates cannot carry, is set on the container's processes.
         wait_for(lambda: process_oom(cri, be_cid) == 1000, 5, "gap BE container's oom_score_adj")
         by_name = {p["name"]: p for p in kn.status()["pods"]}

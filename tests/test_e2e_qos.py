@@ -55,7 +55,7 @@ def test_each_class_gets_its_values_in_the_real_cgroups(containerd_bed, cri_prox
         created[cls] = (sb.linux.cgroup_parent, sid, cid)
     time.sleep(0.3)  # post hooks of the last StartContainer
     expect_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512, "BE": 2}
-    expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "1"}
+    expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "0"}  # [qos.BE] cpu_idle = 0
     expect_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
     status = koordnode.status()
     by_sid = {p["sandbox_id"]: p for p in status["pods"]}
@@ -66,6 +66,8 @@ def test_each_class_gets_its_values_in_the_real_cgroups(containerd_bed, cri_prox
         ccg = f"{parent}/{cid}"
         assert cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), cls
         assert cg_read("cpu", parent, "cpu.idle") == expect_idle[cls], cls
+        if cls == "BE":  # not idle: the pod has BE's weight
+            assert cg_read("cpu", parent, "cpu.shares") == "2"
         quota = cg_read("cpu", ccg, "cpu.cfs_quota_us")
         assert quota == ("100000" if cls in ("SYSTEM", "LSE", "LSR") else "-1"), cls
         # The runtime clamps negative values to its own (restrict_oom_score_adj): assert what
@@ -173,11 +175,12 @@ def test_reconcile_restores_overwritten_values(containerd_bed, tmp_path):
         sb, sid, cid = pods.run("be", qos="besteffort", resources={"cpu_shares": 2})
         status = kn.wait_rebuilt()
         parent = next(p for p in status["pods"] if p["sandbox_id"] == sid)["cgroup_parent"]
-        (CG / "cpu" / parent.lstrip("/") / "cpu.idle").write_text("0")  # an operator's overwrite
+        # An operator's overwrite (koordnode's value is 0: [qos.BE] cpu_idle = 0).
+        (CG / "cpu" / parent.lstrip("/") / "cpu.idle").write_text("1")
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and cg_read("cpu", parent, "cpu.idle") != "1":
+        while time.monotonic() < deadline and cg_read("cpu", parent, "cpu.idle") != "0":
             time.sleep(0.1)
-        assert cg_read("cpu", parent, "cpu.idle") == "1"
+        assert cg_read("cpu", parent, "cpu.idle") == "0"
     finally:
         pods.cleanup()
         cri.close()

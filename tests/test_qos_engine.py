@@ -388,11 +388,12 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     assert node.read(node.ccg(pods["LSE"][1][0]), "cpu.weight") == "10000"
     assert node.read(node.ccg(pods["LSR"][1][0]), "cpu.weight") == str(weight(65536)) == "2500"
 
-    # cpu.idle on the BE pod only; the BE pod's weight is left alone (an idle group's is pinned).
+    # No pod is idle by default ([qos.BE] cpu_idle = 0), so the BE pod's weight is set: the sum
+    # of its batch-cpu requests (250m = 256 shares).
     for cls, (pod, _, _) in pods.items():
-        assert node.read(pod.cgroup, "cpu.idle") == ("1" if cls == "BE" else "0"), cls
+        assert node.read(pod.cgroup, "cpu.idle") == "0", cls
     be_pod, be_cids, _ = pods["BE"]
-    assert node.read(be_pod.cgroup, "cpu.weight") == "100"
+    assert node.read(be_pod.cgroup, "cpu.weight") == str(weight(256))
     # cpu.max: BE container from its batch-cpu limit, BE pod from the sum of the limits.
     assert node.read(node.ccg(be_cids[0]), "cpu.max") == "200000 100000"
     assert node.read(be_pod.cgroup, "cpu.max") == "200000 100000"
@@ -435,13 +436,35 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
         assert not [s for s in entry["skipped"] if "failed" in s or "refused" in s], entry["skipped"]
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_an_idle_be_pod_when_configured_gets_no_pod_weight(make_node, version):
+    # [qos.BE] cpu_idle = 1 (no longer the default): the pod is idle and its batch cpu.shares are
+    # not planned (the kernel pins an idle group's weight); its containers keep theirs.
+    node = make_node(version=version, toml="[qos.BE]\ncpu_idle = 1\n")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe", annotations={EXTENDED_SPEC: BE_SPEC})
+    cid = node.run_container(be, cpu_shares=2)
+    assert node.read(be.cgroup, "cpu.idle") == "1"
+    if version == "v2":
+        assert node.read(be.cgroup, "cpu.weight") == "100"
+        assert node.read(node.ccg(cid), "cpu.weight") == str(weight(256))
+    else:
+        assert node.read(be.cgroup, "cpu.shares") == "1024"
+        assert node.read(node.ccg(cid), "cpu.shares") == "256"
+    entry = node.status_pod(be)
+    assert not any(line.startswith("cpu.shares") or line.startswith("cpu.weight") for line in entry["applied"])
+    assert any("idle" in note for note in entry["notes"]), entry["notes"]
+    assert not [s for s in entry["skipped"] if "failed" in s or "refused" in s], entry["skipped"]
+
+
 def test_v2_systemd_paths_are_the_expanded_slices(make_node):
     node = make_node(version="v2")
     pod = node.run_pod("be", parent="kubepods-besteffort-podabc.slice")
     cid = node.run_container(pod, cpu_shares=2)
     assert pod.cgroup == "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podabc.slice"
     scope = f"{pod.cgroup}/cri-containerd-{cid}.scope"
-    assert node.read(pod.cgroup, "cpu.idle") == "1"
+    # The pod's cpu.idle (0 by default for BE, as the file starts) was planned on the expanded slice.
+    assert node.read(pod.cgroup, "cpu.idle") == "0"
+    assert any(line.startswith(f"cpu.idle=0 on {pod.cgroup} (") for line in node.status_pod(pod)["applied"])
     assert node.read(scope, "cpu.weight") == str(weight(2)) == "1"
     assert node.read(scope, "cpuset.cpus") == format_cpu_list(node.topology.online)
     assert node.status_pod(pod)["qos_class"] == "BE"
@@ -533,7 +556,9 @@ def test_plain_v1_skips_anolis_files_and_says_why(make_node):
     ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
     ls_cid = node.run_container(ls, cpu_shares=512, memory_limit_in_bytes=512 * MIB)
 
-    assert node.read(be.cgroup, "cpu.idle") == "1"
+    # Upstream CPU priority: cpu.idle (0 by default for BE, as the file starts), not bvt.
+    assert node.read(be.cgroup, "cpu.idle") == "0"
+    assert any(line.startswith(f"cpu.idle=0 on {be.cgroup} (") for line in node.status_pod(be)["applied"])
     assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
     assert node.read(node.ccg(ls_cid), "cpu.shares") == "512"
     assert not (node.root / "cpu" / be.cgroup.lstrip("/") / "cpu.bvt_warp_ns").exists()
@@ -832,11 +857,11 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     shares_file = "cpu.weight" if version == "v2" else "cpu.shares"
     want = {
         (node.ccg(ls_cid), shares_file): node.read(node.ccg(ls_cid), shares_file),
-        (be.cgroup, "cpu.idle"): "1",
+        (be.cgroup, "cpu.idle"): "0",  # [qos.BE] cpu_idle = 0
         (node.ccg(be_cid), "cpuset.cpus"): format_cpu_list(node.topology.online),
     }
     for (cgroup, name), _value in want.items():
-        write_cgroup_file(node.root, cgroup, name, {"cpu.idle": "0", "cpuset.cpus": "3"}.get(name, "1000"))
+        write_cgroup_file(node.root, cgroup, name, {"cpu.idle": "1", "cpuset.cpus": "3"}.get(name, "1000"))
     node.engine.reconcile(force=True)
     for (cgroup, name), value in want.items():
         assert node.read(cgroup, name) == value, (cgroup, name)
@@ -850,9 +875,9 @@ def test_pod_resize_notification_writes_the_pods_values_again(make_node):
     node = make_node(version="v2")
     be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
     node.run_container(be, cpu_shares=2)
-    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "0")
+    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "1")  # not koordnode's value ([qos.BE] cpu_idle = 0)
     node.engine.pod_resources_updated(be.sandbox_id)
-    assert node.read(be.cgroup, "cpu.idle") == "1"
+    assert node.read(be.cgroup, "cpu.idle") == "0"
 
 
 # --- hostile input --------------------------------------------------------------------------------
@@ -1406,14 +1431,14 @@ def test_an_overwrite_after_quiet_passes_is_restored_with_one_write(make_node, c
         node.engine.reconcile(force=False)
     shares = node.read(node.ccg(ls_cid), "cpu.shares")
     write_cgroup_file(node.root, node.ccg(ls_cid), "cpu.shares", "1000")  # another writer
-    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "0")
+    write_cgroup_file(node.root, be.cgroup, "cpu.idle", "1")  # koordnode's is 0 ([qos.BE] cpu_idle = 0)
     counted()
     results = _pass_results(node)
     assert counted()["plan_container"] == 0  # the plan is the same; the files are not
     written = [r for r in results if r.status.value == "written"]
     assert sorted(r.write.resource for r in written) == ["cpu.idle", "cpu.shares"]
     assert all(r.overwritten for r in written)
-    assert node.read(node.ccg(ls_cid), "cpu.shares") == shares and node.read(be.cgroup, "cpu.idle") == "1"
+    assert node.read(node.ccg(ls_cid), "cpu.shares") == shares and node.read(be.cgroup, "cpu.idle") == "0"
     assert node.engine.executor.overwrites == {"cpu.idle": 1, "cpu.shares": 1}
     applied = node.status_pod(ls)["containers"][0]["applied"]
     assert any("restored after an overwrite" in line for line in applied), applied
