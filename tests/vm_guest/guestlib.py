@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,17 @@ class GuestKoordnode(KoordnodeProcess):
 
 
 RECONCILE_S = 3.0
+
+
+def reload_config(kn: KoordnodeProcess, text: str) -> None:
+    """Rewrite koordnode's config file and SIGHUP it; wait until the reload is applied."""
+    before = kn.status()["config"]["last_reload"].get("at", 0)
+    kn.config_path.write_text(text)
+    assert kn.proc is not None
+    kn.proc.send_signal(signal.SIGHUP)
+    result = wait_for(lambda: (lambda r: r if r.get("at", 0) > before else None)(kn.status()["config"]["last_reload"]),
+                      30, "the config reloaded", interval=0.5)
+    assert result["result"] == "applied", result
 
 
 

@@ -74,7 +74,10 @@ def test_nri_on_containerd_17_with_cgroup_v2_and_systemd(nri_systemd_bed, tmp_pa
         assert len(lse_cpus) == 1
         ls_cpus = parse_cpu_list((bed.container_cgroup_dir(ls_parent, ls_cid) / "cpuset.cpus").read_text().strip())
         assert ls_cpus and not (ls_cpus & lse_cpus)  # the running LS container left the core (NRI update)
-        wait_for(lambda: (bed.pod_cgroup_dir(be_parent) / "cpu.idle").read_text().strip() == "1", 10, "BE cpu.idle")
+        # Pod-level values (after StartContainer): BE's weight on the pod, not idle ([qos.BE] cpu_idle = 0).
+        wait_for(lambda: (bed.pod_cgroup_dir(be_parent) / "cpu.weight").read_text().strip() == str(weight(2)), 10,
+                 "BE pod cpu.weight")
+        assert (bed.pod_cgroup_dir(be_parent) / "cpu.idle").read_text().strip() == "0"
 
         # koordnode away: a Guaranteed pod is created as kubelet asks; the next Synchronize fixes it.
         assert kn.stop() == 0

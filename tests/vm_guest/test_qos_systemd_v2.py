@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from guestlib import CG, RECONCILE_S, Pod, disk_dev, make_pod, wait_for
+from guestlib import CG, RECONCILE_S, Pod, disk_dev, make_pod, reload_config, wait_for
 from koordnode.cri import api_pb2 as pb
 from koordnode.model.kernel import shares_to_weight
 from support.cri import Cri, remove_pod
@@ -56,6 +56,12 @@ def near(value: str, expected: int) -> bool:
     return abs(int(value) - expected) < PAGE
 
 
+def be_throttle(pod: Pod) -> str:
+    """The pod's io.max line of the scratch disk (BE's throttles, written by koordnode); "" if none."""
+    return next((line for line in (pod.pod_dir / "io.max").read_text().splitlines()
+                 if line.startswith(disk_dev() + " ")), "")
+
+
 def pod_value(pod: Pod, name: str, check, what: str) -> str:
     """A pod-slice value koordnode owns. systemd re-applies the slice's own properties (IOWeight,
     MemoryMin, ... defaults) whenever it realizes the slice again, e.g. when runc starts a scope in
@@ -88,7 +94,7 @@ def test_ls_and_be_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
     be = make_pod(cri, systemd_bed, "batch", "besteffort", resources={"cpu_shares": 2})
 
     def settled() -> bool:
-        return ls.read("memory.min") != "0" and be.read("cpu.idle", "pod") == "1"
+        return ls.read("memory.min") != "0" and be_throttle(be) != ""
 
     wait_for(settled, 15, "koordnode's writes after StartContainer")
     # LS: 1024 shares per requested CPU -> cpu.weight; memory.min/low = 50 % / 80 % of the request.
@@ -99,13 +105,14 @@ def test_ls_and_be_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
     pod_value(ls, "memory.min", lambda v: near(v, request * 50 // 100), "pod memory.min = sum of its containers")
     assert ls.read("cpu.idle", "pod") == "0"
     pod_value(ls, "io.weight", lambda v: v.split()[:2] == ["default", "500"], "LS pod io.weight 500")
-    # BE: idle pod, minimum weight, oom_score_adj 1000, the BE disk throttles on the real disk.
-    assert be.read("cpu.idle", "pod") == "1"
+    # BE: pod not idle ([qos.BE] cpu_idle = 0), minimum weight on pod and container,
+    # oom_score_adj 1000, the BE disk throttles on the real disk.
+    assert be.read("cpu.idle", "pod") == "0"
+    assert be.read("cpu.weight", "pod") == str(shares_to_weight(2))
     assert be.read("cpu.weight") == str(shares_to_weight(2))
     assert Path(f"/proc/{be.pid()}/oom_score_adj").read_text().strip() == "1000"
     pod_value(be, "io.weight", lambda v: v.split()[:2] == ["default", "100"], "BE pod io.weight 100")
-    io_max = wait_for(lambda: next((line for line in (be.pod_dir / "io.max").read_text().splitlines()
-                                    if line.startswith(disk_dev() + " ")), ""), 10, "io.max line of vdb")
+    io_max = wait_for(lambda: be_throttle(be), 10, "io.max line of vdb")
     assert "rbps=524288000" in io_max and "wbps=209715200" in io_max, io_max
     # Same pool for both while no LSE/LSR pod holds CPUs.
     assert ls.read("cpuset.cpus") == be.read("cpuset.cpus")
@@ -122,7 +129,8 @@ def test_class_falls_back_to_the_slice_name_without_a_label(systemd_bed, guest_k
         status = pod_status(guest_koordnode, pod.sandbox_id)
         assert status["qos_class"] == expected[qos], status
         assert pod.parent in status["qos_reason"] or "tier" in status["qos_reason"], status["qos_reason"]
-    wait_for(lambda: pods["besteffort"].read("cpu.idle", "pod") == "1", 10, "BE pod idle")
+    wait_for(lambda: be_throttle(pods["besteffort"]), 10, "BE pod's disk throttle")  # BE's pod values
+    assert pods["besteffort"].read("cpu.idle", "pod") == "0"  # [qos.BE] cpu_idle = 0
     assert pods["guaranteed"].read("cpu.weight") == str(shares_to_weight(512 * 65536 // 1024))
 
 
@@ -249,8 +257,20 @@ def test_kubelet_like_writes_are_restored_and_counted(systemd_bed, guest_koordno
     assert 'koordnode_cgroup_overwrites_total{resource="memory.min"}' in body
 
 
-def test_kubelets_writes_still_succeed_after_koordnodes(systemd_bed, guest_koordnode, cri):
-    """Koordinator #2732: an idle cgroup refuses cpu.weight; kubelet's tier and pod writes must not."""
+@pytest.fixture
+def idle_be_pods(guest_koordnode):
+    """[qos.BE] cpu_idle = 1 (not the default) for one test: reloaded in, and out again after."""
+    original = guest_koordnode.config_path.read_text()
+    reload_config(guest_koordnode, original + "[qos.BE]\ncpu_idle = 1\n")
+    try:
+        yield guest_koordnode
+    finally:
+        reload_config(guest_koordnode, original)
+
+
+def test_kubelets_writes_still_succeed_after_koordnodes(systemd_bed, guest_koordnode, idle_be_pods, cri):
+    """Koordinator #2732: an idle cgroup refuses cpu.weight; kubelet's tier and pod writes must not
+    (with an idle BE pod, `[qos.BE] cpu_idle = 1`)."""
     be = make_pod(cri, systemd_bed, "idle-safety-be", "besteffort")
     ls = make_pod(cri, systemd_bed, "idle-safety-ls", "burstable", labels={QOS_LABEL: "LS"}, kubelet_weight=39,
                   resources={"cpu_shares": 1024, "memory_limit_in_bytes": 128 * MIB})
