@@ -70,7 +70,7 @@ def group_of(root: Path, systemd: FakeSystemd, **kwargs) -> SystemdBeGroup:
             return read_cgroup_file(root, cgroup, "cpu.idle").strip()
         except FileNotFoundError:
             return None
-    return SystemdBeGroup(read_idle, start_idle=systemd.start_idle, stop=systemd.stop,
+    return SystemdBeGroup(lambda cgroup: read_idle(cgroup) == "1", start_idle=systemd.start_idle, stop=systemd.stop,
                           cpu_weight=systemd.cpu_weight, **kwargs)
 
 
@@ -174,7 +174,7 @@ def test_retry_after_a_failure(tmp_path):
     (tmp_path / "cgroup.controllers").parent.mkdir(exist_ok=True)
     now = [1000.0]
     systemd = FakeSystemd(tmp_path, fail="systemd is not running (no /run/systemd/system)")
-    group = SystemdBeGroup(lambda cgroup: None, start_idle=systemd.start_idle, stop=systemd.stop,
+    group = SystemdBeGroup(lambda cgroup: False, start_idle=systemd.start_idle, stop=systemd.stop,
                            clock=lambda: now[0])
     try:
         assert "not running" in group.ready(GROUP_SLICE, GROUP, 1.0)
