@@ -473,6 +473,12 @@ class QoSEngine:
         lowest = CPU_WEIGHT_MIN if self.executor.version is CgroupVersion.V2 else CPU_SHARES_MIN
         return self.executor.read(group, "cpu.shares") == str(lowest)
 
+    def _group_gives_way_safely(self, group: str) -> bool:
+        try:
+            return self._be_group_gives_way(group)
+        except (OSError, UnsafePathError):
+            return False
+
     def _ensure_be_group(self, pod_parent: str) -> str | None:
         """Make the BE group of a pod parent exist and give way (a new group is made idle; the
         QoS manager decides from there); the problem, or None."""
@@ -494,11 +500,8 @@ class QoSEngine:
         except (OSError, UnsafePathError) as exc:
             return f"cannot create {group}: {exc}"
         self._be_groups.add(group)
-        try:
-            if self._be_group_gives_way(group):
-                return None
-        except (OSError, UnsafePathError):
-            pass
+        if self._group_gives_way_safely(group):
+            return None
         result = self.executor.apply([CgroupWrite(group, "cpu.idle", 1, "koordnode BE group")])[0]
         METRICS.record_writes([result])
         return None if result.ok else f"cpu.idle on {group}: {result.status.value}: {result.detail}"
@@ -894,6 +897,8 @@ class QoSEngine:
                 group_write = None  # checked already in this pass (the group is shared by all BE pods)
             else:
                 pass_state.be_groups.add(group_write.cgroup)
+        if group_write is not None and self._group_gives_way_safely(group_write.cgroup):
+            group_write = None  # idle, or the lowest weight cpu_suppress keeps while LS is quiet
         if group_write is not None:
             writes = (group_write, *writes)
         results = self.executor.apply(writes, force=force)
@@ -940,7 +945,8 @@ class QoSEngine:
         writes: list[CgroupWrite] = list(pod_plan.writes)
         group_write = None
         if in_be_group(pod.cgroup_parent):
-            # Re-asserted by every reconcile: the group's idleness is what protects LS.
+            # Re-asserted by every reconcile unless the group gives way (idle, or the lowest
+            # weight the QoS manager keeps while LS is quiet): that is what protects LS.
             group_write = CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group")
             if systemd_group_slice(pod.cgroup_parent) is not None:
                 # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
