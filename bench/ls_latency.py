@@ -426,7 +426,8 @@ def suppress_decision(kn) -> str | None:
         return "off"
     decision = strategy.get("decision") or {}
     inputs = decision.get("inputs") or {}
-    return (f"BE cgroup {inputs.get('be_tier')} (idle: {inputs.get('be_idle')}), threshold "
+    return (f"BE cgroup {inputs.get('be_tier')} (idle: {inputs.get('be_idle')}, LS quiet: "
+            f"{inputs.get('ls_quiet')}), threshold "
             f"{inputs.get('threshold_percent')}%, LS {inputs.get('ls_used_cpus')} / system "
             f"{inputs.get('system_used_cpus')} CPUs -> budget {inputs.get('be_budget_cpus')} CPUs; "
             f"{decision.get('decision') or ''}").rstrip("; ")

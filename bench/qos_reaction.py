@@ -20,12 +20,14 @@ two seconds later. Modes:
     usage+poll   both (the daemon's defaults)
 
 With --be-group (the default) the BE pod lives where koordnode puts BestEffort pods, in the
-idle group /koordnode-bench-<id>/kubepods/koordnode_be (cpu.idle = 1), and that group's quota
-is what the manager sets; --no-be-group keeps it in kubelet's besteffort tier.
+group /koordnode-bench-<id>/kubepods/koordnode_be (made idle, as the hooks make it), and that
+group's quota and idle flag are what the manager sets; --no-be-group keeps it in kubelet's
+besteffort tier. With LS quiet before a step (`--ls-quiet`, the default 25%) BE runs unthrottled
+(quota -1) and the group not idle; each step records cpu.idle before and after.
 
     python3 -m bench.qos_reaction [--steps 5] [--modes usage,usage+poll,psi-poll,ticks-only]
                                   [--be-shares 2] [--threshold 65] [--idle-group-threshold 95]
-                                  [--no-be-group] [--json]
+                                  [--ls-quiet 25] [--no-be-group] [--json]
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ while True:
 
 
 def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool,
-                  idle_group_threshold: float = CpuSuppressConfig().idle_group_threshold_percent) -> ManagerSettings:
+                  idle_group_threshold: float = CpuSuppressConfig().idle_group_threshold_percent,
+                  ls_quiet: float = CpuSuppressConfig().ls_quiet_percent) -> ManagerSettings:
     base = QoSManagerConfig(kubepods_cgroup=kubepods, usage_wake_cpu_ms=0)
     usage = dataclasses.replace(base, usage_wake_cpu_ms=QoSManagerConfig().usage_wake_cpu_ms)
     manager = {
@@ -83,7 +86,8 @@ def mode_settings(mode: str, kubepods: str, threshold: float, be_group: bool,
         "usage+poll": usage,
     }[mode]
     strategy = StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=threshold,
-                                                             idle_group_threshold_percent=idle_group_threshold))
+                                                             idle_group_threshold_percent=idle_group_threshold,
+                                                             ls_quiet_percent=ls_quiet))
     return ManagerSettings(strategy=strategy, qos_manager=manager, cgroup=CgroupConfig(be_idle_group=be_group))
 
 
@@ -132,6 +136,9 @@ class Bed:
 
     def be_quota(self) -> int:
         return int((CGROUP / "cpu" / self.be_tier.strip("/") / "cpu.cfs_quota_us").read_text())
+
+    def be_idle(self) -> str:
+        return (CGROUP / "cpu" / self.be_tier.strip("/") / "cpu.idle").read_text().strip()
 
     def state(self) -> NodeState:
         state = NodeState()
@@ -185,10 +192,10 @@ async def cpu_share(bed: Bed, start: float, seconds: float) -> dict[str, float]:
 
 
 async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, observe_s: float,
-                   threshold: float, be_group: bool, idle_group_threshold: float) -> dict:
+                   threshold: float, be_group: bool, idle_group_threshold: float, ls_quiet: float) -> dict:
     bed = Bed(be_shares, be_group)
     executor = RecordingExecutor(CGROUP, bed.be_tier)
-    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group, idle_group_threshold),
+    manager = QoSManager(mode_settings(mode, bed.kubepods, threshold, be_group, idle_group_threshold, ls_quiet),
                          bed.state(), executor)
     stop = asyncio.Event()
     results = []
@@ -208,6 +215,7 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
             # phase of the tick, as a real load step would be.
             await asyncio.sleep(settle_s + random.uniform(0.0, 1.0))
             before = bed.be_quota()
+            idle_before = bed.be_idle()
             writes_before = len(executor.quota_writes)
             wakeups_before = _early_wakes(manager)
             wakes_before = len(usage_wakes)
@@ -217,11 +225,14 @@ async def run_mode(mode: str, steps: int, be_shares: int, settle_s: float, obser
             await asyncio.sleep(max(0.0, step + observe_s - time.monotonic()))
             bed.signal_ls(signal.SIGUSR2)
             after = executor.quota_writes[writes_before:]
-            lowered = [(t, q) for t, q in after if q < before]
-            final = min((q for _, q in after), default=before)
+            # -1: unthrottled (LS was quiet), above any quota
+            lowered = [(t, q) for t, q in after if 0 <= q and (before < 0 or q < before)]
+            final = min((q for _, q in after if q >= 0), default=before)
             settled = [t for t, q in after if q <= final * 1.05 + 1000]
             results.append({
                 "quota_before": before,
+                "be_idle_before": idle_before,
+                "be_idle_after": bed.be_idle(),
                 "first_lower_write_ms": round((lowered[0][0] - step) * 1000, 1) if lowered else None,
                 "first_lower_quota": lowered[0][1] if lowered else None,
                 "suppressed_quota": final,
@@ -280,6 +291,8 @@ def main() -> int:
     parser.add_argument("--idle-group-threshold", type=float,
                         default=CpuSuppressConfig().idle_group_threshold_percent,
                         help="[strategy.cpu_suppress] idle_group_threshold_percent (BE in the idle BE group)")
+    parser.add_argument("--ls-quiet", type=float, default=CpuSuppressConfig().ls_quiet_percent,
+                        help="[strategy.cpu_suppress] ls_quiet_percent (0: BE always suppressed)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0 or not all((CGROUP / h).is_dir() for h in HIERARCHIES):
@@ -287,11 +300,12 @@ def main() -> int:
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     results = {"cpus": CPUS, "be_group": args.be_group, "be_tier_shares": args.be_shares, "threshold_percent": args.threshold,
-               "idle_group_threshold_percent": args.idle_group_threshold,
+               "idle_group_threshold_percent": args.idle_group_threshold, "ls_quiet_percent": args.ls_quiet,
                "ls_processes": CPUS + 1, "be_processes": CPUS, "load_avg_before": os.getloadavg()[0]}
     for mode in args.modes.split(","):
         results[mode] = asyncio.run(run_mode(mode, args.steps, args.be_shares, args.settle, args.observe,
-                                             args.threshold, args.be_group, args.idle_group_threshold))
+                                             args.threshold, args.be_group, args.idle_group_threshold,
+                                             args.ls_quiet))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -64,13 +64,13 @@ class FakeSystemd:
         return None
 
 
-def group_of(root: Path, systemd: FakeSystemd, **kwargs) -> SystemdBeGroup:
+def group_of(root: Path, systemd: FakeSystemd, gives_way=None, **kwargs) -> SystemdBeGroup:
     def read_idle(cgroup: str) -> str | None:
         try:
             return read_cgroup_file(root, cgroup, "cpu.idle").strip()
         except FileNotFoundError:
             return None
-    return SystemdBeGroup(read_idle, start_idle=systemd.start_idle, stop=systemd.stop,
+    return SystemdBeGroup(gives_way or (lambda cgroup: read_idle(cgroup) == "1"), start_idle=systemd.start_idle, stop=systemd.stop,
                           cpu_weight=systemd.cpu_weight, **kwargs)
 
 
@@ -82,7 +82,7 @@ def systemd_node(tmp_path):
         node = Node(tmp_path / f"node{len(nodes)}", version="v2", be_idle_group=True,
                     toml='driver = "systemd"\n')
         systemd = FakeSystemd(node.root, **(systemd_kwargs or {}))
-        node.engine.be_slices = group_of(node.root, systemd)
+        node.engine.be_slices = group_of(node.root, systemd, node.engine._be_group_gives_way)
         nodes.append(node)
         return node, systemd
 
@@ -174,7 +174,7 @@ def test_retry_after_a_failure(tmp_path):
     (tmp_path / "cgroup.controllers").parent.mkdir(exist_ok=True)
     now = [1000.0]
     systemd = FakeSystemd(tmp_path, fail="systemd is not running (no /run/systemd/system)")
-    group = SystemdBeGroup(lambda cgroup: None, start_idle=systemd.start_idle, stop=systemd.stop,
+    group = SystemdBeGroup(lambda cgroup: False, start_idle=systemd.start_idle, stop=systemd.stop,
                            clock=lambda: now[0])
     try:
         assert "not running" in group.ready(GROUP_SLICE, GROUP, 1.0)
@@ -249,3 +249,24 @@ def test_reconcile_stops_leftover_pod_slices_and_reasserts_the_group(systemd_nod
     assert systemd.started == [GROUP_SLICE, GROUP_SLICE]
     assert read_cgroup_file(node.root, GROUP, "cpu.idle").strip() == "1"
 
+
+
+def test_a_group_slice_at_the_lowest_weight_is_not_made_idle_again(systemd_node):
+    """While LS is quiet the QoS manager's cpu_suppress writes the group's cpu.idle 0 and
+    cpu.weight 1 directly: that gives way too, so neither the reconcile pass nor a new BE pod
+    asks systemd to make it idle again (which would undo the quiet state)."""
+    node, systemd = systemd_node()
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    write_cgroup_file(node.root, GROUP, "cpu.idle", "0")
+    write_cgroup_file(node.root, GROUP, "cpu.weight", "1")
+    node.engine.reconcile()
+    pod = node.run_pod("batch", parent=be_parent("q1"))
+    assert parent_of(node, pod) == "kubepods-koordnode_be-podq1.slice"
+    time.sleep(0.2)
+    assert systemd.started == [GROUP_SLICE]
+    assert (read_cgroup_file(node.root, GROUP, "cpu.idle").strip(),
+            read_cgroup_file(node.root, GROUP, "cpu.weight").strip()) == ("0", "1")
+    # At systemd's default weight it gives way no more: the next pass makes it idle again.
+    write_cgroup_file(node.root, GROUP, "cpu.weight", "100")
+    node.engine.reconcile()
+    wait_until(lambda: systemd.started == [GROUP_SLICE, GROUP_SLICE])

@@ -261,20 +261,24 @@ def test_be_suppress_works_in_nri_mode(nri_bed, cri, pods, tmp_path):
         pods.run("batch", qos="besteffort", cmd=("sh", "-c", "while :; do :; done"))
         _, _, ls_cid = pods.run("web", qos="burstable", labels={"koordinator.sh/qosClass": "LS"},
                                 resources={"cpu_shares": 2048})
-        wait_for(lambda: int(cg_read("cpu", be_tier, "cpu.cfs_quota_us")) > 0, 10, "BE tier quota written")
+        def decision_inputs() -> dict:
+            return (kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
+
+        # LS quiet ([strategy.cpu_suppress] ls_quiet_percent): BE runs unthrottled.
+        wait_for(lambda: decision_inputs().get("ls_quiet") is True, 10, "a decision with LS quiet")
+        assert int(cg_read("cpu", be_tier, "cpu.cfs_quota_us")) == -1
         busy = "timeout 8 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"
         cri.rt.ExecSync(pb.ExecSyncRequest(container_id=ls_cid, cmd=["sh", "-c", f"{busy} {busy} exit 0"],
                                            timeout=5), timeout=10)
 
         def ls_counted():
-            decision = kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["decision"] or {}
-            inputs = decision.get("inputs", {})
-            return inputs.get("ls_used_cpus", 0) >= 0.2 and inputs
+            inputs = decision_inputs()
+            return inputs.get("ls_used_cpus", 0) >= 0.6 and inputs.get("ls_quiet") is False and inputs
 
         inputs = wait_for(ls_counted, 10, "the LS pod's busy loops counted by cpu_suppress")
         # The LS usage came off the BE budget, and the BE tier's quota follows the decision.
         assert inputs["be_budget_cpus"] <= max(0.0, inputs["node_cpus"] * 0.65 - inputs["ls_used_cpus"]) + 0.01, inputs
-        wait_for(lambda: int(cg_read("cpu", be_tier, "cpu.cfs_quota_us"))
+        wait_for(lambda: 0 < int(cg_read("cpu", be_tier, "cpu.cfs_quota_us"))
                  <= max(2000, inputs.get("target_quota_us", 0)) * 1.1 + 1, 5, "BE quota down to the decision")
         assert kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["last_write"]["value"] > 0
     finally:

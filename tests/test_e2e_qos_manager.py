@@ -20,9 +20,13 @@ pytestmark = pytest.mark.e2e
 CG = Path("/sys/fs/cgroup")
 
 
+def be_group_file(kubepods: str, name: str) -> int:
+    # BestEffort pods run in koordnode's BE group, whose quota and idle flag the manager sets.
+    return int((CG / "cpu" / kubepods.lstrip("/") / "koordnode_be" / name).read_text())
+
+
 def be_quota(kubepods: str) -> int:
-    # BestEffort pods run in koordnode's idle BE group, whose quota the manager sets.
-    return int((CG / "cpu" / kubepods.lstrip("/") / "koordnode_be" / "cpu.cfs_quota_us").read_text())
+    return be_group_file(kubepods, "cpu.cfs_quota_us")
 
 
 def wait_quota(kubepods: str, predicate, timeout_s: float) -> list[int]:
@@ -34,6 +38,18 @@ def wait_quota(kubepods: str, predicate, timeout_s: float) -> list[int]:
             return seen
         time.sleep(0.1)
     raise AssertionError(f"BE tier quota never satisfied the condition; seen {seen[-20:]}")
+
+
+def wait_group(kubepods: str, wanted: tuple[int, int, int], timeout_s: float) -> list[tuple[int, int, int]]:
+    """Wait for the group's (quota, cpu.idle, cpu.shares); what was seen on the way."""
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen.append(tuple(be_group_file(kubepods, name) for name in ("cpu.cfs_quota_us", "cpu.idle", "cpu.shares")))
+        if seen[-1] == wanted:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"BE group never reached {wanted}; seen {seen[-20:]}")
 
 
 def be_quota_metric(port: int) -> float:
@@ -62,22 +78,26 @@ def test_be_tier_quota_goes_down_when_ls_gets_busy_and_comes_back(containerd_bed
         ls_cid = start_container(cri, pods[-1], ls_sb, container_config(
             bed, "web", ["sleep", "3600"], resources={"cpu_shares": 2048}))
 
-        # Idle LS: BE may use most of the 65% budget (2000 us is the floor).
-        idle = wait_quota(kubepods, lambda q: q > 20000, 15)[-1]
+        # Quiet LS: BE unthrottled, the group not idle at the lowest weight (made idle, shares
+        # read 3, when the first BE pod came).
+        wait_group(kubepods, (-1, 0, 2), 15)
         started = time.monotonic()
         # Two busy loops for 8 s, detached from the exec's output so ExecSync returns at once.
         busy = "timeout 8 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"
         cri.rt.ExecSync(pb.ExecSyncRequest(container_id=ls_cid, cmd=["sh", "-c", f"{busy} {busy} exit 0"],
                                            timeout=5), timeout=10)
-        wait_quota(kubepods, lambda q: q <= 2000, 5)
+        wait_quota(kubepods, lambda q: 0 < q <= 2000, 5)
         reaction = time.monotonic() - started
-        assert be_quota_metric(port) <= 0.05  # the gauge follows: 2000 us per 100000 us period
-        # The LS load ends after 8 s; the quota grows back (at most 10% of the node per tick).
-        wait_quota(kubepods, lambda q: q >= idle * 0.8, 30)
+        assert be_group_file(kubepods, "cpu.idle") == 1  # suppressed: the group is idle too
+        assert 0 <= be_quota_metric(port) <= 0.05  # the gauge follows: 2000 us per 100000 us period
+        # The LS load ends after 8 s; the quota grows back (at most 10% of the node per tick)
+        # and is lifted at its target.
+        grown = wait_group(kubepods, (-1, 0, 2), 30)
+        assert max(quota for quota, _, _ in grown) > 20000  # it grew first
         status = koordnode.status()["qos_manager"]
         suppress = status["strategies"]["cpu_suppress"]
         assert suppress["last_write"]  # explained: inputs, decision, value written and when
-        print(f"BE quota idle {idle} us, floor reached {reaction:.2f} s after the LS step, mode {status['trigger_mode']}")
+        print(f"BE quota floor reached {reaction:.2f} s after the LS step, mode {status['trigger_mode']}")
         assert reaction < 3
     finally:
         for sid in pods:

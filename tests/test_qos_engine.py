@@ -1524,7 +1524,30 @@ def test_the_be_groups_idleness_is_checked_once_per_pass(make_node):
         node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
     node.engine.reconcile(force=False)
     group = [r for r in _pass_results(node) if r.write.cgroup == "/kubepods/koordnode_be"]
-    assert [(r.write.resource, r.status.value) for r in group] == [("cpu.idle", "unchanged")]
+    assert group == []  # idle already: nothing to write
     write_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle", "0")  # another writer
-    node.engine.reconcile(force=False)
+    write_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.shares", "1024")
+    group = [r for r in _pass_results(node) if r.write.cgroup == "/kubepods/koordnode_be"]
+    assert [(r.write.resource, r.status.value) for r in group] == [("cpu.idle", "written")]  # once for 3 pods
     assert read_cgroup_file(node.root, "/kubepods/koordnode_be", "cpu.idle") == "1"
+
+
+def test_a_be_group_at_the_lowest_weight_is_left_as_the_qos_manager_keeps_it(make_node):
+    """While LS is quiet cpu_suppress keeps the group not idle at cpu.shares 2: neither a new BE
+    pod nor the reconcile pass makes it idle again (that would undo the quiet state)."""
+    node = make_node(version="v1", be_idle_group=True)
+    group = "/kubepods/koordnode_be"
+    add_cgroup(node.root, group)
+    write_cgroup_file(node.root, group, "cpu.idle", "0")
+    write_cgroup_file(node.root, group, "cpu.shares", "2")
+    add_cgroup(node.root, "/kubepods/besteffort/podbe1")
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be1", uid="be1", namespace="d"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podbe1"))
+    ctx = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg))
+    assert ctx.request.config.linux.cgroup_parent == f"{group}/podbe1"  # it gives way: pods go in
+    node.engine.reconcile(force=False)
+    assert (read_cgroup_file(node.root, group, "cpu.idle"), read_cgroup_file(node.root, group, "cpu.shares")) == ("0", "2")
+    # At the kernel's default weight it no longer gives way: made idle at the next pass.
+    write_cgroup_file(node.root, group, "cpu.shares", "1024")
+    node.engine.reconcile(force=False)
+    assert read_cgroup_file(node.root, group, "cpu.idle") == "1"

@@ -98,8 +98,8 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
     state.put_pod(PodRecord("ls", "ls", "test", "uid-ls", {}, {}, pods["ls"], qos_class="LS"))
     state.put_pod(PodRecord("be", "be", "test", "uid-be", {}, {}, pods["be"], qos_class="BE"))
     # threshold 100 %: the budget left with LS idle stays clear of the floor even when other
-    # work shares this machine
-    config = ManagerSettings(StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=100)),
+    # work shares this machine; no quiet state (LS idle would lift the quota): the quota's path
+    config = ManagerSettings(StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=100, ls_quiet_percent=0)),
                          QoSManagerConfig(tick_ms=200, kubepods_cgroup=kubepods))
     manager = QoSManager(config, state, CgroupExecutor(CGROUP))
 

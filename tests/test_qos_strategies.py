@@ -8,6 +8,7 @@ import pytest
 
 from koordnode.policy.plan import CgroupWrite
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
+from koordnode.policy.strategies.cpu_suppress import at_minimum
 from koordnode.policy.strategies import (
     BeEvictInput,
     BeEvictState,
@@ -30,6 +31,8 @@ from koordnode.policy.strategies import (
 
 TIER = "/kubepods/besteffort"
 CURVE = CpuSuppressConfig().pressure_curve
+# The quota's arithmetic, without the quiet state (LS at 2 of 8 CPUs counts as quiet).
+SUPPRESSING = CpuSuppressConfig(ls_quiet_percent=0)
 
 
 def suppress_input(**changes) -> CpuSuppressInput:
@@ -79,7 +82,7 @@ def test_budget_formula():
 
 
 def test_quota_from_unlimited_shrinks_at_once():
-    result = decide_cpu_suppress(suppress_input(), CpuSuppressConfig())
+    result = decide_cpu_suppress(suppress_input(), SUPPRESSING)
     assert result.writes == (CgroupWrite(TIER, "cpu.cfs_quota_us", 280_000, result.writes[0].reason),)
     assert "shrink at once" in result.explanation.reason
     assert result.explanation.inputs["be_budget_cpus"] == pytest.approx(2.8)
@@ -93,7 +96,7 @@ def test_quota_floor():
 
 
 def test_quota_growth_is_limited_to_ten_percent_of_the_node_per_tick():
-    cfg = CpuSuppressConfig()
+    cfg = SUPPRESSING
     # LS went idle: target 8 x 65% - 0 - 0.4 = 4.8 CPUs; from 0.5 CPU grow by 0.8 CPU per tick
     quota = 50_000
     seen = []
@@ -122,7 +125,7 @@ def test_recovery_after_ls_load_drops():
 
 
 def test_small_changes_are_skipped():
-    cfg = CpuSuppressConfig()
+    cfg = SUPPRESSING
     result = decide_cpu_suppress(suppress_input(current_quota_us=281_000), cfg)  # target 280_000: 0.36%
     assert result.writes == ()
     assert "less than 1.0%" in result.explanation.reason
@@ -137,7 +140,7 @@ def test_missing_tier_writes_nothing():
 
 
 def test_pressure_shrinks_quota():
-    cfg = CpuSuppressConfig()
+    cfg = SUPPRESSING
     calm = quota_of(decide_cpu_suppress(suppress_input(), cfg))
     pressed = quota_of(decide_cpu_suppress(suppress_input(ls_pressure_percent=95), cfg))
     assert pressed == round(calm * 0.1)
@@ -149,26 +152,29 @@ GROUP = "/kubepods/koordnode_be"
 
 
 def test_idle_be_group_uses_the_idle_group_threshold():
-    cfg = CpuSuppressConfig()
-    assert cfg.idle_group_threshold_percent == 95.0
+    cfg = SUPPRESSING
+    assert CpuSuppressConfig().idle_group_threshold_percent == 95.0
     # 8 x 95% - 2.0 - 0.4 = 5.2 CPUs, against 2.8 at 65% for the same node in kubelet's tier
-    idle = suppress_input(be_tier=GROUP, be_idle=True)
+    idle = suppress_input(be_tier=GROUP, be_group=True, be_idle=True)
     assert be_budget(idle, cfg).cpus == pytest.approx(5.2)
     result = decide_cpu_suppress(idle, cfg)
     assert quota_of(result) == 520_000
     assert result.writes[0].cgroup == GROUP
     assert result.explanation.inputs["threshold_percent"] == 95.0
     assert result.explanation.inputs["be_idle"] is True
-    assert "95.0% (BE group idle)" in result.explanation.reason
+    assert "95.0% (BE group)" in result.explanation.reason
+    assert len(result.writes) == 1  # already idle: only the quota
 
 
-def test_threshold_percent_keeps_its_meaning_in_kubelets_tier_and_a_group_that_is_not_idle():
+def test_threshold_percent_keeps_its_meaning_in_kubelets_tier_and_a_group_that_cannot_be_idle():
     cfg = CpuSuppressConfig(threshold_percent=50.0, idle_group_threshold_percent=100.0)
     # kubelet's tier (be_idle_group off, or BE pods left there): threshold_percent
     assert be_budget(suppress_input(), cfg).cpus == pytest.approx(8 * 0.5 - 2.0 - 0.4)
-    # the group exists but is not idle: BE does not yield in the kernel, so no more room
-    assert be_budget(suppress_input(be_tier=GROUP, be_idle=False), cfg).cpus == pytest.approx(1.6)
-    assert be_budget(suppress_input(be_tier=GROUP, be_idle=True), cfg).cpus == pytest.approx(5.6)
+    # the group without cpu.idle (a kernel before 5.15): BE does not yield in the kernel
+    assert be_budget(suppress_input(be_tier=GROUP, be_group=False), cfg).cpus == pytest.approx(1.6)
+    # the group, idle or not just now (the suppressed state makes it idle)
+    assert be_budget(suppress_input(be_tier=GROUP, be_group=True, be_idle=False), cfg).cpus == pytest.approx(5.6)
+    assert be_budget(suppress_input(be_tier=GROUP, be_group=True, be_idle=True), cfg).cpus == pytest.approx(5.6)
 
 
 def test_idle_be_group_still_shrinks_at_once_on_an_ls_step():
@@ -409,3 +415,101 @@ def test_cpu_satisfaction_eviction_needs_the_duration():
     # BE not really using its budget: no eviction
     idle = dict(kwargs, be_cpu_used_cpus=0.2)
     assert decide_be_evict(evict_input(10, candidates, now=31, **idle), cfg, first.state).evictions == ()
+
+
+# ---- the quiet state: no quota, the BE group not idle at the lowest weight, while LS is quiet
+
+
+def quiet_group(**changes) -> CpuSuppressInput:
+    """BE in koordnode's group on an 8-CPU node, LS at 0.5 CPU (quiet at the default 25%)."""
+    return suppress_input(**{"be_tier": GROUP, "be_group": True, "ls_used_cpus": 0.5, **changes})
+
+
+def resources(result) -> list[tuple[str, object]]:
+    return [(w.resource, w.value) for w in result.writes]
+
+
+def test_quiet_ls_leaves_an_unthrottled_tier_alone():
+    result = decide_cpu_suppress(suppress_input(ls_used_cpus=0.5), CpuSuppressConfig())
+    assert result.writes == ()
+    assert result.explanation.inputs["ls_quiet"] is True
+    assert "LS quiet" in result.explanation.reason
+
+
+def test_quiet_ls_takes_the_idle_flag_off_the_group_and_gives_it_the_lowest_weight():
+    result = decide_cpu_suppress(quiet_group(be_idle=True), CpuSuppressConfig())
+    # cpu.idle 0 resets the weight to the default: the lowest weight is written after it
+    assert resources(result) == [("cpu.idle", 0), ("cpu.shares", 2)]
+    assert all(w.cgroup == GROUP for w in result.writes)
+
+
+def test_quiet_group_already_so_writes_nothing_and_a_lost_weight_is_written_again():
+    cfg = CpuSuppressConfig()
+    assert decide_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=True), cfg).writes == ()
+    result = decide_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=False), cfg)
+    assert resources(result) == [("cpu.shares", 2)]
+
+
+def test_an_ls_step_from_quiet_throttles_and_idles_the_group_at_once():
+    cfg = CpuSuppressConfig()
+    busy = quiet_group(be_idle=False, be_lowest_weight=True, ls_used_cpus=7.5)
+    result = decide_cpu_suppress(busy, cfg)
+    assert resources(result) == [("cpu.cfs_quota_us", cfg.min_quota_us), ("cpu.idle", 1)]
+    assert result.explanation.inputs["ls_quiet"] is False
+    # kubelet's tier gets the quota only: it must never be idle (kubelet would fail on it)
+    tier = decide_cpu_suppress(suppress_input(ls_used_cpus=7.5), cfg)
+    assert resources(tier) == [("cpu.cfs_quota_us", cfg.min_quota_us)]
+
+
+def test_ls_pressure_ends_the_quiet_state_even_at_low_use():
+    cfg = CpuSuppressConfig()
+    result = decide_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=True, ls_pressure_percent=60), cfg)
+    assert ("cpu.idle", 1) in resources(result)
+    assert quota_of(result) is not None and quota_of(result) > 0
+
+
+def test_back_to_quiet_only_once_the_quota_has_grown_to_its_target():
+    cfg = CpuSuppressConfig()
+    quota, idle, lowest = cfg.min_quota_us, True, None
+    seen = []
+    for _ in range(12):
+        result = decide_cpu_suppress(quiet_group(current_quota_us=quota, be_idle=idle,
+                                                 be_lowest_weight=lowest), cfg)
+        for write in result.writes:
+            if write.resource == "cpu.cfs_quota_us":
+                quota = int(write.value)
+            elif write.resource == "cpu.idle":
+                idle = bool(write.value)
+            elif write.resource == "cpu.shares":
+                lowest = True
+        seen.append((quota, idle))
+    # target 8 x 95% - 0.5 - 0.4 = 6.7 CPUs: grows 0.8 CPU per tick while the group stays idle
+    assert seen[:4] == [(82_000, True), (162_000, True), (242_000, True), (322_000, True)]
+    lifted = seen.index((-1, False))
+    assert all(idle for _, idle in seen[:lifted])
+    assert seen[lifted - 1][0] >= 590_000  # one growth step below the target at most
+    assert seen[lifted:] == [(-1, False)] * (len(seen) - lifted)
+
+
+def test_the_quiet_state_can_be_turned_off_and_is_for_the_quota_policy_only():
+    off = decide_cpu_suppress(quiet_group(be_idle=True), CpuSuppressConfig(ls_quiet_percent=0))
+    assert quota_of(off) == 670_000
+    cpuset = decide_cpu_suppress(cpuset_input(ls_used_cpus=0.5), CpuSuppressConfig(policy="cpuset"))
+    assert cpuset.explanation.inputs.get("ls_quiet") is None
+    assert {w.resource for w in cpuset.writes} <= {"cpuset.cpus"}
+
+
+def test_restore_leaves_the_group_idle_and_unthrottled():
+    result = restore_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=True, current_quota_us=50_000),
+                                  "cfs_quota")
+    assert resources(result) == [("cpu.cfs_quota_us", -1), ("cpu.idle", 1)]
+    assert resources(restore_cpu_suppress(suppress_input(), "cfs_quota")) == [("cpu.cfs_quota_us", -1)]
+
+
+def test_at_minimum_reads_the_quota_among_the_group_writes():
+    cfg = CpuSuppressConfig()
+    busy = quiet_group(be_idle=False, be_lowest_weight=True, ls_used_cpus=7.9)
+    result = decide_cpu_suppress(busy, cfg)
+    assert at_minimum(busy, cfg, result)
+    quiet = quiet_group(be_idle=True)
+    assert not at_minimum(quiet, cfg, decide_cpu_suppress(quiet, cfg))

@@ -49,6 +49,15 @@ class CpuSuppressConfig:
         doc="threshold_percent while the BE pods are in koordnode's idle BE group ([cgroup] be_idle_group): "
         "the kernel already makes BE yield to LS at once, so BE may use nearly all the CPU LS leaves idle",
     )
+    ls_quiet_percent: float = setting(
+        25.0, min=0, max=100,
+        doc="while the LS pods use at most this share of the node's CPUs and LS CPU pressure stays "
+        "below the pressure curve's first point, BE runs unthrottled, and koordnode's BE group not idle "
+        "at the lowest weight (cpu.shares 2, v2 cpu.weight 1): an idle flag sends LS wake-ups to CPUs "
+        "running BE and a quota's refills let BE delay LS (bench/wake_placement.py); above it the quota "
+        "and the group's cpu.idle = 1 apply at once; back to quiet once the quota has grown to its "
+        "target; cfs_quota policy only; 0 = always suppress",
+    )
     pressure_curve: PressureCurve = setting(
         DEFAULT_PRESSURE_CURVE,
         check=check_pressure_curve,

@@ -6,9 +6,12 @@ slice and its parents (`kubepods-koordnode_be.slice`, named by the dashes) on de
 group slice is therefore made idle through systemd (`CPUWeight=idle`), so that systemd itself
 writes cpu.idle = 1 whenever it realizes the slice again. Talking to systemd takes a fork and
 a D-Bus round trip (tens of ms, more on a busy node), too slow for the CRI path: the group is
-prepared in a worker thread (at start, and again whenever it is found not idle), and
-RunPodSandbox only moves a pod into a group that already reads cpu.idle = 1. Pod slices in the
-group are koordnode's to stop (systemd keeps a slice it started until told otherwise).
+prepared in a worker thread (at start, and again whenever it is found not giving way), and
+RunPodSandbox only moves a pod into a group that gives way: it reads cpu.idle = 1, or the lowest
+weight, the state the QoS manager's cpu_suppress keeps it in while LS is quiet (written to the
+cgroup files directly; should systemd realize the slice again, it is idle until the next tick).
+Pod slices in the group are koordnode's to stop (systemd keeps a slice it started until told
+otherwise).
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ RETRY_AFTER_S = 60.0
 class SystemdBeGroup:
     """Makes BE group slices idle through systemd and stops pod slices, off the CRI path.
 
-    `read_idle(cgroup)` reads a cgroup's cpu.idle (None when missing); `start_idle` and
-    `stop` are the systemd calls (executor.systemd), replaceable in tests."""
+    `gives_way(cgroup)` tells whether a group is idle or at the lowest weight (False when
+    missing); `start_idle` and `stop` are the systemd calls (executor.systemd), replaceable in
+    tests."""
 
-    def __init__(self, read_idle: Callable[[str], str | None], *,
+    def __init__(self, gives_way: Callable[[str], bool], *,
                  start_idle: Callable[[str], str | None] = systemd.start_idle_slice,
                  stop: Callable[[str], str | None] = systemd.stop_slice,
                  cpu_weight: Callable[[str], str | None] = systemd.slice_cpu_weight,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._read_idle = read_idle
+        self._gives_way = gives_way
         self._cpu_weight = cpu_weight
         self._clock = clock
         self._failed_at: dict[str, float] = {}
@@ -60,8 +64,9 @@ class SystemdBeGroup:
         return self._worker.submit(fn, *args)
 
     def _idle(self, group: str) -> bool:
+        """The group gives way to LS (idle, or the lowest weight while LS is quiet)."""
         try:
-            return self._read_idle(group) == "1"
+            return self._gives_way(group)
         except Exception:
             return False
 
@@ -119,7 +124,7 @@ class SystemdBeGroup:
         return problem
 
     def ready(self, slice_name: str, group: str, wait_s: float) -> str | None:
-        """None when pods may go into the group now (it reads cpu.idle = 1), else why not.
+        """None when pods may go into the group now (it gives way), else why not.
 
         A group found idle but not (or no longer known to be) made idle by this process, e.g.
         left by a previous koordnode, is re-asserted through systemd in the background; one
@@ -145,8 +150,8 @@ class SystemdBeGroup:
             return self.problems.get(slice_name) or f"{slice_name} is being made idle through systemd"
 
     def check(self, slice_name: str, group: str) -> None:
-        """Reconcile: a group slice that is not idle any more (its systemd property lost) is
-        made idle through systemd again."""
+        """Reconcile: a group slice that gives way no more (its systemd property lost, and not
+        at the lowest weight) is made idle through systemd again."""
         with self._lock:
             if self._retry_later(slice_name):
                 return

@@ -27,7 +27,7 @@ import structlog
 from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
-from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.executor.paths import CgroupVersion, UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
@@ -44,6 +44,7 @@ from koordnode.model.be_group import (
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
+from koordnode.model.kernel import CPU_SHARES_MIN, CPU_WEIGHT_MIN
 from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
@@ -338,7 +339,7 @@ class QoSEngine:
         # sandbox id -> its last plan, reused while what it was made from stays the same.
         self._plans: dict[str, _PodPlan] = {}
         # systemd driver: the group slices, made idle through systemd off the CRI path.
-        self.be_slices = SystemdBeGroup(lambda cgroup: self.executor.read(cgroup, "cpu.idle"))
+        self.be_slices = SystemdBeGroup(self._be_group_gives_way)
 
     def _apply_settings(self, settings: EngineSettings, old: CpusetAllocator | None = None) -> None:
         """The sections in use; the allocations of `old` (the allocator before a reload) move over."""
@@ -464,8 +465,23 @@ class QoSEngine:
         except UnsafePathError:
             return
 
+    def _be_group_gives_way(self, group: str) -> bool:
+        """The group yields to LS: idle, or the lowest weight (v1 cpu.shares 2, v2 cpu.weight 1),
+        the state the QoS manager's cpu_suppress keeps it in while LS is quiet."""
+        if self.executor.read(group, "cpu.idle") == "1":
+            return True
+        lowest = CPU_WEIGHT_MIN if self.executor.version is CgroupVersion.V2 else CPU_SHARES_MIN
+        return self.executor.read(group, "cpu.shares") == str(lowest)
+
+    def _group_gives_way_safely(self, group: str) -> bool:
+        try:
+            return self._be_group_gives_way(group)
+        except (OSError, UnsafePathError):
+            return False
+
     def _ensure_be_group(self, pod_parent: str) -> str | None:
-        """Make the BE group of a pod parent exist and be idle; the problem, or None."""
+        """Make the BE group of a pod parent exist and give way (a new group is made idle; the
+        QoS manager decides from there); the problem, or None."""
         try:
             group = be_group_of(self._pod_cgroup(pod_parent))
         except UnsafePathError as exc:
@@ -484,6 +500,8 @@ class QoSEngine:
         except (OSError, UnsafePathError) as exc:
             return f"cannot create {group}: {exc}"
         self._be_groups.add(group)
+        if self._group_gives_way_safely(group):
+            return None
         result = self.executor.apply([CgroupWrite(group, "cpu.idle", 1, "koordnode BE group")])[0]
         METRICS.record_writes([result])
         return None if result.ok else f"cpu.idle on {group}: {result.status.value}: {result.detail}"
@@ -879,6 +897,8 @@ class QoSEngine:
                 group_write = None  # checked already in this pass (the group is shared by all BE pods)
             else:
                 pass_state.be_groups.add(group_write.cgroup)
+        if group_write is not None and self._group_gives_way_safely(group_write.cgroup):
+            group_write = None  # idle, or the lowest weight cpu_suppress keeps while LS is quiet
         if group_write is not None:
             writes = (group_write, *writes)
         results = self.executor.apply(writes, force=force)
@@ -925,7 +945,8 @@ class QoSEngine:
         writes: list[CgroupWrite] = list(pod_plan.writes)
         group_write = None
         if in_be_group(pod.cgroup_parent):
-            # Re-asserted by every reconcile: the group's idleness is what protects LS.
+            # Re-asserted by every reconcile unless the group gives way (idle, or the lowest
+            # weight the QoS manager keeps while LS is quiet): that is what protects LS.
             group_write = CgroupWrite(be_group_of(pod_cgroup), "cpu.idle", 1, "koordnode BE group")
             if systemd_group_slice(pod.cgroup_parent) is not None:
                 # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes

@@ -15,6 +15,7 @@ import structlog
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import reserved_cpus_from_config
+from koordnode.model.kernel import CPU_SHARES_MIN, CPU_WEIGHT_MIN
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
@@ -74,6 +75,14 @@ class CollectorProbe:
     def cpu_idle(self, cgroup: str) -> bool | None:
         text = self._collector.cgroup_file_text("cpu", cgroup, "cpu.idle")
         return None if text is None else text.strip() == "1"
+
+    def cpu_lowest_weight(self, cgroup: str) -> bool | None:
+        v2 = self._collector.is_v2
+        text = self._collector.cgroup_file_text("cpu", cgroup, "cpu.weight" if v2 else "cpu.shares")
+        try:
+            return None if text is None else int(text) <= (CPU_WEIGHT_MIN if v2 else CPU_SHARES_MIN)
+        except ValueError:
+            return None
 
     def nr_throttled(self, cgroup: str) -> int | None:
         stat = self._collector.cpu_stat(cgroup)

@@ -105,9 +105,11 @@ def guest_koordnode(systemd_bed, tmp_path_factory):
     port = free_port()
     extra = (
         # These tests check BE pods in kubelet's besteffort slice; the idle BE group (on by
-        # default) has its own test, test_be_group_systemd_v2.py.
+        # default) has its own test, test_be_group_systemd_v2.py, and so has cpu_suppress's
+        # quiet state (here BE is always suppressed, as the tier's quota tests expect).
         f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\nbe_idle_group_systemd = false\n'
         f'[node]\nblkio_devices = ["{disk_dev()}"]\n'
+        '[strategy.cpu_suppress]\nls_quiet_percent = 0\n'
     )
     kn = GuestKoordnode(tmp_path_factory.mktemp("kn"), str(systemd_bed.socket), extra_toml=extra,
                         metrics_listen=f"127.0.0.1:{port}", kubepods="/" + KUBEPODS_SLICE)

@@ -32,9 +32,12 @@ GROUP_DIR = CG / KUBEPODS_SLICE / GROUP_SLICE
 @pytest.fixture(scope="module")
 def be_group_koordnode(systemd_bed, tmp_path_factory):
     # The default config with the systemd driver: the idle BE group is on by default there.
+    # cpu_suppress without its quiet state (BE always suppressed, the group always idle) but
+    # in the last test, which turns it on.
     port = free_port()
     kn = GuestKoordnode(tmp_path_factory.mktemp("kn-be-group"), str(systemd_bed.socket),
-                        extra_toml='[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\n',
+                        extra_toml='[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\n'
+                                   '[strategy.cpu_suppress]\nls_quiet_percent = 0\n',
                         metrics_listen=f"127.0.0.1:{port}", kubepods="/" + KUBEPODS_SLICE)
     kn.metrics_port = port
     kn.start()
@@ -398,3 +401,65 @@ def test_restarts_in_any_order_keep_the_group_idle_and_the_idle_threshold(
     assert group_idle()
     wait_decision(kn, idle_threshold, 30, "the idle group threshold after kubelet's second restart", after=restarted)
     assert cgroup_of(be_pid) == interference.be_cgroup
+
+
+def group_state() -> tuple[str, str, str]:
+    """The group slice's (cpu.max quota, cpu.idle, cpu.weight)."""
+    return ((GROUP_DIR / "cpu.max").read_text().split()[0], (GROUP_DIR / "cpu.idle").read_text().strip(),
+            (GROUP_DIR / "cpu.weight").read_text().strip())
+
+
+QUIET = ("max", "0", "1")
+
+
+@pytest.mark.containerd("1.7", "2.1")
+def test_while_ls_is_quiet_the_group_slice_runs_unthrottled_at_the_lowest_weight(
+        systemd_bed, be_group_koordnode, interference):
+    """[strategy.cpu_suppress] ls_quiet_percent (the default, 25%) on the real group slice: with LS
+    quiet the group reads cpu.max "max", cpu.idle 0, cpu.weight 1, written to the files (systemd's
+    property stays CPUWeight=idle, what the slice falls back to without koordnode); systemd
+    realizing the slice again (a new BE pod's scope, daemon-reload) makes it idle until the
+    manager's next tick; kubelet's property writes succeed; an LS step makes it idle at the
+    quota's floor."""
+    kn = be_group_koordnode
+    original = kn.config_path.read_text()
+    assert "ls_quiet_percent = 0" in original
+    reload_config(kn, original.replace("ls_quiet_percent = 0", "ls_quiet_percent = 25"))
+    cri = Cri(kn.listen)
+    created: list[str] = []
+    hogs: list[subprocess.Popen] = []
+    try:
+        # From the suppressed state the quota first grows back to its target (10% of the node
+        # per tick), then the quiet state lifts it.
+        wait_for(lambda: group_state() == QUIET, 90, "the group quiet: unthrottled, not idle, lowest weight",
+                 interval=1.0)
+        assert suppress_decision(kn)["inputs"]["ls_quiet"] is True
+        assert systemd_property(GROUP_SLICE, "CPUWeight") == "idle"
+        # A new BE pod: its scope makes systemd realize the group again; the pod still goes in.
+        sid, cid, parent, cgroup = be_pod(cri, systemd_bed, "quiet-batch")
+        created.append(sid)
+        assert cgroup.startswith(GROUP_CGROUP + "/"), cgroup
+        wait_for(lambda: group_state() == QUIET, 15, "the group quiet again after the new pod", interval=0.5)
+        # kubelet's writes through systemd still succeed, the group stays koordnode's.
+        set_properties("kubepods-besteffort.slice", {"CPUWeight": ("t", 1)})
+        set_properties("kubepods-burstable.slice", {"CPUWeight": ("t", 78)})
+        set_properties(parent, {"CPUWeight": ("t", 1)})
+        subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=120)
+        wait_for(lambda: group_state() == QUIET, 15, "the group quiet again after daemon-reload", interval=0.5)
+        # The LS step: the group idle at the quota's floor in the tick that sees it.
+        ncpu = os.cpu_count() or 1
+        hogs = [subprocess.Popen(BUSY_LOOP) for _ in range(ncpu + 1)]
+        for hog in hogs:
+            (interference.ls.container_dir / "cgroup.procs").write_text(str(hog.pid))
+        wait_for(lambda: group_state()[:2] == (str(MIN_QUOTA_US), "1"), 30,
+                 "the group idle at the quota's floor after the LS step", interval=0.5)
+        decision = suppress_decision(kn)
+        assert decision["inputs"]["ls_quiet"] is False, decision
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=30)
+        for sandbox_id in created:
+            remove_pod(cri, sandbox_id)
+        cri.close()
+        reload_config(kn, original)

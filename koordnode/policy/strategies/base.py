@@ -72,6 +72,9 @@ class Probe(Protocol):
     def cpu_idle(self, cgroup: str) -> bool | None:
         """Whether the cgroup is idle (cpu.idle = 1: SCHED_IDLE against its siblings)."""
 
+    def cpu_lowest_weight(self, cgroup: str) -> bool | None:
+        """Whether the cgroup has the lowest CPU weight (v1 cpu.shares 2, v2 cpu.weight 1)."""
+
     def nr_throttled(self, cgroup: str) -> int | None: ...
 
     def working_set_bytes(self, cgroup: str) -> int | None: ...

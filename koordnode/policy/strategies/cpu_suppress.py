@@ -4,11 +4,20 @@
     budget x= ratio(LS CPU pressure)          (the configurable pressure curve)
 
 threshold% is `threshold_percent` while BE runs in kubelet's besteffort tier, and
-`idle_group_threshold_percent` while the cgroup holding every BE pod is idle (koordnode's
-BE group, cpu.idle = 1). In an idle group the kernel already runs a waking LS task before
-BE, so holding CPU back (35% of the node at 65%) buys LS no latency (measured: bench/ls_latency.py)
-and only costs BE throughput; the quota is then left to keep BE out of the CPU that LS, the
-system and the reservation use, and to follow an LS step within a tick (bench/qos_reaction.py).
+`idle_group_threshold_percent` while every BE pod is in koordnode's BE group, which is idle
+(cpu.idle = 1) whenever BE is suppressed. In an idle group the kernel already runs a waking LS
+task before BE, so holding CPU back (35% of the node at 65%) buys LS no latency (measured:
+bench/ls_latency.py) and only costs BE throughput; the quota is then left to keep BE out of the
+CPU that LS, the system and the reservation use, and to follow an LS step within a tick
+(bench/qos_reaction.py).
+
+While LS is quiet (its pods use at most `ls_quiet_percent` of the node, no LS CPU pressure on
+the curve) the cfs_quota policy suppresses nothing: no quota, and the BE group not idle at the
+lowest weight. Both suppression tools cost a quiet LS latency on a kernel with EEVDF: the idle
+flag makes wake-up placement send LS's network wake-ups to a CPU running BE, and every quota
+refill starts BE on a fresh, protected slice that a waking LS task waits behind
+(bench/wake_placement.py); the lowest weight alone keeps BE's CPU time off LS. When LS gets
+busy both apply at once; the quiet state returns once the quota has grown back to its target.
 
 Policy "cfs_quota" turns the budget into the BE tier cgroup's CFS quota (floor
 `min_quota_us`); policy "cpuset" into a number of CPUs for BE (ceil(budget), at least
@@ -31,7 +40,7 @@ from typing import Any
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.be_group import is_be_group
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
+from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
@@ -60,8 +69,11 @@ class CpuSuppressInput:
     current_be_cpus: frozenset[int] | None = None  # the tier's cpuset now
     # Where the BE cpuset is written: the tier, its pods and their containers.
     be_cpuset_cgroups: tuple[str, ...] = ()
-    # The cgroup holding every BE pod is idle (cpu.idle = 1): BE yields to LS in the kernel.
-    be_idle: bool = False
+    # The BE cgroup is koordnode's BE group (not kubelet's tier, which must never be idle): the
+    # suppressed state makes it idle, the quiet state gives it the lowest weight.
+    be_group: bool = False
+    be_idle: bool = False  # the BE cgroup reads cpu.idle = 1 now
+    be_lowest_weight: bool | None = None  # it reads cpu.shares 2 / cpu.weight 1; None = unknown
 
 
 def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> float:
@@ -85,8 +97,15 @@ class Budget:
 
 
 def effective_threshold_percent(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> float:
-    """The share of the node LS + system + BE may use: higher while BE is in an idle group."""
-    return cfg.idle_group_threshold_percent if inp.be_idle else cfg.threshold_percent
+    """The share of the node LS + system + BE may use: higher while BE is in koordnode's group
+    (idle whenever suppressed)."""
+    return cfg.idle_group_threshold_percent if inp.be_group or inp.be_idle else cfg.threshold_percent
+
+
+def ls_quiet(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> bool:
+    """LS uses little CPU and is not under CPU pressure: BE needs no suppression (quota policy)."""
+    return (cfg.policy == "cfs_quota" and cfg.ls_quiet_percent > 0 and budget.ratio >= 1.0
+            and inp.ls_used_cpus <= inp.node_cpus * cfg.ls_quiet_percent / 100.0)
 
 
 def be_budget(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Budget:
@@ -111,7 +130,9 @@ def _inputs(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> di
         "policy": cfg.policy,
         "node_cpus": inp.node_cpus,
         "threshold_percent": effective_threshold_percent(inp, cfg),
+        "be_group": inp.be_group,
         "be_idle": inp.be_idle,
+        "ls_quiet_percent": cfg.ls_quiet_percent,
         "ls_used_cpus": rounded(inp.ls_used_cpus),
         "be_used_cpus": rounded(inp.be_used_cpus),
         "system_used_cpus": rounded(inp.system_used_cpus),
@@ -132,6 +153,20 @@ def decide_cpu_suppress(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Strate
     return _decide_quota(inp, cfg, budget, inputs)
 
 
+def _group_writes(inp: CpuSuppressInput, *, idle: bool, why: str) -> list[CgroupWrite]:
+    """The BE group's idle flag (and, when not idle, its lowest weight) where it differs;
+    nothing for kubelet's tier. The executor writes cpu.idle first: clearing it resets the
+    weight to the default, and an idle group refuses a weight."""
+    if not inp.be_group:
+        return []
+    writes: list[CgroupWrite] = []
+    if inp.be_idle != idle:
+        writes.append(CgroupWrite(inp.be_tier, "cpu.idle", int(idle), f"cpu_suppress: {why}"))
+    if not idle and (inp.be_idle or inp.be_lowest_weight is not True):
+        writes.append(CgroupWrite(inp.be_tier, "cpu.shares", CPU_SHARES_MIN, f"cpu_suppress: {why}"))
+    return writes
+
+
 def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
                   inputs: dict[str, object]) -> StrategyResult:
     inputs.update(current_quota_us=inp.current_quota_us, period_us=inp.period_us)
@@ -139,28 +174,49 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
         return StrategyResult(Explanation(NAME, inputs, "no change", f"BE tier {inp.be_tier} does not exist"))
     capacity = inp.node_cpus * inp.period_us
     current = inp.current_quota_us
-    effective = capacity if current == UNLIMITED or current > capacity else current
+    unlimited = current == UNLIMITED or current > capacity
+    effective = capacity if unlimited else current
     target = max(cfg.min_quota_us, round(budget.cpus * inp.period_us))
+    quiet = ls_quiet(inp, cfg, budget)
+    inputs.update(target_quota_us=target, ls_quiet=quiet)
     if target < effective:
         new, how = target, "shrink at once"
     else:
         step = cfg.max_growth_percent / 100.0 * capacity * _growth_scale(inp)
         new = max(cfg.min_quota_us, min(target, round(effective + step)))
         how = "grow (limited)" if new < target else "grow"
-    inputs["target_quota_us"] = target
-    if current != UNLIMITED and abs(new - current) < cfg.min_change_percent / 100.0 * current:
-        return StrategyResult(Explanation(
-            NAME, inputs, f"keep quota {current}",
-            f"{how} to {new} differs by less than {cfg.min_change_percent}%",
-        ))
+    # Quiet, and BE already unthrottled or its quota grown back to the target: lift it all.
+    if quiet and new >= target:
+        return _lift(inp, cfg, inputs, current)
+    writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
     reason = (
         f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {effective_threshold_percent(inp, cfg)}%"
-        f"{' (BE group idle)' if inp.be_idle else ''} - LS "
+        f"{' (BE group)' if inp.be_group else ''} - LS "
         f"{inp.ls_used_cpus:.2f} - max(system {inp.system_used_cpus:.2f}, reserved {inp.reserved_cpus:.2f})"
         f", x {budget.ratio:.2f} for LS pressure; {how}"
     )
-    write = CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", new, f"cpu_suppress: {reason}")
-    return StrategyResult(Explanation(NAME, inputs, f"quota {current} -> {new}", reason), writes=(write,))
+    if not unlimited and abs(new - current) < cfg.min_change_percent / 100.0 * current:
+        return StrategyResult(Explanation(
+            NAME, inputs, f"keep quota {current}",
+            f"{how} to {new} differs by less than {cfg.min_change_percent}%",
+        ), writes=tuple(writes))
+    # The quota before the idle flag in the plan (the executor puts cpu.idle first anyway).
+    writes.insert(0, CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", new, f"cpu_suppress: {reason}"))
+    return StrategyResult(Explanation(NAME, inputs, f"quota {current} -> {new}", reason), writes=tuple(writes))
+
+
+def _lift(inp: CpuSuppressInput, cfg: CpuSuppressConfig, inputs: dict[str, object], current: int) -> StrategyResult:
+    """LS is quiet: no quota, and the BE group not idle at the lowest weight."""
+    reason = (f"LS quiet: LS uses {inp.ls_used_cpus:.2f} CPUs <= {cfg.ls_quiet_percent}% of "
+              f"{inp.node_cpus}, no LS CPU pressure; BE unthrottled"
+              f"{', BE group not idle at the lowest weight' if inp.be_group else ''}")
+    writes = _group_writes(inp, idle=False, why=reason)
+    if current != UNLIMITED:
+        writes.append(CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", UNLIMITED, f"cpu_suppress: {reason}"))
+    outcome = f"quota {current} -> {UNLIMITED}, LS quiet" if current != UNLIMITED else "LS quiet"
+    if not writes:
+        return StrategyResult(Explanation(NAME, inputs, "keep: LS quiet", reason))
+    return StrategyResult(Explanation(NAME, inputs, outcome, reason), writes=tuple(writes))
 
 
 def _choose_cpus(pool: list[int], current: frozenset[int], count: int) -> frozenset[int]:
@@ -197,7 +253,7 @@ def _decide_cpuset(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget
         return StrategyResult(Explanation(NAME, inputs, f"keep {len(current)} CPUs", "already so"))
     text = format_cpu_list(chosen)
     reason = (f"BE budget {budget.cpus:.2f} CPUs at {effective_threshold_percent(inp, cfg)}%"
-              f"{' (BE group idle)' if inp.be_idle else ''} (x {budget.ratio:.2f} for LS pressure) -> {count} "
+              f"{' (BE group)' if inp.be_group else ''} (x {budget.ratio:.2f} for LS pressure) -> {count} "
               f"of {len(pool)} pool CPUs; {how}")
     writes = tuple(CgroupWrite(cg, "cpuset.cpus", text, f"cpu_suppress: {reason}") for cg in inp.be_cpuset_cgroups)
     return StrategyResult(
@@ -215,8 +271,10 @@ def restore_cpu_suppress(inp: CpuSuppressInput, policy: str) -> StrategyResult:
         writes = tuple(CgroupWrite(cg, "cpuset.cpus", text, "cpu_suppress disabled: full BE pool")
                        for cg in inp.be_cpuset_cgroups)
         return StrategyResult(Explanation(NAME, {"policy": policy}, f"restore cpuset {text}", "disabled"), writes=writes)
-    write = CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", UNLIMITED, "cpu_suppress disabled: no BE quota")
-    return StrategyResult(Explanation(NAME, {"policy": policy}, "restore quota -1", "disabled"), writes=(write,))
+    # The group rests idle while nothing suppresses (what [cgroup] be_idle_group promises).
+    restored = (CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", UNLIMITED, "cpu_suppress disabled: no BE quota"),
+                *_group_writes(inp, idle=True, why="cpu_suppress disabled: BE group idle"))
+    return StrategyResult(Explanation(NAME, {"policy": policy}, "restore quota -1", "disabled"), writes=restored)
 
 
 # ---------------------------------------------------------------------- the plug-in
@@ -225,6 +283,8 @@ def restore_cpu_suppress(inp: CpuSuppressInput, policy: str) -> StrategyResult:
 def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
     """The strategy's input from the tick's snapshot (reads the BE tier's quota or cpuset)."""
     tier = snap.be_tier
+    group = is_be_group(tier)
+    idle = snap.probe.cpu_idle(tier) if group else None
     quota = period = None
     current_cpus = None
     cpuset_cgroups: tuple[str, ...] = ()
@@ -257,7 +317,9 @@ def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
         current_be_cpus=current_cpus,
         be_cpuset_cgroups=cpuset_cgroups,
         # Only koordnode's group: kubelet's tier is never idle (kubelet would fail on it).
-        be_idle=is_be_group(tier) and snap.probe.cpu_idle(tier) is True,
+        be_group=group and idle is not None,
+        be_idle=group and idle is True,
+        be_lowest_weight=snap.probe.cpu_lowest_weight(tier) if group and idle is False else None,
     )
 
 
@@ -267,7 +329,8 @@ def at_minimum(inp: CpuSuppressInput, cfg: CpuSuppressConfig, result: StrategyRe
         value = result.writes[0].value if result.writes else inp.current_be_cpus
         cpus = parse_cpu_list(value) if isinstance(value, str) else value
         return isinstance(cpus, frozenset) and len(cpus) <= cfg.min_cpus
-    quota = result.writes[0].value if result.writes else inp.current_quota_us
+    written = [w.value for w in result.writes if w.resource == "cpu.cfs_quota_us"]
+    quota = written[0] if written else inp.current_quota_us
     return isinstance(quota, int) and 0 < quota <= cfg.min_quota_us
 
 
