@@ -547,8 +547,8 @@ def test_be_quota_goes_to_the_idle_group_only_while_every_be_pod_is_in_it(tmp_pa
 def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
     """Every BE pod in koordnode's BE group (cpu.idle = 1, as the hooks make it): the budget
     uses idle_group_threshold_percent (95%), not threshold_percent (65%); an LS step still
-    pulls the group's quota down at once; a group someone made not idle while BE is suppressed
-    is made idle again. (The quiet state is off here: the quota's arithmetic.)"""
+    pulls the group's quota down at once; a group someone made not idle (and not at the lowest
+    weight) gets 65% and is left to the reconcile pass. (The quiet state is off here.)"""
     node = FakeNode(tmp_path, version)
     group = "/kubepods/koordnode_be"
     add_cgroup(node.root, group)
@@ -577,14 +577,20 @@ def test_an_idle_be_group_gets_the_idle_group_threshold(tmp_path, version):
     node.advance(1.0, {ls: 3.7, be: 0.1})
     manager.tick()
     assert group_quota() == 2000
-    # Someone wrote cpu.idle = 0 while BE is suppressed: the next tick makes the group idle
-    # again, and the threshold stays the group's. LS idle: grows 0.4 per tick to 4 x 95% - 0.2.
+    # The group is no longer idle and not at the lowest weight (someone wrote cpu.idle = 0; the
+    # kernel's weight is back to the default): BE does not yield in the kernel, threshold_percent
+    # applies again, and the manager leaves the group to the hooks' reconcile pass (which
+    # restores it through systemd where systemd owns it). LS idle: 4 x 65% - 0.2 = 2.4 CPUs.
     write_cgroup_file(node.root, group, "cpu.idle", "0")
-    node.advance(1.0, {ls: 0.0, be: 2.0})
-    report = manager.tick()
-    assert report.results["cpu_suppress"].explanation.inputs["be_idle"] is False
-    assert read_cgroup_file(node.root, group, "cpu.idle") == "1"
     for _ in range(8):
+        node.advance(1.0, {ls: 0.0, be: 2.0})
+        report = manager.tick()
+    assert group_quota() == 240_000
+    assert report.results["cpu_suppress"].explanation.inputs["be_idle"] is False
+    assert read_cgroup_file(node.root, group, "cpu.idle") == "0"
+    # Idle again: grows on towards 4 x 95% - 0.2 = 3.6 CPUs.
+    write_cgroup_file(node.root, group, "cpu.idle", "1")
+    for _ in range(4):
         node.advance(1.0, {ls: 0.0, be: 2.4})
         manager.tick()
     assert group_quota() == 360_000

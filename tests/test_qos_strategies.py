@@ -172,9 +172,13 @@ def test_threshold_percent_keeps_its_meaning_in_kubelets_tier_and_a_group_that_c
     assert be_budget(suppress_input(), cfg).cpus == pytest.approx(8 * 0.5 - 2.0 - 0.4)
     # the group without cpu.idle (a kernel before 5.15): BE does not yield in the kernel
     assert be_budget(suppress_input(be_tier=GROUP, be_group=False), cfg).cpus == pytest.approx(1.6)
-    # the group, idle or not just now (the suppressed state makes it idle)
-    assert be_budget(suppress_input(be_tier=GROUP, be_group=True, be_idle=False), cfg).cpus == pytest.approx(5.6)
+    # the group giving way: idle, or at the lowest weight of the quiet state
     assert be_budget(suppress_input(be_tier=GROUP, be_group=True, be_idle=True), cfg).cpus == pytest.approx(5.6)
+    lowest = suppress_input(be_tier=GROUP, be_group=True, be_idle=False, be_lowest_weight=True)
+    assert be_budget(lowest, cfg).cpus == pytest.approx(5.6)
+    # the group at another weight (an operator's CPUWeight=100): BE does not yield
+    other = suppress_input(be_tier=GROUP, be_group=True, be_idle=False, be_lowest_weight=False)
+    assert be_budget(other, cfg).cpus == pytest.approx(1.6)
 
 
 def test_idle_be_group_still_shrinks_at_once_on_an_ls_step():
@@ -443,11 +447,16 @@ def test_quiet_ls_takes_the_idle_flag_off_the_group_and_gives_it_the_lowest_weig
     assert all(w.cgroup == GROUP for w in result.writes)
 
 
-def test_quiet_group_already_so_writes_nothing_and_a_lost_weight_is_written_again():
+def test_quiet_group_already_so_writes_nothing_and_one_someone_else_set_is_left_alone():
     cfg = CpuSuppressConfig()
     assert decide_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=True), cfg).writes == ()
-    result = decide_cpu_suppress(quiet_group(be_idle=False, be_lowest_weight=False), cfg)
-    assert resources(result) == [("cpu.shares", 2)]
+    # Not idle at another weight (an operator's or systemd's): the engine's reconcile pass
+    # restores the group (through systemd where it owns it); the strategy writes no flag.
+    other = quiet_group(be_idle=False, be_lowest_weight=False)
+    assert decide_cpu_suppress(other, cfg).writes == ()
+    busy = decide_cpu_suppress(dataclasses.replace(other, ls_used_cpus=7.5), cfg)
+    assert resources(busy) == [("cpu.cfs_quota_us", cfg.min_quota_us)]
+    assert busy.explanation.inputs["threshold_percent"] == cfg.threshold_percent
 
 
 def test_an_ls_step_from_quiet_throttles_and_idles_the_group_at_once():

@@ -96,10 +96,18 @@ class Budget:
     cpus: float  # >= 0
 
 
+def group_gives_way(inp: CpuSuppressInput) -> bool:
+    """The BE cgroup is koordnode's group in one of the states it keeps: idle, or (quiet) the
+    lowest weight. At any other weight someone else set it (an operator's CPUWeight=, systemd
+    re-applying one): the engine's reconcile pass restores it (through systemd, so the
+    property is right too), the strategy leaves it alone and BE does not yield meanwhile."""
+    return inp.be_idle or (inp.be_group and inp.be_lowest_weight is True)
+
+
 def effective_threshold_percent(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> float:
     """The share of the node LS + system + BE may use: higher while BE is in koordnode's group
-    (idle whenever suppressed)."""
-    return cfg.idle_group_threshold_percent if inp.be_group or inp.be_idle else cfg.threshold_percent
+    and it gives way (idle whenever suppressed)."""
+    return cfg.idle_group_threshold_percent if group_gives_way(inp) else cfg.threshold_percent
 
 
 def ls_quiet(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> bool:
@@ -157,12 +165,12 @@ def _group_writes(inp: CpuSuppressInput, *, idle: bool, why: str) -> list[Cgroup
     """The BE group's idle flag (and, when not idle, its lowest weight) where it differs;
     nothing for kubelet's tier. The executor writes cpu.idle first: clearing it resets the
     weight to the default, and an idle group refuses a weight."""
-    if not inp.be_group:
+    if not (inp.be_group and group_gives_way(inp)):
         return []
     writes: list[CgroupWrite] = []
     if inp.be_idle != idle:
         writes.append(CgroupWrite(inp.be_tier, "cpu.idle", int(idle), f"cpu_suppress: {why}"))
-    if not idle and (inp.be_idle or inp.be_lowest_weight is not True):
+    if not idle and inp.be_idle:
         writes.append(CgroupWrite(inp.be_tier, "cpu.shares", CPU_SHARES_MIN, f"cpu_suppress: {why}"))
     return writes
 
