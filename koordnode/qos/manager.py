@@ -472,7 +472,8 @@ class QoSManager:
             usage_armed = self._usage is not None and self._usage.active
             if not self._measure.pressure_watch_needed(inventory, usage_armed):
                 self._pressure_watch_note = ("idle: LS usage events are armed and every BE pod is in the "
-                                             "idle BE group, so BE cannot stall LS")
+                                             "BE group (idle, or the lowest weight while LS is quiet), "
+                                             "so BE cannot stall LS")
             else:
                 self._pressure_watch_note = None
                 report.watch_targets = {name: path for name, path in
