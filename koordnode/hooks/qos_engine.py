@@ -44,7 +44,7 @@ from koordnode.model.be_group import (
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import CPU_SHARES_MIN, CPU_WEIGHT_MIN
+from koordnode.model.kernel import is_lowest_cpu_weight
 from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
@@ -470,8 +470,8 @@ class QoSEngine:
         the state the QoS manager's cpu_suppress keeps it in while LS is quiet."""
         if self.executor.read(group, "cpu.idle") == "1":
             return True
-        lowest = CPU_WEIGHT_MIN if self.executor.version is CgroupVersion.V2 else CPU_SHARES_MIN
-        return self.executor.read(group, "cpu.shares") == str(lowest)
+        v2 = self.executor.version is CgroupVersion.V2
+        return is_lowest_cpu_weight(self.executor.read(group, "cpu.shares"), v2) is True
 
     def _group_gives_way_safely(self, group: str) -> bool:
         try:

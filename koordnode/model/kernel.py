@@ -20,6 +20,15 @@ CFS_RUNTIME_MAX_US = (1 << 44) - 1
 DEFAULT_CFS_PERIOD_US = 100_000
 
 
+def is_lowest_cpu_weight(text: str | None, v2: bool) -> bool | None:
+    """Whether a cpu.shares (v1) / cpu.weight (v2) file's content is the kernel's lowest weight;
+    None when missing or unreadable."""
+    try:
+        return None if text is None else int(text) <= (CPU_WEIGHT_MIN if v2 else CPU_SHARES_MIN)
+    except ValueError:
+        return None
+
+
 def shares_to_weight(shares: int) -> int:
     """cgroup v1 cpu.shares -> v2 cpu.weight, the conversion runc and kubelet use."""
     shares = max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, shares))

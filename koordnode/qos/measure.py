@@ -15,7 +15,7 @@ import structlog
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuInfo, CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import reserved_cpus_from_config
-from koordnode.model.kernel import CPU_SHARES_MIN, CPU_WEIGHT_MIN
+from koordnode.model.kernel import is_lowest_cpu_weight
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
@@ -78,11 +78,7 @@ class CollectorProbe:
 
     def cpu_lowest_weight(self, cgroup: str) -> bool | None:
         v2 = self._collector.is_v2
-        text = self._collector.cgroup_file_text("cpu", cgroup, "cpu.weight" if v2 else "cpu.shares")
-        try:
-            return None if text is None else int(text) <= (CPU_WEIGHT_MIN if v2 else CPU_SHARES_MIN)
-        except ValueError:
-            return None
+        return is_lowest_cpu_weight(self._collector.cgroup_file_text("cpu", cgroup, "cpu.weight" if v2 else "cpu.shares"), v2)
 
     def nr_throttled(self, cgroup: str) -> int | None:
         stat = self._collector.cpu_stat(cgroup)
