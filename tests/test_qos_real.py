@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(
 LS_WORKER = r"""
 import signal
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+print("ready", flush=True)
 while True:
     signal.sigwait({signal.SIGUSR1})
     while signal.SIGUSR2 not in signal.sigpending():
@@ -63,7 +64,7 @@ def bed():
         (CGROUP / "cpu" / kubepods.strip("/") / "besteffort" / "cpu.shares").write_text("2")
 
         def spawn(code: str, pod: str) -> subprocess.Popen:
-            proc = subprocess.Popen([sys.executable, "-c", code])
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             procs.append(proc)
             for h in HIERARCHIES:
                 (CGROUP / h / pods[pod].strip("/") / "cgroup.procs").write_text(str(proc.pid))
@@ -72,6 +73,9 @@ def bed():
         for _ in range(CPUS):
             spawn("while True: pass", "be")
         ls_workers = [spawn(LS_WORKER, "ls") for _ in range(CPUS + 1)]
+        # SIGUSR1 kills a worker that has not blocked it yet: the test signals only ready workers
+        for worker in ls_workers:
+            assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
         yield kubepods, pods, ls_workers
     finally:
         for proc in procs:
