@@ -63,7 +63,7 @@ class SystemdBeGroup:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="koordnode-systemd")
         return self._worker.submit(fn, *args)
 
-    def _idle(self, group: str) -> bool:
+    def _giving_way(self, group: str) -> bool:
         """The group gives way to LS (idle, or the lowest weight while LS is quiet)."""
         try:
             return self._gives_way(group)
@@ -98,7 +98,7 @@ class SystemdBeGroup:
         except Exception as exc:  # a failed prepare leaves BE pods in kubelet's tier, never more
             problem = f"{type(exc).__name__}: {exc}"
         retry_later = True
-        if problem is None and not self._idle(group):
+        if problem is None and not self._giving_way(group):
             weight = self._weight(slice_name)
             if weight not in (None, "idle"):
                 # Another writer (an operator's set-property) changed it since our call: not an
@@ -129,22 +129,22 @@ class SystemdBeGroup:
         A group found idle but not (or no longer known to be) made idle by this process, e.g.
         left by a previous koordnode, is re-asserted through systemd in the background; one
         that is not idle is prepared, waiting at most `wait_s` (a bound inside the hook's)."""
-        idle = self._idle(group)
+        giving_way = self._giving_way(group)
         with self._lock:
             ensured = slice_name in self._ensured
-        if idle and ensured:
+        if giving_way and ensured:
             return None
         with self._lock:
             if self._retry_later(slice_name):
-                return None if idle else self.problems.get(slice_name, "not idle")
+                return None if giving_way else self.problems.get(slice_name, "not idle")
         future = self.prepare(slice_name, group)
-        if idle:
+        if giving_way:
             return None
         try:
             future.result(timeout=max(wait_s, 0.0))
         except Exception:
             pass
-        if self._idle(group):
+        if self._giving_way(group):
             return None
         with self._lock:
             return self.problems.get(slice_name) or f"{slice_name} is being made idle through systemd"
@@ -155,7 +155,7 @@ class SystemdBeGroup:
         with self._lock:
             if self._retry_later(slice_name):
                 return
-        if not self._idle(group):
+        if not self._giving_way(group):
             self.prepare(slice_name, group)
 
     def stop_pod_slice(self, slice_name: str) -> Future[str | None]:
