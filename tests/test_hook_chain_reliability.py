@@ -18,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.chain import CallContext, HookChain, HookFailed, RuntimeHook
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.cri.methods import INTERCEPTED_METHODS
 from test_relay import RS, Env, create_request, run
@@ -261,3 +261,64 @@ def test_hook_failed_log_lines_name_the_pod_and_container():
     create, stop = failed
     assert create["pod"] == "team/pod" and create["container"] == "app" and create["pod_sandbox_id"] == "sb-1"
     assert stop["pod_sandbox_id"] == "sb-9" and stop["phase"] == "post"
+
+
+class FollowsThenStalls(RuntimeHook):
+    """Rewrites the cgroup parent inline, then overruns its `pre` (as the QoS hook can on a slow
+    node waiting for the engine's lock)."""
+
+    name = "follows"
+    methods = frozenset({"CreateContainer"})
+
+    def __init__(self, *, inline_raises: bool = False) -> None:
+        self.release = threading.Event()
+        self.inline_raises = inline_raises
+
+    def pre_inline(self, call: CallContext) -> None:
+        call.request.sandbox_config.linux.cgroup_parent = "/kubepods/koordnode_be/poda"
+        if self.inline_raises:
+            raise RuntimeError("inline boom")
+
+    def pre(self, call: CallContext) -> None:
+        call.request.config.annotations["from-pre"] = "1"
+        if not self.inline_raises:
+            self.release.wait(5)
+
+
+def test_an_inline_rewrite_is_kept_when_pre_overruns():
+    """The chain drops an overrunning `pre`'s changes; the inline rewrite still reaches the
+    runtime (the CI failure: a BE pod's container created outside the group its sandbox is in)."""
+    hook = FollowsThenStalls()
+    chain = HookChain([hook], timeout_s=0.05)
+    call = CallContext(method="CreateContainer", request=create_request(name="app"))
+    try:
+        run(chain.run_pre(call))
+    finally:
+        hook.release.set()
+        chain.close()
+    assert call.request.sandbox_config.linux.cgroup_parent == "/kubepods/koordnode_be/poda"
+    assert "from-pre" not in call.request.config.annotations
+    assert call.hook_failures == ["follows.pre: exceeded 50 ms"]
+
+
+def test_an_inline_rewrite_that_raises_is_dropped_whole_and_pre_still_runs():
+    hook = FollowsThenStalls(inline_raises=True)
+    chain = HookChain([hook], timeout_s=1.0)
+    request = create_request(name="app")
+    kubelet_parent = request.sandbox_config.linux.cgroup_parent
+    call = CallContext(method="CreateContainer", request=request)
+    try:
+        with capture_logs() as logs:
+            run(chain.run_pre(call))
+    finally:
+        chain.close()
+    assert call.request.sandbox_config.linux.cgroup_parent == kubelet_parent
+    assert call.request.config.annotations["from-pre"] == "1"
+    assert [e["phase"] for e in logs if e["event"] == "hook_failed"] == ["pre_inline"]
+    # Under failure_policy = "fail" the call fails instead of going on without the rewrite.
+    strict = HookChain([FollowsThenStalls(inline_raises=True)], timeout_s=1.0, failure_policy="fail")
+    try:
+        with pytest.raises(HookFailed, match="follows failed in pre_inline"):
+            run(strict.run_pre(CallContext(method="CreateContainer", request=create_request(name="app"))))
+    finally:
+        strict.close()

@@ -1278,6 +1278,42 @@ def test_be_group_rewrites_the_parent_of_besteffort_be_pods_and_their_containers
         assert node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=other)).request.config.linux.cgroup_parent == parent
 
 
+def test_a_be_pods_container_follows_the_group_when_the_qos_pre_hook_overruns(make_node):
+    # The VM lane's failure: on a slow node the CreateContainer Pre hook overran its timeout,
+    # the chain dropped its changes, and the container went to kubelet's besteffort tier while
+    # its sandbox was in the group. Following the sandbox is an inline rewrite the chain keeps.
+    node = make_node(version="v1", be_idle_group=True)
+    add_cgroup(node.root, "/kubepods/koordnode_be")
+    add_cgroup(node.root, "/kubepods/besteffort/podbe1")
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="be1", uid="be1", namespace="default"),
+                              linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podbe1"))
+    sid = node.call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)).response.pod_sandbox_id
+    slow = threading.Event()
+    classify = node.engine.classify
+
+    def slow_classify(labels, cgroup_parent):
+        slow.wait(5)
+        return classify(labels, cgroup_parent)
+
+    node.engine.classify = slow_classify
+    chain = HookChain([QoSHook(node.engine)], timeout_s=0.05)
+    for recorded in (True, False):  # the pod in koordnode's state, or found on disk (state rebuilt)
+        if not recorded:
+            node.state.remove_pod(sid)
+            add_cgroup(node.root, "/kubepods/koordnode_be/podbe1")  # what the runtime made for the sandbox
+        req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app")))
+        ctx = CallContext(method="CreateContainer", request=req)
+        try:
+            node.loop.run_until_complete(chain.run_pre(ctx))
+        finally:
+            slow.set()
+        slow.clear()
+        assert ctx.hook_failures == ["qos.pre: exceeded 50 ms"]
+        assert ctx.request.sandbox_config.linux.cgroup_parent == "/kubepods/koordnode_be/podbe1"
+    chain.close()
+
+
 def test_be_group_is_off_for_the_systemd_driver_unless_asked(make_node):
     node = make_node(version="v2", be_idle_group=True)
     parent = "kubepods-besteffort-podbe2.slice"

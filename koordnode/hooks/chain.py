@@ -80,6 +80,11 @@ class RuntimeHook:
     def pre(self, call: CallContext) -> PreEffect | None:  # noqa: B027 - optional override
         pass
 
+    def pre_inline(self, call: CallContext) -> None:  # noqa: B027 - optional override
+        """A rewrite the runtime must see even when `pre` fails or overruns its timeout (a
+        container's cgroup parent following its sandbox's: dropped, the two would be split).
+        Runs on the event loop, before `pre`, for `pre_methods`: cheap, no blocking I/O."""
+
     def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
         pass
 
@@ -126,8 +131,8 @@ class HookChain:
         return any(method in h.methods for h in self.hooks)
 
     @staticmethod
-    def _runs_pre(hook: RuntimeHook, method: str) -> bool:
-        if method not in hook.methods or not _overrides(hook, "pre"):
+    def _runs_pre(hook: RuntimeHook, method: str, phase: str = "pre") -> bool:
+        if method not in hook.methods or not _overrides(hook, phase):
             return False
         return hook.pre_methods is None or method in hook.pre_methods
 
@@ -139,6 +144,8 @@ class HookChain:
         if call.skip_hooks:
             return
         for hook in self.hooks:
+            if self._runs_pre(hook, call.method, "pre_inline"):
+                self._rewrite_inline(hook, call)
             if not self._runs_pre(hook, call.method):
                 continue
             before = call.request
@@ -151,6 +158,21 @@ class HookChain:
                 # Its effect (if it ever returns one) goes with its dropped result: _settle_pre.
                 if self.failure_policy == "fail":
                     raise HookFailed(hook.name, "pre", call.hook_failures[-1])
+
+    def _rewrite_inline(self, hook: RuntimeHook, call: CallContext) -> None:
+        """A hook's `pre_inline`: kept whatever its `pre` does; one that raises is dropped whole."""
+        before = call.request
+        attempt = type(before)()
+        attempt.CopyFrom(before)
+        call.request = attempt
+        started = time.monotonic()
+        try:
+            hook.pre_inline(call)
+        except Exception as exc:
+            call.request = before
+            self._failed(hook, "pre_inline", call, "error", repr(exc), started)
+            if self.failure_policy == "fail":
+                raise HookFailed(hook.name, "pre_inline", call.hook_failures[-1]) from exc
 
     def schedule_post(self, call: CallContext) -> None:
         if call.skip_hooks or not self.wants(call.method):

@@ -34,7 +34,6 @@ class QoSHook(RuntimeHook):
             call.scratch["qos_class"] = decision.qos_class.value
             call.scratch["qos_reason"] = decision.why
         elif call.method == "CreateContainer":
-            self.engine.follow_sandbox_parent(req)
             _, reservation = self.engine.plan_create(req)
             return reservation
         elif call.method == "UpdateContainerResources":
@@ -42,6 +41,13 @@ class QoSHook(RuntimeHook):
         elif call.method == "UpdatePodSandboxResources":
             self.engine.pod_resources_pre(req)
         return None
+
+    def pre_inline(self, call: CallContext) -> None:
+        """CreateContainer into a pod koordnode moved to the BE group: the container goes where
+        its sandbox is even when `pre` overruns (a dict lookup; a stat of kernfs for a pod not
+        recorded yet)."""
+        if call.method == "CreateContainer":
+            self.engine.follow_sandbox_parent(call.request)
 
     def post(self, call: CallContext) -> None:
         req, resp = call.request, call.response
