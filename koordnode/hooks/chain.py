@@ -148,10 +148,7 @@ class HookChain:
                 self._rewrite_inline(hook, call)
             if not self._runs_pre(hook, call.method):
                 continue
-            before = call.request
-            attempt = type(before)()
-            attempt.CopyFrom(before)
-            call.request = attempt
+            before = _hand_a_copy(call)
             ok = await self._invoke(hook, "pre", call)
             if not ok:
                 call.request = before
@@ -161,10 +158,7 @@ class HookChain:
 
     def _rewrite_inline(self, hook: RuntimeHook, call: CallContext) -> None:
         """A hook's `pre_inline`: kept whatever its `pre` does; one that raises is dropped whole."""
-        before = call.request
-        attempt = type(before)()
-        attempt.CopyFrom(before)
-        call.request = attempt
+        before = _hand_a_copy(call)
         started = time.monotonic()
         try:
             hook.pre_inline(call)
@@ -259,6 +253,16 @@ class HookChain:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _hand_a_copy(call: CallContext) -> Any:
+    """Give the hooks a copy of the call's request to change; returns the request as it was, to
+    put back if their changes are dropped."""
+    before = call.request
+    attempt = type(before)()
+    attempt.CopyFrom(before)
+    call.request = attempt
+    return before
 
 
 def _is_effect(result: Any) -> bool:
