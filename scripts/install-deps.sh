@@ -12,6 +12,7 @@ APT_PACKAGES=(
     systemd                                                     # systemd-analyze verify of the unit
     qemu-system-x86 debootstrap e2fsprogs                       # the VM lane (tests/vm): Debian 13 guest
     gcc libc6-dev                                               # bench/ls_latency.py builds its static probe
+    openssl                                                     # the real-node bed: the API server's service-account key
 )
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)                                  # the foreign (grpc-js) CRI client

@@ -11,6 +11,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 bash scripts/install-deps.sh
+# The real-node test bed (kubelet, kube-apiserver, etcd, containerd 2.x, critest) from Go modules;
+# cached in /var/cache/koordnode-testbed by version, so only the first run on a machine builds.
+bash scripts/k8s-bed.sh
 
 # -p no:cacheprovider: CI runs from a clean clone; nothing to cache between runs.
 exec python3 -m pytest -p no:cacheprovider -ra "$@"

@@ -1,0 +1,94 @@
+"""Shared pieces of the real-node tests (tests/test_k8s_*.py): the example pods, cgroup reads,
+and the control plane fixture.
+
+The example pods are ``tests/data/qos-class-examples.yaml``, a copy of the project's shared
+``manifests/qos-class-examples.yaml`` (``test_k8s_node.py`` checks that the copy matches where
+the shared folder is present); only the image name is replaced by the test bed's busybox.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from testbed.fixtures import running_in_ci
+from testbed.images import BUSYBOX_IMAGE_REF
+from testbed.k8s_dist import K8sDistError, component_bin
+from testbed.kube_bed import ControlPlane
+from testbed.real_node import NODE_NAMES
+
+EXAMPLES = Path(__file__).with_name("data") / "qos-class-examples.yaml"
+SHARED_EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "manifests" / "qos-class-examples.yaml"
+CG = Path("/sys/fs/cgroup")
+EXAMPLE_IMAGE = "localhost/busybox:1"
+
+
+def example_pods() -> dict[str, dict[str, Any]]:
+    """The example pods by class (``"SYSTEM"``, ``"LSE"``, ...), with the test bed's image."""
+    pods = {}
+    for doc in yaml.safe_load_all(EXAMPLES.read_text()):
+        if not doc:
+            continue
+        doc = copy.deepcopy(doc)
+        for container in doc["spec"]["containers"]:
+            if container["image"] == EXAMPLE_IMAGE:
+                container["image"] = BUSYBOX_IMAGE_REF
+            container.setdefault("imagePullPolicy", "Never")  # the bed's images are local only
+        pods[doc["metadata"]["labels"]["koordinator.sh/qosClass"]] = doc
+    return pods
+
+
+def require_component(name: str) -> Path:
+    try:
+        return component_bin(name)
+    except K8sDistError as err:
+        if running_in_ci():
+            pytest.fail(f"real-node test bed: {err} (CI=true, so this is an error)", pytrace=False)
+        pytest.skip(f"real-node test bed: {err}")
+
+
+def cg_read(controller: str, cgroup: str, name: str) -> str:
+    return (CG / controller / cgroup.lstrip("/") / name).read_text().strip()
+
+
+def cg_dir(controller: str, cgroup: str) -> Path:
+    return CG / controller / cgroup.lstrip("/")
+
+
+_POD_CGROUP = re.compile(r"/pod([0-9a-f-]{36})$")
+
+
+def find_pod_cgroup(kubepods: str, uid: str, controller: str = "cpu") -> str:
+    """The pod's cgroup wherever it is under ``kubepods`` (kubelet's tiers or koordnode's BE group)."""
+    base = cg_dir(controller, kubepods)
+    for path in [base / f"pod{uid}", *base.glob(f"*/pod{uid}")]:
+        if path.is_dir():
+            return "/" + str(path.relative_to(CG / controller))
+    raise FileNotFoundError(f"no cgroup for pod {uid} under {base}")
+
+
+def container_cgroups(pod_cgroup: str, controller: str = "cpu") -> Iterator[str]:
+    for child in cg_dir(controller, pod_cgroup).iterdir():
+        if child.is_dir() and re.fullmatch(r"[0-9a-f]{64}", child.name):
+            yield f"{pod_cgroup}/{child.name}"
+
+
+def container_cgroup(pod_cgroup: str, container_id: str) -> str:
+    return f"{pod_cgroup}/{container_id.removeprefix('containerd://')}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver for the whole session, with node identities for ``NODE_NAMES``."""
+    require_component("kubernetes")
+    require_component("etcd")
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), node_names=NODE_NAMES).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()

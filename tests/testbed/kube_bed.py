@@ -1,0 +1,367 @@
+"""A real Kubernetes node for end-to-end tests: etcd + kube-apiserver on loopback, and kubelet.
+
+``ControlPlane`` runs etcd and one kube-apiserver in a private directory, on free loopback
+ports, with static bearer tokens (``tokens``: ``admin`` in ``system:masters``, one node identity
+per node name handed to ``node_token``, and ``koordnode``, a plain user for RBAC tests), Node and
+RBAC authorization, and a service-account key pair — envtest's shape. The ServiceAccount
+admission plugin is off: nothing here runs the controllers that create service accounts, so
+pods are created with ``spec.nodeName`` set and no token volume.
+
+``Kubelet`` runs a real kubelet against a CRI endpoint (koordnode's socket, or containerd's for
+a direct run), standalone (``control_plane=None``: static pods from ``static_pod_dir``) or
+registered with a ``ControlPlane``. Its pods live under ``cgroup_root`` (``<root>/kubepods``),
+so they never meet a real kubelet's tree; everything else (root dir, logs, certificates,
+static pods) is under its workdir. ``stop()`` unmounts what kubelet mounted there.
+
+Binaries come from ``scripts/k8s-bed.sh`` (``k8s_dist.component_bin``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .containerd_bed import BedError, _mount_points, _unmount
+from .k8s_dist import component_bin
+
+CGROUP_V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "systemd")
+_SERVICE_CIDR = "10.96.0.0/24"  # never routed: kubelet and the API server only need a range to name
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(what: str, probe, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise BedError(f"{what}: exited with {process.returncode}{_tail(log)}")
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as err:  # noqa: BLE001 - any failure means "not yet"
+            last = err
+        time.sleep(0.25)
+    raise BedError(f"{what}: not ready within {timeout:.0f} s (last: {last!r}){_tail(log)}")
+
+
+def _tail(log: Path | None, lines: int = 25) -> str:
+    if log is None:
+        return ""
+    with contextlib.suppress(OSError):
+        return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def _stop_process(process: subprocess.Popen | None, timeout: float = 15.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+class ControlPlane:
+    """etcd + kube-apiserver on loopback, private to ``workdir``."""
+
+    def __init__(self, workdir: Path, node_names: tuple[str, ...] = ()) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.id = secrets.token_hex(3)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.tokens = {"admin": secrets.token_hex(16), "koordnode": secrets.token_hex(16)}
+        self._node_tokens = {name: secrets.token_hex(16) for name in node_names}
+        self.cert_dir = self.workdir / "apiserver-pki"
+        self.ca_file = self.cert_dir / "apiserver.crt"  # self-signed by the API server at start
+        self.etcd_log = self.workdir / "etcd.log"
+        self.log_path = self.workdir / "kube-apiserver.log"
+        self._etcd: subprocess.Popen | None = None
+        self._apiserver: subprocess.Popen | None = None
+        self._logs: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    def node_token(self, node_name: str) -> str:
+        if node_name not in self._node_tokens:
+            raise KeyError(f"node {node_name!r} was not named when the control plane was created")
+        return self._node_tokens[node_name]
+
+    def start(self) -> ControlPlane:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cert_dir.mkdir(exist_ok=True)
+        self._start_etcd()
+        self._start_apiserver()
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self._apiserver)
+        _stop_process(self._etcd)
+        self._apiserver = self._etcd = None
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+    def stop_apiserver(self) -> None:
+        """The API server alone goes away (etcd keeps the data): for tests of an unreachable server."""
+        _stop_process(self._apiserver)
+        self._apiserver = None
+
+    def start_apiserver(self) -> None:
+        self._start_apiserver(self.port)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _open_log(self, path: Path):
+        log = open(path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._logs.append(log)
+        return log
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self._etcd = subprocess.Popen(
+            [str(component_bin("etcd") / "etcd"), "--name", "bed", "--data-dir", str(self.workdir / "etcd"),
+             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+             f"http://127.0.0.1:{peer}", "--initial-cluster", f"bed=http://127.0.0.1:{peer}",
+             "--unsafe-no-fsync", "--log-level", "warn"],
+            stdin=subprocess.DEVNULL, stdout=self._open_log(self.etcd_log), stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(self.etcd_url + "/health", timeout=2) as response:
+                return json.loads(response.read()).get("health") == "true"
+        _wait("etcd", healthy, 60, self._etcd, self.etcd_log)
+
+    def _write_credentials(self) -> None:
+        key = self.cert_dir / "service-account.key"
+        if not key.exists():
+            subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+            subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(key.with_suffix(".pub"))],
+                           check=True, capture_output=True)
+        rows = [f"{self.tokens['admin']},admin,admin,system:masters",
+                f"{self.tokens['koordnode']},koordnode,koordnode,koordnode"]
+        rows += [f"{token},system:node:{name},node-{name},system:nodes" for name, token in self._node_tokens.items()]
+        tokens = self.cert_dir / "tokens.csv"
+        tokens.write_text("\n".join(rows) + "\n")
+        tokens.chmod(0o600)
+
+    def _start_apiserver(self, port: int = 0) -> None:
+        self._write_credentials()
+        self.port = port or free_port()
+        key = self.cert_dir / "service-account.key"
+        self._apiserver = subprocess.Popen(
+            [str(component_bin("kubernetes") / "kube-apiserver"),
+             f"--etcd-servers={self.etcd_url}", f"--etcd-prefix=/registry-{self.id}",
+             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+             f"--cert-dir={self.cert_dir}", f"--token-auth-file={self.cert_dir / 'tokens.csv'}",
+             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+             f"--service-account-key-file={key.with_suffix('.pub')}",
+             f"--service-account-signing-key-file={key}",
+             "--service-account-issuer=https://kubernetes.default.svc",
+             f"--service-cluster-ip-range={_SERVICE_CIDR}",
+             "--disable-admission-plugins=ServiceAccount",
+             "--enable-priority-and-fairness=false", "--v=1"],
+            stdin=subprocess.DEVNULL, stdout=self._open_log(self.log_path), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        _wait("kube-apiserver", self._ready, 120, self._apiserver, self.log_path)
+
+    def _ready(self) -> bool:
+        from support.kube import KubeClient
+
+        if not self.ca_file.exists():
+            return False
+        client = KubeClient(self.host, self.port, self.tokens["admin"], str(self.ca_file), timeout=5)
+        return client.raw("GET", "/readyz") == "ok"
+
+    def client(self, user: str = "admin"):
+        from support.kube import KubeClient
+
+        return KubeClient(self.host, self.port, self.tokens[user], str(self.ca_file))
+
+    def kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig for ``token`` (JSON is YAML; kubelet and clients read either)."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "bed",
+            "clusters": [{"name": "bed", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "bed", "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": "bed"}}],
+        }
+        path.write_text(json.dumps(config, indent=1))
+        path.chmod(0o600)
+        return path
+
+
+class Kubelet:
+    """A real kubelet against ``runtime_endpoint`` (``unix:///...``)."""
+
+    def __init__(self, workdir: Path, runtime_endpoint: str, cgroup_root: str, *, node_name: str,
+                 control_plane: ControlPlane | None = None, cgroup_driver: str = "cgroupfs",
+                 config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.runtime_endpoint = runtime_endpoint
+        self.cgroup_root = "/" + cgroup_root.strip("/")
+        self.kubepods = f"{self.cgroup_root}/kubepods".replace("//", "/")
+        self.node_name = node_name
+        self.control_plane = control_plane
+        self.cgroup_driver = cgroup_driver
+        self.extra_config = dict(config or {})
+        self.feature_gates = dict(feature_gates or {})
+        self.root_dir = self.workdir / "root"
+        self.static_pod_dir = self.workdir / "manifests"
+        self.log_path = self.workdir / "kubelet.log"
+        self.config_path = self.workdir / "kubelet-config.json"
+        self.port = free_port()
+        self.healthz_port = free_port()
+        self._process: subprocess.Popen | None = None
+        self._log: Any = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cgroupDriver": self.cgroup_driver,
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,  # the host is cgroup v1 hybrid
+            "containerRuntimeEndpoint": self.runtime_endpoint,
+            "staticPodPath": str(self.static_pod_dir),
+            "fileCheckFrequency": "2s",
+            "syncFrequency": "10s",
+            "podLogsDir": str(self.workdir / "pod-logs"),
+            "volumePluginDir": str(self.workdir / "volume-plugins"),
+            "address": "127.0.0.1",
+            "port": self.port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "failSwapOn": False,
+            "resolvConf": "",
+            "registerNode": self.control_plane is not None,
+            "makeIPTablesUtilChains": False,
+            # The test machine's disk and memory are shared with everything else: evict only when truly short.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%",
+                             "nodefs.inodesFree": "2%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "runtimeRequestTimeout": "2m",
+            "featureGates": self.feature_gates,
+        }
+        config.update(self.extra_config)
+        return config
+
+    def start(self, timeout: float = 120.0) -> Kubelet:
+        for directory in (self.root_dir, self.static_pod_dir, self.workdir / "pod-logs", self.workdir / "pki"):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_cgroup_root()
+        self.config_path.write_text(json.dumps(self.config(), indent=1))
+        args = [str(component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
+                f"--root-dir={self.root_dir}", f"--cert-dir={self.workdir / 'pki'}",
+                f"--hostname-override={self.node_name}", "--v=2"]
+        if self.control_plane is not None:
+            token = self.control_plane.node_token(self.node_name)
+            kubeconfig = self.control_plane.kubeconfig(self.workdir / "kubeconfig", token)
+            args.append(f"--kubeconfig={kubeconfig}")
+        if self._log is None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the kubelet
+        self._log.write(f"\n===== koordnode test bed: starting kubelet {time.ctime()}\n".encode())
+        self._log.flush()
+        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        _wait("kubelet /healthz", self.healthy, timeout, self._process, self.log_path)
+        return self
+
+    def healthy(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.healthz_port}/healthz", timeout=2) as response:
+            return response.read() == b"ok"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        _stop_process(self._process, timeout)
+        self._process = None
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(10)
+        self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the kubelet and undo its mounts (the pods' cgroups belong to the containerd bed)."""
+        self.stop()
+        for mount_point, _fs in sorted(_mount_points(), key=lambda m: len(m[0]), reverse=True):
+            if mount_point.startswith(str(self.workdir) + "/"):
+                with contextlib.suppress(OSError):
+                    _unmount(mount_point)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def add_static_pod(self, name: str, pod: dict[str, Any]) -> Path:
+        self.static_pod_dir.mkdir(parents=True, exist_ok=True)
+        path = self.static_pod_dir / f"{name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pod))
+        os.replace(tmp, path)  # kubelet must never read half a manifest
+        return path
+
+    def _ensure_cgroup_root(self) -> None:
+        """kubelet refuses a cgroupRoot that does not exist; create it in every v1 controller."""
+        if self.cgroup_driver != "cgroupfs" or self.cgroup_root == "/":
+            return
+        base = Path("/sys/fs/cgroup")
+        if (base / "cgroup.controllers").exists():
+            (base / self.cgroup_root.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            return
+        for controller in CGROUP_V1_CONTROLLERS:
+            if not (base / controller).is_dir():
+                continue
+            parent = base / controller
+            for part in self.cgroup_root.strip("/").split("/"):
+                child = parent / part
+                child.mkdir(exist_ok=True)
+                if controller == "cpuset":  # a v1 cpuset starts empty and admits no task: inherit the parent's
+                    for name in ("cpuset.cpus", "cpuset.mems"):
+                        if not (child / name).read_text().strip():
+                            (child / name).write_text((parent / name).read_text().strip())
+                parent = child

@@ -1,0 +1,115 @@
+"""A whole node for end-to-end tests: containerd (built from its Go module), koordnode, kubelet.
+
+``real_node(workdir, mode=...)`` starts, in order, a private containerd (``ContainerdBed``
+with the containerd of ``scripts/k8s-bed.sh``), koordnode in front of it (``mode="proxy"``:
+kubelet talks to koordnode's socket; ``"nri"``: koordnode is containerd's NRI plugin and
+kubelet talks to containerd; ``"direct"``: no koordnode, the baseline), and a real kubelet,
+registered with ``control_plane`` when one is given. On exit it deletes the node's pods through
+the API (when there is one), stops kubelet, koordnode and containerd, and removes every cgroup,
+mount and socket they made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from support.koordnode_runner import KoordnodeProcess, short_socket_dir
+
+from .containerd_bed import ContainerdBed
+from .k8s_dist import component_bin
+from .kube_bed import ControlPlane, Kubelet
+
+Mode = Literal["proxy", "nri", "direct"]
+NODE_NAMES = ("kn-node-a", "kn-node-b", "kn-node-c", "kn-node-d")  # tokens exist for these names only
+
+
+@dataclass
+class RealNode:
+    mode: Mode
+    containerd: ContainerdBed
+    koordnode: KoordnodeProcess | None
+    kubelet: Kubelet
+    control_plane: ControlPlane | None
+
+    @property
+    def name(self) -> str:
+        return self.kubelet.node_name
+
+    @property
+    def kubepods(self) -> str:
+        return self.kubelet.kubepods
+
+    def client(self):
+        if self.control_plane is None:
+            raise RuntimeError("a standalone node has no API server")
+        return self.control_plane.client()
+
+    def create_pod(self, pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """Create ``pod`` bound to this node (no scheduler runs here)."""
+        pod = dict(pod)
+        pod["spec"] = dict(pod["spec"], nodeName=self.name)
+        return self.client().create(f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    def node_ready(self) -> bool:
+        node = self.client().get(f"/api/v1/nodes/{self.name}")
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+
+    def restart_koordnode(self) -> None:
+        assert self.koordnode is not None
+        self.koordnode.stop()
+        self.koordnode.start()
+
+
+def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
+    client = node.client()
+    selector = {"fieldSelector": f"spec.nodeName={node.name}"}
+    for pod in client.get("/api/v1/pods", **selector).get("items", []):
+        meta = pod["metadata"]
+        client.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", grace_seconds=0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and client.get("/api/v1/pods", **selector).get("items"):
+        time.sleep(0.5)
+    client.delete(f"/api/v1/nodes/{node.name}")
+
+
+@contextlib.contextmanager
+def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlane | None = None,
+              node_name: str = NODE_NAMES[0], koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
+              feature_gates: dict[str, bool] | None = None) -> Iterator[RealNode]:
+    workdir = Path(workdir)
+    nri_socket = short_socket_dir() / "nri.sock" if mode == "nri" else None
+    containerd = ContainerdBed(workdir / "containerd", bin_dir=component_bin("containerd"), nri_socket=nri_socket)
+    koordnode: KoordnodeProcess | None = None
+    kubelet: Kubelet | None = None
+    node: RealNode | None = None
+    try:
+        containerd.start()
+        endpoint = containerd.address
+        if mode != "direct":
+            koordnode = KoordnodeProcess(workdir / "koordnode", str(containerd.socket), extra_toml=koordnode_toml,
+                                         kubepods=containerd.kubepods_cgroup,
+                                         nri_socket=str(nri_socket) if nri_socket else "").start()
+            if mode == "nri":
+                koordnode.wait_synchronized()
+            else:
+                endpoint = f"unix://{koordnode.listen}"
+        kubelet = Kubelet(workdir / "kubelet", endpoint, containerd.cgroup_prefix, node_name=node_name,
+                          control_plane=control_plane, config=kubelet_config, feature_gates=feature_gates)
+        node = RealNode(mode, containerd, koordnode, kubelet, control_plane)
+        kubelet.start()
+        if control_plane is not None:
+            control_plane.client().wait_for(f"node {node_name} Ready", node.node_ready, timeout=120)
+        yield node
+    finally:
+        if node is not None and control_plane is not None and kubelet is not None and kubelet.running():
+            with contextlib.suppress(Exception):
+                _delete_pods(node)
+        if kubelet is not None:
+            kubelet.close()
+        if koordnode is not None:
+            koordnode.stop()
+        containerd.stop()
