@@ -177,6 +177,7 @@ class ControlPlane:
             [str(component_bin("kubernetes") / "kube-apiserver"),
              f"--etcd-servers={self.etcd_url}", f"--etcd-prefix=/registry-{self.id}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+             "--endpoint-reconciler-type=none",  # a loopback advertise address needs no kubernetes endpoint
              f"--cert-dir={self.cert_dir}", f"--token-auth-file={self.cert_dir / 'tokens.csv'}",
              "--authorization-mode=Node,RBAC", "--allow-privileged=true",
              f"--service-account-key-file={key.with_suffix('.pub')}",
