@@ -27,10 +27,11 @@ from k8s_support import (
     example_pods,
     find_pod_cgroup,
     require_component,
+    runtime_errors,
 )
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.model.cpulist import parse_cpu_list
-from testbed.real_node import RealNode, real_node
+from testbed.real_node import NODE_NAMES, RealNode, real_node
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +40,16 @@ FIRST_ROUND = ("SYSTEM", "LSE", "LS", "BE")
 _APPLIED = re.compile(r"^(?P<resource>[a-z_]+\.[a-z_.]+)=(?P<value>.*) on (?P<cgroup>/\S*) \(")
 # The class's cpu.shares per requested CPU (the QoS guide's weights; kubelet's is 1024).
 CLASS_SHARES_PER_CPU = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 1024}
+# kubelet's pod stats from CRI, as docs/operations.md advises next to koordnode's BE group
+# (see test_kubelet_reports_stats_of_every_pod_including_the_be_group).
+STATS_FROM_CRI = {"PodAndContainerStatsFromCRI": True}
 
 
 @pytest.fixture(scope="module")
 def node(control_plane, tmp_path_factory):  # noqa: F811
     require_component("containerd")
-    with real_node(tmp_path_factory.mktemp("k8s-node"), control_plane=control_plane) as n:
+    with real_node(tmp_path_factory.mktemp("k8s-node"), control_plane=control_plane,
+                   feature_gates=STATS_FROM_CRI) as n:
         yield n
 
 
@@ -123,7 +128,8 @@ def check_class_values(node: RealNode, classes) -> None:
     cgroups = {cls: _pod_cgroups(node, pod) for cls, pod in pods.items()}
     for cls, pod in pods.items():
         pod_cg, ctr_cg = cgroups[cls]
-        requests = pod["spec"]["containers"][0].get("resources", {}).get("requests", {})
+        # what kubelet allocated to the container (a pending resize is in spec only)
+        requests = pod["status"]["containerStatuses"][0].get("allocatedResources", {})
         if cls == "BE":
             assert "/koordnode_be/" in pod_cg, f"the BE pod is not in koordnode's BE group: {pod_cg}"
             assert cg_read("cpu", ctr_cg, "cpu.shares") == "2"
@@ -152,3 +158,183 @@ def test_example_pods_run_with_their_class_values(node):
     for cls in FIRST_ROUND:
         node.client().wait_pod_phase(pods[cls]["metadata"]["name"], "Running", timeout=120)
     check_class_values(node, FIRST_ROUND)
+
+
+def _container_ids(node: RealNode, classes) -> dict[str, str]:
+    return {cls: pod["status"]["containerStatuses"][0]["containerID"]
+            for cls, pod in _pods_by_class(node, classes).items()}
+
+
+def _restarts(node: RealNode, classes) -> dict[str, int]:
+    return {cls: pod["status"]["containerStatuses"][0]["restartCount"]
+            for cls, pod in _pods_by_class(node, classes).items()}
+
+
+def test_class_values_hold_while_kubelet_runs_and_across_its_restart(node):
+    """kubelet rewrites its QoS tiers every minute and its pods' cgroups on every sync; a
+    value it undoes is restored by koordnode's reconcile pass (10 s) and counted. Checked at
+    the end of kubelet's first minute, then after a kubelet restart."""
+    before = _container_ids(node, FIRST_ROUND)
+    time.sleep(75)  # past kubelet's periodic QoS-tier update (1 min) and several pod syncs
+    check_class_values(node, FIRST_ROUND)
+    node.kubelet.restart()
+    node.client().wait_for("node Ready after kubelet restart", node.node_ready, timeout=120)
+    time.sleep(15)  # kubelet's first sync of every pod after a restart rewrites their cgroups
+    check_class_values(node, FIRST_ROUND)
+    assert _container_ids(node, FIRST_ROUND) == before, "kubelet's restart replaced containers"
+    overwrites = node.koordnode.status()["qos"]["overwrites"]["counts"]
+    print("values kubelet changed and koordnode restored:", overwrites)
+
+
+def _summary_by_pod(node: RealNode, names) -> dict[str, dict]:
+    """kubelet's summary once it has a CPU rate for every pod (two samples are needed)."""
+    def probe():
+        by_name = {p["podRef"]["name"]: p for p in node.kubelet.stats_summary()["pods"]}
+        ready = all("usageNanoCores" in by_name.get(n, {}).get("cpu", {}) for n in names)
+        return by_name if ready else None
+    return node.client().wait_for("a CPU rate for every pod in kubelet's summary", probe, timeout=60, interval=2)
+
+
+def test_kubelet_reports_stats_of_every_pod_including_the_be_group(node):
+    """kubelet's summary API (what its eviction manager and metrics-server read) has CPU and
+    memory for every pod and container, also for the BE pod koordnode moved into its group.
+
+    Found with the real kubelet: with pod stats from cadvisor (kubelet's default) the moved BE
+    pod has two ``pod<uid>`` cgroups, and kubelet often reports the empty one in its tier (0 bytes,
+    0 CPU). With ``PodAndContainerStatsFromCRI`` (this node's kubelet, as docs/operations.md
+    advises) it asks containerd, which reads the real one; koordnode's status says which."""
+    pods = _pods_by_class(node, FIRST_ROUND)
+    by_name = _summary_by_pod(node, [p["metadata"]["name"] for p in pods.values()])
+    assert node.koordnode.status()["kubelet"] == {"pod_stats_from": "cri"}
+    for cls, pod in pods.items():
+        stats = by_name[pod["metadata"]["name"]]
+        container = stats["containers"][0]
+        assert container["memory"]["workingSetBytes"] > 0, (cls, container)
+        assert "usageCoreNanoSeconds" in container["cpu"], (cls, container)
+        assert stats["memory"]["workingSetBytes"] > 0, (cls, "pod-level memory", stats["memory"])
+        assert stats["cpu"]["usageCoreNanoSeconds"] > 0, (cls, "pod-level cpu", stats["cpu"])
+    be = by_name[pods["BE"]["metadata"]["name"]]
+    # The BE pod burns a loop: kubelet must see it using CPU (not an empty cgroup in its tier).
+    assert be["cpu"]["usageNanoCores"] > 50_000_000, be["cpu"]
+    assert be["containers"][0]["cpu"]["usageNanoCores"] > 50_000_000, be["containers"][0]["cpu"]
+
+
+@pytest.fixture(scope="module")
+def direct_runtime_errors(control_plane, tmp_path_factory):  # noqa: F811
+    """The baseline: kubelet's runtime errors on a node without koordnode, the same pods and a
+    kubelet restart."""
+    with real_node(tmp_path_factory.mktemp("k8s-direct"), mode="direct", control_plane=control_plane,
+                   node_name=NODE_NAMES[1], feature_gates=STATS_FROM_CRI) as direct:
+        pods = example_pods()
+        for cls in FIRST_ROUND:
+            direct.create_pod(pods[cls])
+        for cls in FIRST_ROUND:
+            direct.client().wait_pod_phase(pods[cls]["metadata"]["name"], "Running", timeout=120)
+        _summary_by_pod(direct, [pods[cls]["metadata"]["name"] for cls in FIRST_ROUND])
+        direct.kubelet.restart()
+        direct.client().wait_for("node Ready after kubelet restart", direct.node_ready, timeout=120)
+        time.sleep(15)
+        return set(runtime_errors(direct.kubelet.log_text()))
+
+
+def test_kubelet_log_has_no_runtime_errors_that_direct_lacks(node, direct_runtime_errors):
+    errors = [e for e in runtime_errors(node.kubelet.log_text()) if e not in direct_runtime_errors]
+    assert not errors, "\n".join(errors[:20])
+    conditions = node.client().get(f"/api/v1/nodes/{node.name}")["status"]["conditions"]
+    assert all("PLEG" not in c.get("message", "") for c in conditions), conditions
+
+
+def _resize(node: RealNode, name: str, patch: dict) -> None:
+    node.client().patch(f"/api/v1/namespaces/default/pods/{name}/resize", {"spec": patch}, kind="strategic")
+
+
+def _resize_done(node: RealNode, name: str, cpu: str):
+    def probe():
+        pod = node.client().pod(name)
+        conditions = {c["type"] for c in pod["status"].get("conditions", [])}
+        if conditions & {"PodResizePending", "PodResizeInProgress"}:
+            return None
+        resources = pod["status"]["containerStatuses"][0].get("resources", {})
+        return pod if resources.get("limits", {}).get("cpu") == cpu else None
+    return node.client().wait_for(f"resize of {name} to {cpu}", probe, timeout=90)
+
+
+def test_in_place_resize_through_the_api_recomputes_the_class_values(node):
+    ls = example_pods()["LS"]
+    name, container = ls["metadata"]["name"], ls["spec"]["containers"][0]["name"]
+    _resize(node, name, {"containers": [{"name": container, "resources": {
+        "requests": {"cpu": "700m"}, "limits": {"cpu": "700m"}}}]})
+    pod = _resize_done(node, name, "700m")
+    _pod_cg, ctr_cg = _pod_cgroups(node, pod)
+    assert cg_read("cpu", ctr_cg, "cpu.cfs_quota_us") == "70000"
+    assert int(cg_read("cpu", ctr_cg, "cpu.shares")) == 700 * 1024 // 1000  # LS: kubelet's weight
+    time.sleep(12)  # a reconcile pass (10 s) must keep the new size, not restore the old one
+    check_class_values(node, FIRST_ROUND)
+
+
+def test_a_resize_kubelet_cannot_complete_is_reported_as_kubelet_reports_it(node):
+    ls = example_pods()["LS"]
+    name, container = ls["metadata"]["name"], ls["spec"]["containers"][0]["name"]
+    _resize(node, name, {"containers": [{"name": container, "resources": {
+        "requests": {"cpu": "1500m"}, "limits": {"cpu": "1500m"}}}]})  # fits the node, not beside the others
+
+    def pending():
+        conditions = {c["type"]: c for c in node.client().pod(name)["status"].get("conditions", [])}
+        return conditions.get("PodResizePending")
+    condition = node.client().wait_for("PodResizePending", pending, timeout=60)
+    assert condition["reason"] == "Deferred", condition  # the API server refuses what exceeds the node
+    pod = node.client().pod(name)
+    _pod_cg, ctr_cg = _pod_cgroups(node, pod)
+    assert cg_read("cpu", ctr_cg, "cpu.cfs_quota_us") == "70000"  # nothing of the refused size applied
+    check_class_values(node, FIRST_ROUND)
+    _resize(node, name, {"containers": [{"name": container, "resources": {
+        "requests": {"cpu": "700m"}, "limits": {"cpu": "700m"}}}]})  # back to what it has
+    node.client().wait_for("PodResizePending gone", lambda: not pending(), timeout=60)
+
+
+POD_LEVEL = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "ls-pod-level", "labels": {"koordinator.sh/qosClass": "LS"}},
+    "spec": {
+        "resources": {"requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
+        "containers": [{"name": "app", "image": "", "imagePullPolicy": "Never", "command": ["/bin/sleep", "3600"]}],
+    },
+}
+
+
+def test_pod_level_resources_and_their_resize(node):
+    """Pod-level resources (spec.resources) and their in-place resize: the pod cgroup follows,
+    with the class values recomputed (UpdatePodSandboxResources)."""
+    pod = {**POD_LEVEL, "spec": {**POD_LEVEL["spec"], "containers": [
+        {**POD_LEVEL["spec"]["containers"][0], "image": example_pods()["LS"]["spec"]["containers"][0]["image"]}]}}
+    node.create_pod(pod)
+    created = node.client().wait_pod_phase("ls-pod-level", "Running", timeout=120)
+    pod_cg = find_pod_cgroup(node.kubepods, created["metadata"]["uid"])
+    assert cg_read("cpu", pod_cg, "cpu.cfs_quota_us") == "20000"
+    assert not applied_values_hold(node, created["metadata"]["uid"])
+    _resize(node, "ls-pod-level", {"resources": {"requests": {"cpu": "300m"}, "limits": {"cpu": "300m"}}})
+
+    def resized():
+        current = node.client().pod("ls-pod-level")
+        conditions = {c["type"] for c in current["status"].get("conditions", [])}
+        limits = current["status"].get("resources", {}).get("limits", {})
+        return current if limits.get("cpu") == "300m" and not conditions & {"PodResizePending",
+                                                                            "PodResizeInProgress"} else None
+    node.client().wait_for("pod-level resize to 300m", resized, timeout=90)
+    assert cg_read("cpu", pod_cg, "cpu.cfs_quota_us") == "30000"
+    assert int(cg_read("cpu", pod_cg, "cpu.shares")) == 300 * 1024 // 1000
+    node.client().wait_for("koordnode's values after the pod-level resize",
+                           lambda: not applied_values_hold(node, created["metadata"]["uid"]), timeout=30)
+    node.client().delete("/api/v1/namespaces/default/pods/ls-pod-level", grace_seconds=0)
+
+
+def test_kubelet_reports_the_resources_it_allocated_not_the_class_weights(node):
+    """kubelet derives a container's reported CPU request (``status.containerStatuses[].resources``)
+    from the cpu_shares the runtime reports in ContainerStatus. Found with the real kubelet:
+    with the class weight in the CRI request containerd stores, the API showed the SYSTEM pod
+    asking 6375m (its 200m × 32) and the LSE pod 256 CPUs."""
+    for cls, pod in _pods_by_class(node, FIRST_ROUND).items():
+        status = pod["status"]["containerStatuses"][0]
+        allocated = status.get("allocatedResources", {})
+        reported = status.get("resources", {}).get("requests", {})
+        assert {k: reported.get(k) for k in allocated} == allocated, (cls, reported, allocated)

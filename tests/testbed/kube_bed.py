@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -337,6 +338,19 @@ class Kubelet:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str, timeout: float = 30.0) -> Any:
+        """GET from kubelet's own API (``/stats/summary``, ``/pods``, ``/metrics``...), JSON decoded when it is JSON.
+
+        kubelet serves it with its self-signed certificate (``pki/kubelet.crt``), made for its node name."""
+        tls = ssl.create_default_context(cafile=str(self.workdir / "pki" / "kubelet.crt"))
+        tls.check_hostname = False  # the certificate names the node, and we dial 127.0.0.1
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.port}{path}", timeout=timeout, context=tls) as response:
+            body = response.read().decode()
+        return json.loads(body) if body.lstrip().startswith(("{", "[")) else body
+
+    def stats_summary(self) -> dict[str, Any]:
+        return self.get("/stats/summary")
 
     def add_static_pod(self, name: str, pod: dict[str, Any]) -> Path:
         self.static_pod_dir.mkdir(parents=True, exist_ok=True)
