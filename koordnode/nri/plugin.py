@@ -42,7 +42,8 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 # What koordnode needs. POST_START (not START): pod-level values need the container running.
 BASE_EVENTS = (
     nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
-    nri.POST_START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER,
+    nri.POST_START_CONTAINER, nri.UPDATE_CONTAINER, nri.POST_UPDATE_CONTAINER, nri.STOP_CONTAINER,
+    nri.REMOVE_CONTAINER,
 )
 # Runtimes whose NRI predates UpdatePodSandbox refuse a subscription naming it; those that
 # announce their NRI version in Configure know it.
@@ -270,6 +271,9 @@ class NriPlugin:
             (PLUGIN_SERVICE, "PostStartContainer"): rpc(nri.PostStartContainerRequest,
                                                         container_event(self._post_start_container),
                                                         nri.PostStartContainerResponse, "PostStartContainer"),
+            (PLUGIN_SERVICE, "PostUpdateContainer"): rpc(nri.PostUpdateContainerRequest,
+                                                         container_event(self._post_update_container),
+                                                         nri.PostUpdateContainerResponse, "PostUpdateContainer"),
             (PLUGIN_SERVICE, "RemoveContainer"): rpc(nri.RemoveContainerRequest,
                                                      container_event(self._remove_container),
                                                      nri.RemoveContainerResponse, "RemoveContainer"),
@@ -334,6 +338,7 @@ class NriPlugin:
             nri.STOP_POD_SANDBOX: lambda: self._stop_pod_sandbox(ev.pod),
             nri.REMOVE_POD_SANDBOX: lambda: self._remove_pod_sandbox(ev.pod),
             nri.POST_START_CONTAINER: lambda: self._post_start_container(ev.pod, ev.container),
+            nri.POST_UPDATE_CONTAINER: lambda: self._post_update_container(ev.pod, ev.container),
             nri.REMOVE_CONTAINER: lambda: self._remove_container(ev.pod, ev.container),
         }
         handler = handlers.get(ev.event)
@@ -456,14 +461,24 @@ class NriPlugin:
         """kubelet changes a container's resources (resize): keep the class values on top."""
         asked = convert.cri_resources(req.linux_resources)
         request = cri.UpdateContainerResourcesRequest(container_id=req.container.id, linux=asked)
+        # The runtime applies the update after this answer: the class values of what it
+        # writes from kubelet's request follow at PostUpdateContainer.
         call = await self._hooks("UpdateContainerResources", request, cri.UpdateContainerResourcesResponse(),
-                                 dict(req.pod.labels))
+                                 dict(req.pod.labels), scratch={"runtime_applies_later": True})
         delta = convert.resources_delta(asked, call.request.linux)
         if delta is None:
             return nri.UpdateContainerResponse()
         update = nri.ContainerUpdate(container_id=req.container.id)
         update.linux.resources.CopyFrom(delta)
         return nri.UpdateContainerResponse(update=[update])
+
+    async def _post_update_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        """The runtime has applied an update with kubelet's values of the fields it reports back
+        (cpu shares, quota, memory limit: never adjusted, see policy REPORTED_BY_RUNTIME): the
+        class values go to the container's cgroup again."""
+        if self.engine is None:
+            return
+        await asyncio.to_thread(self.engine.container_updated, container.id)
 
     async def _stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.StopContainerResponse:
         self._collecting += 1
