@@ -219,13 +219,18 @@ def test_kubelet_reports_stats_of_every_pod_including_the_be_group(node):
     assert be["containers"][0]["cpu"]["usageNanoCores"] > 50_000_000, be["containers"][0]["cpu"]
 
 
+DIRECT = "-direct"  # suffix of the direct node's pod names
+
+
 @pytest.fixture(scope="module")
 def direct_runtime_errors(control_plane, tmp_path_factory):  # noqa: F811
     """The baseline: kubelet's runtime errors on a node without koordnode, the same pods and a
     kubelet restart."""
     with real_node(tmp_path_factory.mktemp("k8s-direct"), mode="direct", control_plane=control_plane,
                    node_name=NODE_NAMES[1], feature_gates=STATS_FROM_CRI) as direct:
-        pods = example_pods()
+        # The same pods under names of their own: the koordnode node's are in the same API server.
+        pods = {cls: {**pod, "metadata": {**pod["metadata"], "name": pod["metadata"]["name"] + DIRECT}}
+                for cls, pod in example_pods().items()}
         for cls in FIRST_ROUND:
             direct.create_pod(pods[cls])
         for cls in FIRST_ROUND:
@@ -234,7 +239,7 @@ def direct_runtime_errors(control_plane, tmp_path_factory):  # noqa: F811
         direct.kubelet.restart()
         direct.client().wait_for("node Ready after kubelet restart", direct.node_ready, timeout=120)
         time.sleep(15)
-        return set(runtime_errors(direct.kubelet.log_text()))
+        return {error.replace(DIRECT, "") for error in runtime_errors(direct.kubelet.log_text())}
 
 
 def test_kubelet_log_has_no_runtime_errors_that_direct_lacks(node, direct_runtime_errors):
