@@ -14,7 +14,9 @@ previous one left); the host is cgroup v1, kubelet's cgroupfs driver.
 from __future__ import annotations
 
 import re
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -343,3 +345,118 @@ def test_kubelet_reports_the_resources_it_allocated_not_the_class_weights(node):
         allocated = status.get("allocatedResources", {})
         reported = status.get("resources", {}).get("requests", {})
         assert {k: reported.get(k) for k in allocated} == allocated, (cls, reported, allocated)
+
+
+def _sandboxes_per_pod(node: RealNode) -> dict[str, int]:
+    """Ready sandboxes in containerd per pod uid (a pod duplicated by a retried RunPodSandbox has two)."""
+    counts: dict[str, int] = {}
+    for sandbox in node.containerd_pods():
+        if sandbox["state"] == "SANDBOX_READY":
+            counts[sandbox["uid"]] = counts.get(sandbox["uid"], 0) + 1
+    return counts
+
+
+def _one_sandbox_each(node: RealNode, classes) -> None:
+    counts = _sandboxes_per_pod(node)
+    for cls, pod in _pods_by_class(node, classes).items():
+        assert counts.get(pod["metadata"]["uid"]) == 1, (cls, counts)
+
+
+def _extra_pod(name: str) -> dict:
+    ls = example_pods()["LS"]
+    container = {**ls["spec"]["containers"][0], "resources": {"requests": {"cpu": "100m", "memory": "32Mi"},
+                                                              "limits": {"cpu": "100m", "memory": "32Mi"}}}
+    return {**ls, "metadata": {"name": name, "labels": ls["metadata"]["labels"]},
+            "spec": {**ls["spec"], "containers": [container]}}
+
+
+@pytest.mark.parametrize("how", ["restart", "kill -9"])
+def test_koordnode_restart_loses_and_duplicates_no_pod(node, how):
+    """koordnode goes away while kubelet creates a pod: kubelet's calls fail and it retries;
+    once koordnode is back the pod runs, once, with its class values, and nothing else moved."""
+    before = _container_ids(node, FIRST_ROUND)
+    name = f"ls-during-{how.replace(' ', '').replace('-', '')}"
+    node.koordnode.stop(signal.SIGKILL if how == "kill -9" else signal.SIGTERM)
+    node.create_pod(_extra_pod(name))
+    time.sleep(5)  # kubelet tries, and fails, to reach its runtime
+    node.koordnode.start()
+    created = node.client().wait_pod_phase(name, "Running", timeout=180)
+    assert _container_ids(node, FIRST_ROUND) == before
+    assert _restarts(node, FIRST_ROUND) == {cls: 0 for cls in FIRST_ROUND}
+    _one_sandbox_each(node, FIRST_ROUND)
+    assert _sandboxes_per_pod(node)[created["metadata"]["uid"]] == 1
+    node.client().wait_for("koordnode's values on every pod after its restart",
+                           lambda: not any(applied_values_hold(node, p["metadata"]["uid"])
+                                           for p in (*_pods_by_class(node, FIRST_ROUND).values(), created)),
+                           timeout=60, interval=2)
+    check_class_values(node, FIRST_ROUND)
+    node.client().delete(f"/api/v1/namespaces/default/pods/{name}", grace_seconds=0)
+
+
+def test_containerd_restart(node):
+    before = _container_ids(node, FIRST_ROUND)
+    node.containerd.restart_containerd()
+    node.client().wait_for("node Ready after containerd restart", node.node_ready, timeout=120)
+    node.create_pod(_extra_pod("ls-after-containerd-restart"))
+    node.client().wait_pod_phase("ls-after-containerd-restart", "Running", timeout=120)
+    assert _container_ids(node, FIRST_ROUND) == before
+    check_class_values(node, FIRST_ROUND)
+    node.client().delete("/api/v1/namespaces/default/pods/ls-after-containerd-restart", grace_seconds=0)
+
+
+def test_second_round_lsr_in_place_of_lse(node):
+    """The other example pod: LSR takes the CPUs LSE gave back, and keeps them across a kubelet restart."""
+    pods = example_pods()
+    client = node.client()
+    client.delete(f"/api/v1/namespaces/default/pods/{pods['LSE']['metadata']['name']}", grace_seconds=0)
+    client.wait_for("LSE pod gone", lambda: not client.exists(
+        f"/api/v1/namespaces/default/pods/{pods['LSE']['metadata']['name']}"), timeout=90)
+    node.create_pod(pods["LSR"])
+    client.wait_pod_phase(pods["LSR"]["metadata"]["name"], "Running", timeout=120)
+    second_round = ("SYSTEM", "LSR", "LS", "BE")
+    check_class_values(node, second_round)
+    node.kubelet.restart()
+    client.wait_for("node Ready after kubelet restart", node.node_ready, timeout=120)
+    time.sleep(15)
+    check_class_values(node, second_round)
+
+
+def _memory_pod(name: str, cls: str, hold_mb: int, request: str | None, after_s: int = 0) -> dict:
+    """A pod holding ``hold_mb`` MB in a shell variable after ``after_s`` seconds (the bed's busybox has no stress tool)."""
+    resources = {"requests": {"memory": request}} if request else {}
+    script = f'sleep {after_s}; x=$(head -c {hold_mb * 1_000_000} /dev/zero | tr "\\0" a); echo held; sleep 3600'
+    image = example_pods()["LS"]["spec"]["containers"][0]["image"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"koordinator.sh/qosClass": cls}},
+            "spec": {"restartPolicy": "Never", "containers": [
+                {"name": "hold", "image": image, "imagePullPolicy": "Never",
+                 "command": ["/bin/sh", "-c", script], "resources": resources}]}}
+
+
+def test_kubelet_evicts_the_be_pod_in_koordnodes_group_first(control_plane, tmp_path_factory):  # noqa: F811
+    """kubelet's eviction manager under memory pressure ranks pods by their use above their
+    request: a BE pod holding 700 MB in koordnode's group must go before a Burstable LS pod
+    30 MB above its request. (Were kubelet to read the BE pod's empty kubelet-made cgroup, it
+    would rank it at 0 bytes and evict the LS pod first.) A node of its own: its eviction
+    threshold is set 400 MiB below the memory available at its start, so the BE pod's
+    allocation, made once both pods run, brings the pressure."""
+    available = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemAvailable:")) // 1024
+    with real_node(tmp_path_factory.mktemp("k8s-evict"), control_plane=control_plane, node_name=NODE_NAMES[2],
+                   feature_gates=STATS_FROM_CRI,
+                   kubelet_config={"evictionHard": {"memory.available": f"{available - 400}Mi"},
+                                   "evictionPressureTransitionPeriod": "10s"}) as node:
+        client = node.client()
+        node.create_pod(_memory_pod("ls-over-request", "LS", 40, "10Mi"))
+        client.wait_for("ls-over-request holds its memory",
+                        lambda: "held" in node.kubelet.container_log("ls-over-request", "hold"), timeout=120)
+        node.create_pod(_memory_pod("be-hog", "BE", 700, None, after_s=5))
+        client.wait_pod_phase("be-hog", "Running", timeout=120)
+        assert "/koordnode_be/" in find_pod_cgroup(node.kubepods, client.pod("be-hog")["metadata"]["uid"])
+
+        def first_evicted():
+            for name in ("be-hog", "ls-over-request"):
+                if client.pod(name)["status"].get("reason") == "Evicted":
+                    return name
+            return None
+        assert client.wait_for("kubelet's first eviction", first_evicted, timeout=120, interval=1) == "be-hog"

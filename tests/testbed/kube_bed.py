@@ -186,7 +186,9 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--service-cluster-ip-range={_SERVICE_CIDR}",
              "--disable-admission-plugins=ServiceAccount",
-             "--enable-priority-and-fairness=false", "--v=1"],
+             "--enable-priority-and-fairness=false", "--v=1",
+             # Never resolve node names through DNS: this bed's nodes exist on loopback only.
+             "--kubelet-preferred-address-types=InternalIP"],
             stdin=subprocess.DEVNULL, stdout=self._open_log(self.log_path), stderr=subprocess.STDOUT,
             start_new_session=True)
         _wait("kube-apiserver", self._ready, 120, self._apiserver, self.log_path)
@@ -348,6 +350,14 @@ class Kubelet:
         with urllib.request.urlopen(f"https://127.0.0.1:{self.port}{path}", timeout=timeout, context=tls) as response:
             body = response.read().decode()
         return json.loads(body) if body.lstrip().startswith(("{", "[")) else body
+
+    def container_log(self, pod: str, container: str, namespace: str = "default") -> str:
+        """What a container printed, from the log files kubelet keeps (the API server would have to
+        dial kubelet by the node's address, which this bed does not serve on)."""
+        text = ""
+        for path in sorted((self.workdir / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            text += path.read_text(errors="replace")
+        return text
 
     def stats_summary(self) -> dict[str, Any]:
         return self.get("/stats/summary")
