@@ -294,9 +294,13 @@ def test_a_resize_kubelet_cannot_complete_is_reported_as_kubelet_reports_it(node
     _pod_cg, ctr_cg = _pod_cgroups(node, pod)
     assert cg_read("cpu", ctr_cg, "cpu.cfs_quota_us") == "70000"  # nothing of the refused size applied
     check_class_values(node, FIRST_ROUND)
+    # Back to the example's own size: the pod-level pod of the next test needs the 200m the
+    # first resize took (at 700m the node's 2 CPUs are 1900m allocated: OutOfcpu).
     _resize(node, name, {"containers": [{"name": container, "resources": {
-        "requests": {"cpu": "700m"}, "limits": {"cpu": "700m"}}}]})  # back to what it has
+        "requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}}]})
     node.client().wait_for("PodResizePending gone", lambda: not pending(), timeout=60)
+    pod = _resize_done(node, name, "500m")
+    assert cg_read("cpu", _pod_cgroups(node, pod)[1], "cpu.cfs_quota_us") == "50000"
 
 
 POD_LEVEL = {
