@@ -146,7 +146,10 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
     for cls, (parent, sid, cid) in created.items():
         ccg = f"{parent}/{cid}"
         spec = runtime_spec(cri, cid)
-        assert cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), cls
+        # A pool move (an NRI update, when LSE and LSR took their CPUs) makes containerd write the
+        # whole spec to the cgroup, kubelet's shares too: the class value follows a moment later.
+        wait_for(lambda ccg=ccg, cls=cls: cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), 5,
+                 f"{cls} cpu.shares")
         # What containerd reports back to kubelet (ContainerStatus, from the spec) stays
         # kubelet's: the class weight is written to the cgroup, never adjusted into the spec.
         assert spec["linux"]["resources"]["cpu"]["shares"] == kubelet_shares[cls], cls

@@ -302,6 +302,9 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
             from koordnode.cri import api_pb2 as cri
             return cri.LinuxContainerResources(cpu_shares=4096)
 
+        def containers_updated(self, ids):
+            pass
+
     async def main():
         h = Harness([], request_timeout_ms=500, engine=SlowPlanEngine())
         c = container()
@@ -377,6 +380,9 @@ def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
 
         def container_updated(self, cid):
             self.updated.append(cid)
+
+        def containers_updated(self, ids):
+            self.updated.extend(ids)
 
     engine = Engine()
 

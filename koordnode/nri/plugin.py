@@ -50,6 +50,11 @@ BASE_EVENTS = (
 UPDATE_POD_SANDBOX_EVENTS = (nri.UPDATE_POD_SANDBOX,)
 
 REGISTER_TIMEOUT_S = 5.0
+# The runtime applies a container update (a pool move, Synchronize's) by writing every resource
+# of the container's spec to its cgroup again: kubelet's cpu shares, quota and memory limit too,
+# which the spec keeps (policy REPORTED_BY_RUNTIME). Their class values go back once it has: at
+# once after an UpdateContainers call, this long after an answer that carried updates.
+RUNTIME_APPLIES_ANSWER_S = 1.0
 DEFAULT_REQUEST_TIMEOUT_MS = 2000
 # Share of the runtime's request timeout an answer may take; the rest is transport and slack.
 ANSWER_SHARE = 0.6
@@ -410,6 +415,7 @@ class NriPlugin:
                         container_id=container.id,
                         failures=call.hook_failures)
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.CreateContainerResponse(adjust=adjust, update=updates)
 
     async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -472,6 +478,21 @@ class NriPlugin:
         update.linux.resources.CopyFrom(delta)
         return nri.UpdateContainerResponse(update=[update])
 
+    def _class_values_after(self, updates: list[nri.ContainerUpdate], delay_s: float) -> None:
+        """The runtime applies (or has applied) `updates`: write the class values of what it
+        rewrote from the containers' specs again, `delay_s` from now (the reconcile pass would,
+        later, and count it as an overwrite)."""
+        ids = [u.container_id for u in updates]
+        if self.engine is None or not ids or self.dry_run:
+            return
+        engine = self.engine
+
+        async def later() -> None:
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            await asyncio.to_thread(engine.containers_updated, ids)
+        self._spawn(later())
+
     async def _post_update_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
         """The runtime has applied an update with kubelet's values of the fields it reports back
         (cpu shares, quota, memory limit: never adjusted, see policy REPORTED_BY_RUNTIME): the
@@ -489,6 +510,7 @@ class NriPlugin:
         finally:
             self._collecting -= 1
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.StopContainerResponse(update=updates)
 
     async def _remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -578,6 +600,7 @@ class NriPlugin:
                 self._spawn(self._send_updates(updates))
             return nri.SynchronizeResponse()
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.SynchronizeResponse(update=updates)
 
     def _kubelet_values(self, containers: list[nri.Container]) -> dict[str, cri.LinuxContainerResources]:
@@ -671,6 +694,7 @@ class NriPlugin:
                         containers=[u.container_id for u in updates])
             return
         failed = nri.UpdateContainersResponse.FromString(raw).failed
+        self._class_values_after(updates, 0.0)
         self.stats.updates_sent += len(updates) - len(failed)
         self.stats.updates_failed += len(failed)
         if failed:
