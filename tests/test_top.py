@@ -1,0 +1,181 @@
+"""`koordnode top` against a real koordnode in front of the real containerd: the plain snapshot
+(`--once`), and the live screen in a real terminal (tmux): started, driven with keys, read back.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from koordnode.admin import top
+from support.cri import container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.kubelet_tiers import prepare_qos_tiers
+from testbed.fixtures import running_in_ci
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def two_pods(containerd_bed, koordnode, cri_proxy):
+    """An idle LS pod 'web' and a busy BE pod 'batch', created through koordnode."""
+    prepare_qos_tiers(containerd_bed.kubepods_cgroup)
+    pods = []
+    try:
+        ls = sandbox_config(containerd_bed, "web", qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
+        pods.append(run_pod(cri_proxy, ls))
+        start_container(cri_proxy, pods[-1], ls, container_config(containerd_bed, "web", ["sleep", "3600"],
+                                                                  resources={"cpu_shares": 1024}))
+        be = sandbox_config(containerd_bed, "batch", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
+        pods.append(run_pod(cri_proxy, be))
+        start_container(cri_proxy, pods[-1], be, container_config(containerd_bed, "batch",
+                                                                  ["sh", "-c", "while :; do :; done"]))
+        wait_for(lambda: (koordnode.status().get("qos_manager") or {}).get("be_tier", "").endswith("/koordnode_be"),
+                 "the BE budget on koordnode's BE group")
+        yield koordnode
+    finally:
+        for sid in pods:
+            remove_pod(cri_proxy, sid)
+
+
+def wait_for(condition, what: str, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pod_line(screen: str, name: str) -> list[str] | None:
+    for line in screen.splitlines():
+        if line.startswith(f"default/{name} "):
+            return line.split()
+    return None
+
+
+@pytest.mark.e2e
+def test_once_prints_the_node_the_pods_and_where_they_are(two_pods):
+    kn = two_pods
+    run = subprocess.run([sys.executable, "-m", "koordnode", "top", "--once", "--config", str(kn.config_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    screen = run.stdout
+    print(screen)
+    assert screen.startswith("koordnode ")
+    assert re.search(r"^node +last tick: CPUs used [\d.]+ of \d+", screen, re.M)
+    assert "BE budget" in screen and "inputs: node_cpus=" in screen
+    # The BE group koordnode keeps, in a state it gives it (never "no state at all").
+    group = re.search(r"^BE group  (\S+): (.*)$", screen, re.M)
+    assert group and group[1].endswith("/koordnode_be"), screen
+    assert re.match(r"(idle|lowest weight)", group[2]) and "1 pod(s) in it" in group[2]
+    web, batch = pod_line(screen, "web"), pod_line(screen, "batch")
+    assert web and web[1] == "LS" and batch and batch[1] == "BE"
+    # CPU, throttling and memory are measured values (a pod not found would show "-").
+    assert re.fullmatch(r"\d+\.\d\d", batch[2]) and re.fullmatch(r"[\d.]+Mi", batch[5]), batch
+    assert "recent decisions (newest first)" in screen and "cpu_suppress:" in screen
+    assert "overwrites restored:" in screen and "hook timeouts: none" in screen
+
+
+def test_once_without_a_daemon_says_so(tmp_path):
+    config = tmp_path / "koordnode.toml"
+    config.write_text(f'[admin]\nsocket = "{tmp_path}/admin.sock"\n')
+    run = subprocess.run([sys.executable, "-m", "koordnode", "top", "--once", "--config", str(config)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert f"koordnode is not running (no admin socket at {tmp_path}/admin.sock)" in run.stderr
+
+
+def test_sort_and_filters_choose_the_rows():
+    rows = [top.PodRow("ns/a", "BE", None, cpu=1.5, memory=10), top.PodRow("ns/b", "LS", None, cpu=0.2, memory=99),
+            top.PodRow("other/c", "LS", None, cpu=None, memory=None)]
+    assert [p.key for p in top.select_pods(rows, top.View())] == ["ns/a", "ns/b", "other/c"]
+    assert [p.key for p in top.select_pods(rows, top.View(sort="memory"))] == ["ns/b", "ns/a", "other/c"]
+    assert [p.key for p in top.select_pods(rows, top.View(qos_class="LS"))] == ["ns/b", "other/c"]
+    assert [p.key for p in top.select_pods(rows, top.View(text="NS/"))] == ["ns/a", "ns/b"]
+    view = top.View()
+    for _ in top.SORT_KEYS:
+        view.next_sort()
+    assert view.sort == "cpu"  # the key cycles through every order and back
+
+
+class Tmux:
+    """One detached tmux session of a fixed size, on its own server socket."""
+
+    def __init__(self, command: str, width: int = 160, height: int = 50) -> None:
+        self.socket = f"kn-top-{uuid.uuid4().hex[:8]}"
+        self.session = "top"
+        self._tmux("new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height), command)
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True,
+                              text=True, timeout=10).stdout
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", self.session, *keys)
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", self.session)
+
+    def wait_screen(self, condition, what: str, timeout_s: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if condition(screen):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+@pytest.mark.e2e
+def test_live_screen_in_a_real_terminal_sorts_filters_and_quits(two_pods, tmp_path):
+    if shutil.which("tmux") is None:
+        if running_in_ci():
+            pytest.fail("tmux is missing (scripts/install-deps.sh installs it)")
+        pytest.skip("tmux is not installed")
+    kn = two_pods
+    exited = tmp_path / "exit-code"
+    command = (f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m koordnode top "
+               f"--config {shlex.quote(str(kn.config_path))}; echo $? > {shlex.quote(str(exited))}; sleep 60")
+    term = Tmux(f"env TERM=xterm-256color PYTHONPATH={shlex.quote(str(REPO))} sh -c {shlex.quote(command)}")
+    try:
+        screen = term.wait_screen(lambda s: pod_line(s, "web") and pod_line(s, "batch"), "both pods on screen")
+        assert "BE group" in screen and "/koordnode_be:" in screen
+        # It refreshes by itself: the clock in the first line moves.
+        first = screen.splitlines()[0]
+        term.wait_screen(lambda s: s.splitlines()[0] != first, "a refresh")
+
+        term.keys("c", "c", "c", "c")  # all -> SYSTEM -> LSE -> LSR -> LS
+        screen = term.wait_screen(lambda s: "class: LS " in s, "the LS class filter")
+        assert pod_line(screen, "web") and not pod_line(screen, "batch")
+        term.keys("c")
+        screen = term.wait_screen(lambda s: "class: BE " in s, "the BE class filter")
+        assert pod_line(screen, "batch") and not pod_line(screen, "web")
+        term.keys("c")  # back to all
+
+        term.keys("/")
+        term.wait_screen(lambda s: "filter pods:" in s, "the filter prompt")
+        term.keys("w", "e", "b", "Enter")
+        screen = term.wait_screen(lambda s: "filter: web " in s, "the text filter")
+        assert "class: all " in screen and pod_line(screen, "web") and not pod_line(screen, "batch")
+
+        term.keys("s")
+        screen = term.wait_screen(lambda s: "sort: memory " in s, "the next sort order")
+
+        term.keys("q")
+        wait_for(exited.exists, "top to exit on q")
+        assert exited.read_text().strip() == "0"
+    finally:
+        term.close()
