@@ -43,6 +43,8 @@ fi
 # (Harmless no-op when systemd is not PID 1.)
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now containerd.service >/dev/null 2>&1 || true
+    # Only promtool is wanted from the prometheus package, not a Prometheus server.
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
 fi
 
 # A Debian-managed python3 refuses pip installs without this; other Pythons ignore it.
