@@ -303,8 +303,12 @@ def _be_group_line(group: Mapping[str, Any], pods: list[PodRow]) -> str:
 
 
 def _events_lines(st: Mapping[str, Any], strategies: Mapping[str, Any]) -> list[str]:
-    overwrites = ((st.get("qos") or {}).get("overwrites") or {}).get("counts") or {}
-    restored = ", ".join(f"{resource} {n}" for resource, n in sorted(overwrites.items())) or "none"
+    overwrites = (st.get("qos") or {}).get("overwrites") or {}
+    last = overwrites.get("last") or {}
+    restored = ", ".join(
+        f"{resource} {n}" + (f" (last: {last[resource].get('path')} found {last[resource].get('found')!r})"
+                             if isinstance(last.get(resource), dict) else "")
+        for resource, n in sorted((overwrites.get("counts") or {}).items())) or "none"
     failures = (st.get("proxy") or {}).get("hook_failures") or {}
     timeouts = {k: n for k, n in failures.items() if k.endswith(".timeout")}
     errors = {k: n for k, n in failures.items() if not k.endswith(".timeout")}
