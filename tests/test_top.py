@@ -17,6 +17,7 @@ import pytest
 
 from koordnode.admin import top
 from support.cri import container_config, remove_pod, run_pod, sandbox_config, start_container
+from support.koordnode_runner import KoordnodeProcess
 from support.kubelet_tiers import prepare_qos_tiers
 from testbed.fixtures import running_in_ci
 
@@ -179,3 +180,26 @@ def test_live_screen_in_a_real_terminal_sorts_filters_and_quits(two_pods, tmp_pa
         assert exited.read_text().strip() == "0"
     finally:
         term.close()
+
+
+@pytest.mark.e2e
+def test_live_screen_outlives_a_daemon_restart(containerd_bed, tmp_path):
+    if shutil.which("tmux") is None:
+        if running_in_ci():
+            pytest.fail("tmux is missing (scripts/install-deps.sh installs it)")
+        pytest.skip("tmux is not installed")
+    kn = KoordnodeProcess(tmp_path / "kn", str(containerd_bed.socket), kubepods=containerd_bed.kubepods_cgroup).start()
+    command = (f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m koordnode top "
+               f"--config {shlex.quote(str(kn.config_path))}; sleep 60")
+    term = Tmux(f"env TERM=xterm-256color sh -c {shlex.quote(command)}")
+    try:
+        term.wait_screen(lambda s: "BE group" in s, "the first screen")
+        kn.stop()
+        screen = term.wait_screen(lambda s: "cannot refresh from" in s, "the refresh problem on screen")
+        assert "PODS " in screen  # the last screen stays
+        kn.start()
+        term.wait_screen(lambda s: "cannot refresh from" not in s and "up " in s.splitlines()[0],
+                         "the screen after koordnode is back")
+    finally:
+        term.close()
+        kn.stop()

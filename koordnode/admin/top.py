@@ -396,8 +396,9 @@ def _live(window: Any, sampler: Sampler, view: View, interval_s: float) -> int:
     screen = sampler.sample()
     next_refresh = time.monotonic() + interval_s
     typing: str | None = None  # the filter being typed after '/'
+    problem: str | None = None  # why the last refresh failed (the daemon restarting, ...)
     while True:
-        _draw(window, screen, view, typing)
+        _draw(window, screen, view, typing, problem)
         key = window.getch()
         if typing is not None:
             if key in (10, 13, curses.KEY_ENTER):
@@ -419,17 +420,24 @@ def _live(window: Any, sampler: Sampler, view: View, interval_s: float) -> int:
         elif key == ord("r"):
             next_refresh = 0.0
         if time.monotonic() >= next_refresh:
-            screen = sampler.sample()
+            try:
+                screen, problem = sampler.sample(), None
+            except (OSError, ValueError, RuntimeError) as exc:
+                # Keep the last screen and say why it is old; the next refresh tries again.
+                problem = f"cannot refresh from {sampler.admin_socket}: {exc!r}; showing {_clock_text(screen.taken_at)}"
             next_refresh = time.monotonic() + interval_s
 
 
-def _draw(window: Any, screen: Screen, view: View, typing: str | None) -> None:
+def _draw(window: Any, screen: Screen, view: View, typing: str | None, problem: str | None = None) -> None:
     height, width = window.getmaxyx()
     lines = render(screen, view, width=max(width - 1, 1))
+    if problem:
+        lines.insert(1, problem[: max(width - 1, 1)])
     window.erase()
     for y, line in enumerate(lines[: max(height - 1, 0)]):
         bold = y == 0 or line.startswith(("CLASS", "NAMESPACE/POD", "PODS ", "recent decisions"))
-        window.addstr(y, 0, line, curses.A_BOLD if bold else curses.A_NORMAL)
+        attribute = curses.A_REVERSE if problem and y == 1 else curses.A_BOLD if bold else curses.A_NORMAL
+        window.addstr(y, 0, line, attribute)
     if typing is not None and height > 0:
         window.addstr(height - 1, 0, f"filter pods: {typing}"[: max(width - 1, 1)], curses.A_REVERSE)
     window.refresh()
