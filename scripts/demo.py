@@ -28,7 +28,7 @@ from typing import Any
 
 from koordnode.cri import api_pb2 as pb
 from tests.support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
-from tests.support.koordnode_runner import KoordnodeProcess
+from tests.support.koordnode_runner import REPO, KoordnodeProcess
 from tests.support.kubelet_tiers import prepare_qos_tiers
 from tests.testbed.containerd_bed import ContainerdBed
 
@@ -192,6 +192,8 @@ def main() -> int:
             print(f"== koordnode put LS 'web' in {where.pod_cgroups[ls_sid]}")
             print(f"== koordnode put BE 'batch' in {where.pod_cgroups[be_sid]} (kubelet asked for "
                   f"{be_sb.linux.cgroup_parent}); the BE budget goes on {where.be_tier}")
+            print(f"== watch it live from another terminal: cd {REPO} && sudo python3 -m koordnode top "
+                  f"--config {kn.config_path}")
             tail = Tail(kn.log_path)
             busy_from = max(seconds // 3, 2)
             busy_until = max(2 * seconds // 3, busy_from + 1)
