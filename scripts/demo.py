@@ -192,7 +192,7 @@ def main() -> int:
             print(f"== koordnode put LS 'web' in {where.pod_cgroups[ls_sid]}")
             print(f"== koordnode put BE 'batch' in {where.pod_cgroups[be_sid]} (kubelet asked for "
                   f"{be_sb.linux.cgroup_parent}); the BE budget goes on {where.be_tier}")
-            print(f"== watch it live from another terminal: cd {REPO} && sudo python3 -m koordnode top "
+            print(f"== watch it live from another terminal: cd {REPO} && python3 -m koordnode top "
                   f"--config {kn.config_path}")
             tail = Tail(kn.log_path)
             busy_from = max(seconds // 3, 2)
