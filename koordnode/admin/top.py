@@ -127,6 +127,7 @@ class Sampler:
         for gone in set(self._counters) - live:
             del self._counters[gone]
         self._note_decisions(manager.get("strategies") or {})
+        self.collector.sweep()  # every file still wanted was read just now: release the others
         return Screen(status, rows, be_group, list(self.decisions), time.time())
 
     def _rates(self, cgroup: str) -> tuple[float | None, float | None, float | None]:
