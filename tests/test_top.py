@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from faketree import make_cgroup_tree, write_cgroup_file
 from koordnode.admin import top
+from koordnode.qos.collect import Collector
 from support.cri import container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess
 from support.kubelet_tiers import prepare_qos_tiers
@@ -106,6 +108,50 @@ def test_sort_and_filters_choose_the_rows():
     for _ in top.SORT_KEYS:
         view.next_sort()
     assert view.sort == "cpu"  # the key cycles through every order and back
+
+
+def test_a_cgroup_v2_node_as_top_shows_it(tmp_path):
+    """Rates over the refresh, memory against min/low/high/limit, the BE group's state and the
+    decisions, from a status like the daemon's and a cgroup v2 tree (the e2e tests run on v1)."""
+    ls, be, group = "/kubepods/burstable/podls", "/kubepods/koordnode_be/podbe", "/kubepods/koordnode_be"
+    root = make_cgroup_tree(tmp_path, "v2", cgroups=[ls, be])
+    for name, value in (("memory.min", str(64 << 20)), ("memory.low", str(96 << 20)), ("memory.high", str(230 << 20)),
+                        ("memory.max", str(256 << 20)), ("memory.current", str(100 << 20))):
+        write_cgroup_file(root, ls, name, value)
+    write_cgroup_file(root, group, "cpu.idle", "1")
+    write_cgroup_file(root, group, "cpu.max", "2000 100000")
+    status = {
+        "version": "0.1.0", "uptime_s": 5.0, "mode": "proxy", "backend_health": "ok",
+        "qos": {"overwrites": {"counts": {"cpu.shares": 3}, "last": {"cpu.shares": {"path": "/x/cpu.weight", "found": "100"}}}},
+        "proxy": {"hook_failures": {"qos.pre.timeout": 2}},
+        "qos_manager": {"be_tier": group, "pod_cpu": {"s-ls": 0.7}, "node": {"node/ls_used_cpus": {"last": 1.5}},
+                        "strategies": {"cpu_suppress": {"decision": {
+                            "at": 1.0, "decision": "quota -1 -> 2000", "reason": "BE budget 0.00 CPUs = ...",
+                            "inputs": {"node_cpus": 2, "be_budget_cpus": 0.0, "system_used_cpus": 0.4}}}}},
+        "pods": [{"sandbox_id": "s-ls", "namespace": "default", "name": "web", "qos_class": "LS", "cgroup": ls},
+                 {"sandbox_id": "s-be", "namespace": "default", "name": "batch", "qos_class": "BE", "cgroup": be}],
+    }
+    now = [100.0]
+    sampler = top.Sampler("unused", Collector(tmp_path / "proc", root), fetch=lambda _: status, clock=lambda: now[0])
+    first = sampler.sample()
+    assert next(p for p in first.pods if p.key == "default/web").cpu == 0.7  # the manager's, until measured
+    write_cgroup_file(root, ls, "cpu.stat", "usage_usec 1500000\nnr_periods 10\nnr_throttled 2\nthrottled_usec 200000")
+    write_cgroup_file(root, ls, "cpu.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=250000\n"
+                                                "full avg10=0.00 avg60=0.00 avg300=0.00 total=0")
+    now[0] += 2.0
+    lines = top.render(sampler.sample(), top.View(), width=300)
+    screen = "\n".join(lines)
+    print(screen)
+    web = pod_line(screen, "web")
+    # 1.5 CPU-seconds, 0.2 s throttled and 0.25 s stalled over 2 s.
+    assert web[1:] == ["LS", "0.75", "0.10", "12.5%", "100.0Mi", "64.0Mi", "96.0Mi", "230.0Mi", "256.0Mi"]
+    assert pod_line(screen, "batch")[4:] == ["0.0%", "0.0Mi", "0.0Mi", "0.0Mi", "max", "max"]
+    assert f"BE group  {group}: idle, quota 2000/100000 us = 0.02 CPUs; 1 pod(s) in it" in screen
+    assert "BE budget 0.00 CPUs  decision: quota -1 -> 2000" in screen and "system_used_cpus=0.40" in screen
+    assert "cpu_suppress: quota -1 -> 2000 (BE budget 0.00 CPUs = ...)" in screen
+    assert "overwrites restored: cpu.shares 3 (last: /x/cpu.weight found '100')" in screen
+    assert "hook timeouts: qos.pre.timeout 2" in screen
+    assert [line.split()[:2] for line in lines if re.match(r"(LS|BE) +\d", line)] == [["LS", "1"], ["BE", "1"]]
 
 
 class Tmux:
