@@ -10,6 +10,9 @@ import re
 import shutil
 import socket
 import subprocess
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,3 +199,89 @@ def test_every_panel_and_rule_queries_a_metric_koordnode_exports(live_metrics):
                    "koordnode_evictions_total", "koordnode_hook_failures_total", "koordnode_cgroup_overwrites_total",
                    "koordnode_cri_hook_delay_seconds_bucket"):
         assert needed in queried, needed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prometheus_query(port: int, expr: str) -> dict:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:  # a query Prometheus refuses answers 400 with the reason
+        return json.loads(err.read())
+
+
+@pytest.mark.e2e
+def test_a_real_prometheus_evaluates_the_rules_and_every_panel(containerd_bed, tmp_path):
+    """A Prometheus server scraping a live koordnode every second, with the rules loaded (their
+    groups evaluated every second): every panel's query is valid PromQL there, and the panels
+    that a node with a pod always has data for show it."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        if running_in_ci():
+            pytest.fail("prometheus is missing (scripts/install-deps.sh installs it)")
+        pytest.skip("prometheus is not installed")
+    metrics_port, prometheus_port = free_port(), free_port()
+    kn = KoordnodeProcess(tmp_path / "kn", str(containerd_bed.socket), kubepods=containerd_bed.kubepods_cgroup,
+                          metrics_listen=f"127.0.0.1:{metrics_port}").start()
+    fast_rules = rule_file()
+    for group in fast_rules["groups"]:
+        group["interval"] = "1s"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(fast_rules))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yml")],
+        "scrape_configs": [{"job_name": "koordnode", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+    }))
+    server = subprocess.Popen(
+        [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+    cri = Cri(kn.listen)
+    sid = None
+    try:
+        sb = sandbox_config(containerd_bed, "scraped", qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
+        sid = run_pod(cri, sb)
+        start_container(cri, sid, sb, container_config(containerd_bed, "c", ["sleep", "3600"]))
+
+        def has_data(expr: str) -> bool:
+            answer = prometheus_query(prometheus_port, expr)
+            return answer.get("status") == "success" and bool(answer["data"]["result"])
+
+        deadline = time.monotonic() + 60
+        # Two scrapes after the pod's calls, and the recording rules evaluated on them.
+        while not has_data('koordnode:cri_hook_delay_seconds:p99_5m{method="CreateContainer"}'):
+            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, "Prometheus never recorded the hook delay"
+            time.sleep(0.5)
+        assert has_data('up{job="koordnode"} == 1')
+
+        empty = []
+        for where, expr in dashboard_queries():
+            answer = prometheus_query(prometheus_port, expr.replace("$instance", ".*"))
+            assert answer.get("status") == "success", (where, expr, answer)
+            if not answer["data"]["result"]:
+                empty.append(where)
+        # What a node with a pod always has: the rest shows data once there is something to show
+        # (evictions, hook failures, overwrites, memory protection on cgroup v2).
+        for where in ("koordnode up", "Dry run", "Last reload applied", "kubelet connections", "BE quota now",
+                      "Node pressure (PSI avg10)", "BE CPU quota", "CRI latency koordnode adds",
+                      "CRI call duration through koordnode", "CRI calls by status", "Kernel writes by outcome"):
+            assert not [e for e in empty if e.startswith(f"panel '{where}")], (where, empty)
+        print("panels without data on this node:", empty)
+        for rule in rules():
+            if "alert" in rule:
+                answer = prometheus_query(prometheus_port, rule["expr"])
+                assert answer.get("status") == "success", (rule["alert"], answer)
+    finally:
+        server.terminate()
+        server.wait(20)
+        if sid is not None:
+            remove_pod(cri, sid)
+        cri.close()
+        kn.stop()
