@@ -95,8 +95,9 @@ class Placement:
 
     def refresh(self) -> None:
         status = self.kn.status()
-        # For the cgroupfs driver the pod's cgroup is its cgroup parent, as koordnode rewrote it.
-        self.pod_cgroups = {p["sandbox_id"]: p["cgroup_parent"] for p in status.get("pods", [])}
+        # The pod cgroup koordnode writes (`cgroup`); its cgroup parent as koordnode rewrote it
+        # is the same path with the cgroupfs driver.
+        self.pod_cgroups = {p["sandbox_id"]: p.get("cgroup") or p["cgroup_parent"] for p in status.get("pods", [])}
         self.be_tier = (status.get("qos_manager") or {}).get("be_tier") or ""
 
     def wait(self, sandbox_ids: list[str], be_sandbox_id: str, timeout_s: float = 20.0) -> None:
