@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,15 +45,20 @@ def test_demo_view_follows_koordnode_and_shows_be_yielding(tmp_path):
         if running_in_ci():
             pytest.fail(f"the demo cannot run: {problems}")
         pytest.skip(f"the demo cannot run: {problems}")
-    work = tmp_path / "demo"
+    # Short: containerd's sockets go under it (unix socket paths end at 104 bytes).
+    work = Path(tempfile.mkdtemp(prefix="kn-demo-"))
     view = tmp_path / "view.jsonl"
-    run = subprocess.run(
-        [sys.executable, "-m", "scripts.demo", "--seconds", "18", "--workdir", str(work), "--keep-logs",
-         "--record", str(view)],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
-    )
-    print(run.stdout[-6000:])
-    assert run.returncode == 0, run.stderr[-4000:]
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "scripts.demo", "--seconds", "18", "--workdir", str(work), "--keep-logs",
+             "--record", str(view)],
+            cwd=REPO, capture_output=True, text=True, timeout=240,
+        )
+        print(run.stdout[-6000:])
+        assert run.returncode == 0, run.stderr[-4000:]
+        writes = logged_quota_writes(work / "koordnode" / "koordnode.log")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     rows = [json.loads(line) for line in view.read_text().splitlines()]
     assert len(rows) == 18
 
@@ -68,10 +75,12 @@ def test_demo_view_follows_koordnode_and_shows_be_yielding(tmp_path):
     # LS busy: once koordnode reacted (first second), BE gets almost nothing.
     settled = [r["be_cpus"] for r in busy[1:]]
     assert sum(settled) / len(settled) < 0.2, busy
-    assert sum(r["ls_cpus"] for r in busy[1:]) / len(busy[1:]) > 0.5, busy
+    # ... while LS really was busy (how much it got depends on what else runs on the machine).
+    ls_busy = sum(r["ls_cpus"] for r in busy[1:]) / len(busy[1:])
+    ls_quiet = sum(r["ls_cpus"] for r in quiet[1:]) / len(quiet[1:])
+    assert ls_busy > max(0.1, 3 * ls_quiet), (ls_busy, ls_quiet)
 
     # The quota column: what koordnode logged writing on its BE group, nothing else.
-    writes = logged_quota_writes(work / "koordnode" / "koordnode.log")
     assert writes, "koordnode logged no quota write"
     assert all(w["cgroup"] == be_tier for w in writes), writes
     logged = {"-1"} | {str(w["new"]).split()[0] for w in writes}
