@@ -38,10 +38,10 @@ import pytest
 from k8s_support import require_component
 from support.koordnode_runner import KoordnodeProcess
 from testbed.containerd_bed import ContainerdBed, _cgroup_mounts, missing_prerequisites
-from testbed.critest_images import CRITEST_BUSYBOX, NGINX, STAND_INS, build_critest_images
+from testbed.critest_images import CRITEST_BUSYBOX, CRITEST_PAUSE, NGINX, build_critest_images
 from testbed.fixtures import running_in_ci
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # two critest runs, and reruns of a spec lost
 
 # Ginkgo --skip regexps (RE2, matched against "<containers> <spec>") and why each cannot pass here.
 SKIPPED_SPECS = {
@@ -207,12 +207,10 @@ def critest_bed(request, tmp_path_factory) -> Iterator[ContainerdBed]:
         _bed_unavailable("; ".join(problems))
     bin_dir = require_component("containerd") if request.param == "containerd-2.4.2" else None
     workdir = tmp_path_factory.mktemp(f"critest-{request.param}")
-    bed = ContainerdBed(workdir / "bed", bin_dir=bin_dir)
+    bed = ContainerdBed(workdir / "bed", bin_dir=bin_dir, extra_images=build_critest_images,
+                        pause_image=CRITEST_PAUSE)
     bed.start()
     try:
-        for image in build_critest_images(workdir / "images"):
-            bed.ctr("images", "import", "--snapshotter", bed.snapshotter, str(image.archive))
-        bed._wait_images_visible([image.ref for image in STAND_INS])
         yield bed
     finally:
         bed.stop()

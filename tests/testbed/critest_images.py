@@ -23,6 +23,12 @@ predefined group ``gcr.io/k8s-staging-cri-tools/test-image-predefined-group:late
     user ``default-user`` (uid 1000) in group 50000 of ``/etc/group``: the
     SupplementalGroupsPolicy specs.
 
+pause ``CRITEST_PAUSE`` (the beds' sandbox image for critest)
+    the test bed's pause waits in a child named ``sleep``; critest's pods share their PID
+    namespace with the sandbox, and the execSync-timeout spec checks that ``pgrep sleep`` finds
+    nothing once the timed-out ``sleep`` is gone. This one waits in a child named ``pause``, as
+    the real pause is named (busybox's sleep run from a hard link called ``/bin/pause``).
+
 Not stood in: images whose specs exercise ``PullImage`` itself (those always contact the
 registry) and ``nonewprivs:1.3``, whose point is a setuid binary.
 """
@@ -37,6 +43,7 @@ from pathlib import Path
 from .images import DEFAULT_BUSYBOX, BuiltImage, ImageBuildError, _tar_info, build_image_archive, list_applets
 
 CRITEST_BUSYBOX = "docker.io/koordnode/critest-busybox:test"
+CRITEST_PAUSE = "docker.io/koordnode/critest-pause:test"
 NGINX = "registry.k8s.io/e2e-test-images/nginx:1.14-2"
 HTTPD = "registry.k8s.io/e2e-test-images/httpd:2.4.39-4"
 HOSTNET_NGINX = "gcr.io/k8s-staging-cri-tools/hostnet-nginx-amd64:latest"
@@ -94,7 +101,12 @@ class StandIn:
     cmd: tuple[str, ...]
 
 
+# The bed's PAUSE_CMD, with the waiting child named "pause" (argv[0] "sleep" selects the applet).
+_PAUSE_CMD = ("/bin/sh", "-c", "trap 'kill $! 2>/dev/null; exit 0' TERM INT HUP; "
+              "while :; do (exec -a sleep /bin/pause 2147483647) & wait $!; done")
+
 STAND_INS = (
+    StandIn(CRITEST_PAUSE, _PAUSE_CMD),
     StandIn(CRITEST_BUSYBOX, ("/bin/sh",)),
     StandIn(NGINX, ("/usr/sbin/nginx", "-g", "daemon off; master process")),
     StandIn(HTTPD, ("/usr/local/bin/httpd-foreground",)),
@@ -116,7 +128,7 @@ def build_critest_layer(busybox: Path = DEFAULT_BUSYBOX) -> bytes:
             mode = 0o1777 if name in ("tmp", "var/tmp") else 0o755
             tar.addfile(_tar_info(name + "/", tarfile.DIRTYPE, mode))
         tar.addfile(_tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
-        for applet in applets:
+        for applet in [*applets, "bin/pause"]:
             tar.addfile(_tar_info(applet, tarfile.LNKTYPE, 0o755, linkname="bin/busybox"))
         for name, text in sorted(_FILES.items()):
             data = text.encode()
