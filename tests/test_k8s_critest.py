@@ -12,12 +12,20 @@ Images: this machine reaches no public registry. critest runs its containers on
 one only when ``ImageStatus`` does not know it, so ``testbed.critest_images`` imports local
 stand-ins under those names (busybox with the few tools and servers the specs check). What is
 left calls ``PullImage`` unconditionally and can only fail here, both ways: ``SKIPPED_SPECS``
-skips it, each with its reason. Two specs still fail both ways for reasons of the host's busybox
-(its shell runs applets without exec, so a masked ``/bin/ls`` still runs): they run anyway, as
-failing both ways is no difference.
+skips it, each with its reason. One spec still fails both ways, for a reason of the host's
+busybox: "should support MaskedPaths" masks ``/bin/ls`` and expects ``sh -c ls`` to be refused,
+but this busybox's shell runs its applets without exec. It runs anyway: failing both ways is no
+difference.
 
-Backends: containerd 2.4.2 built by ``scripts/k8s-bed.sh`` (issue 21: 2.3 or newer) and the
-host's containerd (1.6 on Debian 12), which the README names too.
+Backends: containerd 2.4.2 built by ``scripts/k8s-bed.sh`` (issue 21: 2.3 or newer). With
+``KOORDNODE_CRITEST_HOST_CONTAINERD=1`` also the host's containerd (1.6 on Debian 12), which is
+not in the default run because it costs twice as much (2 × 4 minutes on this machine) and its
+own failures (NotFound from StopPodSandbox / StopContainer of unknown ids, the OOMKilled reason
+under load) say nothing about koordnode.
+
+Measured on the 2-core machine while other suites ran (load 9-10), containerd 2.4.2: direct
+86 passed, 1 failed, 55 skipped in 108 s; through koordnode the same in 98 s; the whole test
+(bed, images, both runs) 3.5 minutes.
 """
 
 from __future__ import annotations
@@ -56,7 +64,8 @@ SKIPPED_SPECS = {
 # Specs with NRI (no --nri-socket), AppArmor (disabled in the bed), SELinux and the like skip
 # themselves at run time; they show up as "skipped" in both runs.
 
-BACKENDS = ("containerd-2.4.2", "containerd-host")
+BACKENDS = ["containerd-2.4.2"] + (["containerd-host"] if os.environ.get("KOORDNODE_CRITEST_HOST_CONTAINERD") == "1"
+                                   else [])
 _CRITEST_TIMEOUT_S = 900
 _RERUNS = 2
 _MIN_DIRECT_PASSES = {"containerd-2.4.2": 80, "containerd-host": 40}  # a broken bed must not pass vacuously
@@ -92,6 +101,20 @@ class CritestRun:
 def _go_regexp_quote(text: str) -> str:
     """Like Go's regexp.QuoteMeta (Python's re.escape also escapes spaces, which RE2 rejects)."""
     return "".join("\\" + c if c in r"\.+*?()|[]{}^$" else c for c in text)
+
+
+def _focus_exactly(name: str) -> str:
+    """A --ginkgo.focus for one spec: ginkgo matches "<suite description> <containers> <spec>"."""
+    return " " + _go_regexp_quote(name) + "$"
+
+
+def _still_lost(direct: SpecResult | None, proxied: SpecResult | None) -> bool:
+    """After a rerun of a spec that passed direct and failed through koordnode: it counts unless
+    it now passes through koordnode, or now fails direct as well (flaky both ways). A rerun that
+    did not run it (absent, skipped) clears nothing."""
+    if proxied is not None and proxied.state == "passed":
+        return False
+    return not (direct is not None and direct.state not in ("passed", "skipped"))
 
 
 def _read_report(path: Path) -> tuple[dict[str, SpecResult], list[str]]:
@@ -243,7 +266,7 @@ def test_critest_through_koordnode_fails_nothing_that_passes_direct(critest_bed,
             for attempt in range(1, _RERUNS + 1):
                 if not lost:
                     break
-                focus = ["^" + _go_regexp_quote(n) + "$" for n in lost]
+                focus = [_focus_exactly(n) for n in lost]
                 again_direct = run_critest(critest, bed.address, tmp_path / f"rerun{attempt}-direct",
                                            f"rerun {attempt} direct", images, focus)
                 again_proxied = run_critest(critest, f"unix://{koordnode.listen}", tmp_path / f"rerun{attempt}-proxy",
@@ -253,8 +276,7 @@ def test_critest_through_koordnode_fails_nothing_that_passes_direct(critest_bed,
                     retried.setdefault(name, []).append(
                         f"direct {again_direct.results.get(name, SpecResult('absent')).state}, "
                         f"koordnode {again_proxied.results.get(name, SpecResult('absent')).state}")
-                # Still lost: passes direct again (or did the first time) and fails through koordnode again.
-                lost = [n for n in _not_passed(again_proxied, lost) if n not in _not_passed(again_direct, [n])]
+                lost = [n for n in lost if _still_lost(again_direct.results.get(n), again_proxied.results.get(n))]
             alive = koordnode.proc is not None and koordnode.proc.poll() is None
         finally:
             koordnode.stop()
