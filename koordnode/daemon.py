@@ -33,6 +33,7 @@ from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
+from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.metrics import METRICS, MetricsServer, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
@@ -536,6 +537,9 @@ class Daemon:
                 },
             },
             "nri": _safe(self.nri.status) if self.nri is not None else None,
+            # Proxy mode only: in NRI mode kubelet's calls do not pass through koordnode.
+            "kubelet": kubelet_view(METRICS.cri_calls_by_method(), self.config.cgroup.be_idle_group)
+                       if self.mode == "proxy" else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
             "resctrl": _safe(self.resctrl.status),

@@ -234,6 +234,16 @@ class Metrics:
         if seconds >= 0:
             self.cri_duration.labels(name).observe(seconds)
 
+    def cri_calls_by_method(self) -> dict[str, int]:
+        """CRI calls relayed so far by method (all status codes together)."""
+        calls: dict[str, int] = {}
+        for family in self.cri_requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    method = sample.labels["method"]
+                    calls[method] = calls.get(method, 0) + int(sample.value)
+        return calls
+
     def follow_hook_failures(
         self, source: Callable[[], Mapping[tuple[str, str, str], int]]
     ) -> None:

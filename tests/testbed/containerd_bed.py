@@ -496,6 +496,14 @@ class ContainerdBed:
 
     # ----- CRI / ctr access ---------------------------------------------
 
+    def restart_containerd(self) -> None:
+        """Stop containerd (SIGTERM) and start it again on the same state; shims and the
+        containers they run stay up, as on a node whose containerd service restarts."""
+        self._close_channel()
+        self._terminate_containerd()
+        self._launch()
+        self._wait_ready()
+
     def channel(self) -> grpc.Channel:
         """A shared gRPC channel to the bed's containerd socket."""
         if self._channel is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
+from koordnode.cri import api_pb2 as pb
 from support.koordnode_runner import KoordnodeProcess, short_socket_dir
 
 from .containerd_bed import ContainerdBed
@@ -58,10 +59,17 @@ class RealNode:
         node = self.client().get(f"/api/v1/nodes/{self.name}")
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 
-    def restart_koordnode(self) -> None:
-        assert self.koordnode is not None
-        self.koordnode.stop()
-        self.koordnode.start()
+    def containerd_pods(self) -> list[dict[str, Any]]:
+        """Every sandbox containerd has (``id``, ``uid``, ``name``, ``state``), asked directly, not through koordnode."""
+        from support.cri import Cri
+
+        cri = Cri(self.containerd.address)
+        try:
+            return [{"id": s.id, "uid": s.metadata.uid, "name": s.metadata.name,
+                     "state": pb.PodSandboxState.Name(s.state)}
+                    for s in cri.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items]
+        finally:
+            cri.close()
 
 
 def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
