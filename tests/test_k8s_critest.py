@@ -296,3 +296,16 @@ def test_critest_through_koordnode_fails_nothing_that_passes_direct(critest_bed,
     assert not lost, "critest specs that pass against containerd directly fail through koordnode:\n" + "\n".join(
         f"- {name}\n  {proxied.results[name].state if name in proxied.results else 'absent'}: "
         f"{proxied.results[name].message[:1500] if name in proxied.results else ''}" for name in lost)
+
+
+def test_a_rerun_focuses_on_exactly_its_spec(critest, tmp_path):
+    # ginkgo matches a focus against "<suite description> <containers> <spec>": an anchor at
+    # the start would match nothing, and a rerun that runs nothing must not clear a spec.
+    name = "[k8s.io] Security Context bucket runtime should support ReadonlyPaths"
+    dry = subprocess.run([str(critest), "--ginkgo.dry-run", "--ginkgo.no-color", "--runtime-endpoint=unix:///none",
+                          f"--config={tmp_path / 'no-crictl.yaml'}", f"--ginkgo.focus={_focus_exactly(name)}"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "Will run 1 of" in dry.stdout, dry.stdout[-2000:]
+    failed, passed, skipped = SpecResult("failed"), SpecResult("passed"), SpecResult("skipped")
+    assert _still_lost(passed, failed) and _still_lost(skipped, skipped) and _still_lost(None, None)
+    assert not _still_lost(passed, passed) and not _still_lost(failed, failed)
