@@ -69,7 +69,9 @@ BACKENDS = ["containerd-2.4.2"] + (["containerd-host"] if os.environ.get("KOORDN
 _CRITEST_TIMEOUT_S = 900
 _RERUNS = 2
 _MIN_DIRECT_PASSES = {"containerd-2.4.2": 80, "containerd-host": 40}  # a broken bed must not pass vacuously
-_CGROUPS_CRITEST_MAKES = ("k8s.io", "test.slice")  # its pods' parents: none (cgroupfs), or /test.slice
+# Its pods' cgroups: no parent on cgroupfs (containerd: /k8s.io/<id>); on 1.6, which has no
+# RuntimeConfig, parent /test.slice, which 1.6 takes for a systemd slice: /test.slice:cri-containerd:<id>.
+_CGROUPS_CRITEST_MAKES = ("k8s.io", "test.slice", "test.slice:cri-containerd:*")
 
 
 @dataclass
@@ -183,12 +185,12 @@ def _remove_new_shm(before: set[int]) -> None:
 
 
 def _critest_cgroups() -> list[Path]:
-    return [mount / name for mount in _cgroup_mounts() for name in _CGROUPS_CRITEST_MAKES if (mount / name).is_dir()]
+    return [path for mount in _cgroup_mounts() for pattern in _CGROUPS_CRITEST_MAKES for path in mount.glob(pattern)
+            if path.is_dir()]
 
 
 def _remove_new_cgroups(before: list[Path]) -> None:
-    """critest's pods have no cgroup parent (cgroupfs) or ``/test.slice``: containerd makes
-    ``/k8s.io`` or ``/test.slice`` in every hierarchy. Removed when new and empty."""
+    """What containerd made for critest's pods at the top of every hierarchy, when new and empty."""
     for top in _critest_cgroups():
         if top in before:
             continue
