@@ -532,6 +532,7 @@ class Daemon:
                 "connections_open": self.stats.connections_open,
                 "connections_total": self.stats.connections_total,
                 "intercepted_calls": self.stats.intercepted_calls,
+                "calls_by_method": METRICS.cri_calls_by_method(),
                 "hook_failures": {
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },

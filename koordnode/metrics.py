@@ -12,6 +12,9 @@ Exported metrics (labels in braces):
 - ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
   (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...); a
   path that names no CRI method counts as ``other``, so clients cannot grow the label set.
+- ``koordnode_cri_hook_delay_seconds{method}`` (histogram): the time a call waited for the Pre
+  hooks before it was forwarded, i.e. the latency koordnode adds (the duration above also has
+  the runtime's own time).
 - ``koordnode_hook_failures_total{hook,phase,kind}``: hook errors (``kind="error"``) and
   timeouts (``kind="timeout"``), read from the hook chain's counters at scrape time.
 - ``koordnode_proxy_connections_open``, ``koordnode_proxy_connections_total``,
@@ -162,6 +165,12 @@ class Metrics:
             "Time from a CRI request reaching koordnode to its response leaving, hooks included",
             ["method"], buckets=_CRI_BUCKETS, registry=r)
 
+        self.hook_delay = Histogram(
+            "koordnode_cri_hook_delay_seconds",
+            "Time a CRI request waited for koordnode's Pre hooks before it was forwarded: the "
+            "latency koordnode adds to the call",
+            ["method"], buckets=_CRI_BUCKETS, registry=r)
+
         self.executor_writes = Counter(
             "koordnode_executor_writes_total",
             "Kernel writes (cgroup files, sysctls) by resource and outcome",
@@ -243,6 +252,11 @@ class Metrics:
                     method = sample.labels["method"]
                     calls[method] = calls.get(method, 0) + int(sample.value)
         return calls
+
+    def observe_hook_delay(self, method: str, seconds: float) -> None:
+        """How long an intercepted call's Pre hooks held it before it went to the runtime."""
+        if seconds >= 0:
+            self.hook_delay.labels(_method_label(method)).observe(seconds)
 
     def follow_hook_failures(
         self, source: Callable[[], Mapping[tuple[str, str, str], int]]

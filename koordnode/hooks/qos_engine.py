@@ -1333,6 +1333,11 @@ class QoSEngine:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
         published = self._published
         for pod in snapshot.get("pods", []):
+            # Where the pod is: the cgroup this engine writes (`koordnode top` reads it there).
+            try:
+                pod["cgroup"] = self._pod_cgroup(pod.get("cgroup_parent") or "")
+            except UnsafePathError:
+                pod["cgroup"] = None
             rec = published.pod_records.get(pod["sandbox_id"])
             if rec is not None:
                 pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),

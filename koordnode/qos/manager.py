@@ -244,7 +244,9 @@ class QoSManager:
         if self._pressure_watch_note:
             watch["note"] = self._pressure_watch_note
         history = self.history
-        node_series = [n for n in history.names() if n.startswith("node/") or n.startswith("tier/")]
+        names = history.names()
+        node_series = [n for n in names if n.startswith("node/") or n.startswith("tier/")]
+        pod_series = [n for n in names if n.startswith("pod/") and n.endswith("/cpu")]
         return {
             "trigger_mode": watch["mode"],
             "pressure_watch": watch,
@@ -254,6 +256,9 @@ class QoSManager:
             "ticks": self._book.ticks_status(self._settings.tick_ms),
             "strategies": self._runner.status(),
             "node": history.summaries(node_series),
+            # CPUs each pod used over the last tick, by sandbox id (what the strategies saw).
+            "pod_cpu": {name.split("/")[1]: summary.get("last")
+                        for name, summary in history.summaries(pod_series).items()},
             "collector": {
                 "errors": self.collector.errors,
                 "last_error": self.collector.last_error,

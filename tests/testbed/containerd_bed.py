@@ -52,7 +52,9 @@ REQUIRED_CNI_PLUGINS = ("bridge", "host-local", "portmap")
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CNI_RESULT_CACHE = Path("/var/lib/cni/results")
 _HARDCODED_HOST_DIRS = (SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent, CNI_RESULT_CACHE, CNI_RESULT_CACHE.parent)
-_MAX_UNIX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep room for ".ttrpc"
+# containerd refuses socket paths over 104 bytes (its limit, below sun_path's 108), and its
+# ttrpc socket is the main one plus ".ttrpc".
+_MAX_UNIX_SOCKET_PATH = 104 - len(".ttrpc")
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _LOG_RUN_MARKER = "===== koordnode test bed"
