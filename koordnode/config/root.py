@@ -14,6 +14,7 @@ from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
 from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig
 from koordnode.config.fields import internal, section
+from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.metrics import MetricsConfig
 from koordnode.config.netqos import NetQoSConfig
 from koordnode.config.node import NodeConfig
@@ -50,6 +51,9 @@ class Config:
     net: NetQoSConfig = section(NetQoSConfig, doc="egress shaping per class (tc HTB + nftables)")
     qos_manager: QoSManagerConfig = section(QoSManagerConfig, doc="the QoS manager loop: ticks and PSI wake-ups")
     strategy: StrategyConfig = section(StrategyConfig, doc="QoS manager strategies, [strategy.<name>]")
+    kubernetes: KubernetesConfig = section(
+        KubernetesConfig, doc="in a cluster: NodeSLO, pod facts, evictions and NodeMetric through the API server"
+    )
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = internal(DEFAULTS_SOURCE)
