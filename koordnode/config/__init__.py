@@ -29,11 +29,13 @@ from koordnode.config.loader import (
     Setting,
     describe_settings,
     from_dict,
+    key_sources,
     load_config,
     parse_config,
     reload_config,
     to_dict,
     to_toml,
+    with_nodeslo,
 )
 from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.metrics import MetricsConfig
@@ -81,6 +83,7 @@ __all__ = [
     "SysfsConfig",
     "describe_settings",
     "from_dict",
+    "key_sources",
     "load_config",
     "parse_config",
     "reload_config",
@@ -89,4 +92,5 @@ __all__ = [
     "to_dict",
     "to_toml",
     "unix_socket_path",
+    "with_nodeslo",
 ]

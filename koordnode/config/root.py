@@ -60,6 +60,10 @@ class Config:
     # What load_config was called with, so reload_config can repeat it.
     path: str | None = internal(None)
     overrides: Mapping[str, Any] | None = internal(None)
+    # The local file's table with the overrides merged in (what "source: toml" means), and the
+    # NodeSLO's table below it ([kubernetes]; None: none applied). The values above are both merged.
+    local: Mapping[str, Any] | None = internal(None)
+    nodeslo: Mapping[str, Any] | None = internal(None)
 
     @property
     def uses_defaults(self) -> bool:

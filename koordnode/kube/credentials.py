@@ -109,7 +109,8 @@ class Credentials:
         def named(section: str, name: str, inner: str) -> dict[str, Any]:
             for entry in doc.get(section) or []:
                 if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(inner), dict):
-                    return entry[inner]  # type: ignore[no-any-return]
+                    found: dict[str, Any] = entry[inner]
+                    return found
             raise CredentialsError(f"kubeconfig {source}: no {section[:-1]} named {name!r}")
 
         current = doc.get("current-context")
@@ -254,7 +255,7 @@ def _block(lines: list[tuple[int, int, str]], index: int, indent: int) -> tuple[
                     value, index = None, index + 1
                 items.append(value)
                 continue
-            if ":" in rest and not rest[:1] in "'\"":
+            if ":" in rest and rest[:1] not in "'\"":
                 # "- key: value": a mapping whose keys sit at the dash's indent + 2
                 inner = indent + (len(text) - len(rest))
                 sub = [(number, inner, rest)] + lines[index + 1:]

@@ -67,9 +67,9 @@ class Health:
 
 class Reflector:
     def __init__(self, client: KubeClient, path: str, *, field_selector: str | None = None,
-                 on_change: Callable[[Mapping[str, dict[str, Any]]], None], name: str,
+                 on_change: Callable[[Mapping[str, Any]], None], name: str,
                  watch_timeout_s: int = 300, backoff_max_s: float = 60.0,
-                 max_objects: int = 10000) -> None:
+                 max_objects: int = 10000, transform: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.client = client
         self.path = path
         self.field_selector = field_selector
@@ -78,7 +78,9 @@ class Reflector:
         self.watch_timeout_s = watch_timeout_s
         self.backoff = Backoff(most=backoff_max_s)
         self.max_objects = max_objects
-        self.store: dict[str, dict[str, Any]] = {}
+        # What is kept of each object (the pod watch keeps PodFacts, not whole pods: bounded RSS).
+        self.transform = transform or (lambda obj: obj)
+        self.store: dict[str, Any] = {}
         self.resource_version: str | None = None
         self.health = Health()
 
@@ -110,13 +112,13 @@ class Reflector:
             raise Unreachable(f"list {self.path}: not a list object")
         if len(items) > self.max_objects:
             raise Unreachable(f"list {self.path}: {len(items)} objects, more than {self.max_objects}")
-        store: dict[str, dict[str, Any]] = {}
+        store: dict[str, Any] = {}
         for item in items:
             key = object_key(item) if isinstance(item, dict) else None
             if key is None:
                 self.health.malformed += 1
                 continue
-            store[key] = item
+            store[key] = self.transform(item)
         self.store = store
         self.resource_version = str(meta.get("resourceVersion") or "") or None
         self.health.synced = True
@@ -139,7 +141,7 @@ class Reflector:
         if event["type"] == "DELETED":
             self.store.pop(key, None)
         elif key in self.store or len(self.store) < self.max_objects:
-            self.store[key] = obj
+            self.store[key] = self.transform(obj)
         else:
             self.health.malformed += 1
             return
