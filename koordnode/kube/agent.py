@@ -71,7 +71,10 @@ class ClusterLink:
                  on_pod_facts: Callable[[], None],
                  node_metric_status: Callable[[], dict[str, Any] | None],
                  memory_total_bytes: Callable[[], int | None] = lambda: None,
+                 observe: Callable[[str, str], None] = lambda kind, result: None,
                  client: KubeClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`observe(kind, result)`: ("nodeslo", "applied" | "refused") and ("eviction", result),
+        for the metrics (which live above this layer)."""
         self.config = config
         self.node_name = node_name_of(config)
         self.client = client or KubeClient(credentials_of(config), timeout_s=config.request_timeout_s,
@@ -81,6 +84,7 @@ class ClusterLink:
         self._node_metric_status = node_metric_status
         self._memory_total = memory_total_bytes
         self._clock = clock
+        self._observe = observe
         self.facts: dict[str, PodFacts] = {}  # pod UID -> facts
         self.fact_problems: list[str] = []
         self.nodeslo_status: dict[str, Any] = {"state": "none seen yet"}
@@ -149,7 +153,9 @@ class ClusterLink:
                 self.nodeslo_status = {**self.nodeslo_status, "last_refused": {
                     "resource_version": version, "at": now, "errors": errors}}
                 self.nodeslo_status["refused_total"] = self.nodeslo_status.get("refused_total", 0) + 1
+                self._observe("nodeslo", "refused")
                 return
+            self._observe("nodeslo", "applied")
             log.info("nodeslo_applied", node=self.node_name, resource_version=version,
                      keys=len(mapping.fields), ignored=len(mapping.ignored))
             self.nodeslo_status = {
@@ -193,6 +199,7 @@ class ClusterLink:
 
     def _count(self, result: str, target: EvictTarget, reason: str, detail: str = "") -> None:
         self.eviction_counts[result] = self.eviction_counts.get(result, 0) + 1
+        self._observe("eviction", result)
         self.recent_evictions = (self.recent_evictions + [{
             "pod": f"{target.namespace}/{target.name}", "uid": target.uid, "result": result,
             "reason": reason, "detail": detail, "at": time.time()}])[-20:]
