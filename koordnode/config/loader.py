@@ -139,7 +139,7 @@ def with_nodeslo(config: Config, nodeslo: Mapping[str, Any] | None) -> Config:
     """`config` with a NodeSLO's table (koordnode.kube.nodeslo) below its local file: a key the
     file (or an override) sets wins, the NodeSLO's next, then the built-in default. ConfigError
     when the NodeSLO's values, alone or merged, do not validate (nothing of it is applied then)."""
-    local = dict(config.local) if config.local is not None else {}
+    local = _thaw(config.local) if config.local is not None else {}
     if nodeslo is None:
         merged = from_dict(Config, local, config.source)
     else:

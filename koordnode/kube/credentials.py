@@ -135,10 +135,10 @@ class Credentials:
                 ca_data = base64.b64decode(str(cluster["certificate-authority-data"]), validate=True)
             except ValueError:
                 raise CredentialsError(f"kubeconfig {source}: certificate-authority-data is not base64") from None
-        if user.get("client-certificate-data") or user.get("exec") or user.get("auth-provider"):
-            raise CredentialsError(f"kubeconfig {source}: user of context {current!r} needs client-certificate-data, "
-                                   "exec or auth-provider, which koordnode does not support: give it a token, "
-                                   "a tokenFile or client-certificate/client-key files")
+        if any(key in user for key in ("client-certificate-data", "client-key-data", "exec", "auth-provider")):
+            raise CredentialsError(f"kubeconfig {source}: the user of context {current!r} authenticates by "
+                                   "client-certificate-data, exec or auth-provider, which koordnode does not support: "
+                                   "give it a token, a tokenFile or client-certificate/client-key files")
         return cls(server, ca_file=file_of(cluster.get("certificate-authority")), ca_data=ca_data,
                    token=str(user["token"]) if user.get("token") else None,
                    token_file=file_of(user.get("tokenFile")),

@@ -36,8 +36,9 @@ DERIVED_FIELDS: dict[str, tuple[str, str]] = {
     "resourceUsedThresholdWithBE.memoryEvictLowerPercent":
         ("strategy.be_evict.memory_margin_percent", "memoryEvictThresholdPercent - memoryEvictLowerPercent"),
     "cpuBurstStrategy.policy":
-        ("strategy.cpu_burst.enable, .cfs_quota_burst",
-         '"none": off; "cpuBurstOnly": cfs_quota_burst false; "cfsQuotaBurstOnly": burst_percent 0; "auto": both'),
+        ("strategy.cpu_burst.enable",
+         '"none": off; "cpuBurstOnly": on, cfs_quota_burst false; "cfsQuotaBurstOnly": on, '
+         'cfs_quota_burst true, burst_percent 0; "auto": on, cfs_quota_burst true'),
     "systemStrategy.minFreeKbytesFactor":
         ("strategy.memory_qos.min_free_kbytes", "factor / 10000 x MemTotal in kB, as koordlet computes it"),
 }
