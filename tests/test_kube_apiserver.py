@@ -1,0 +1,592 @@
+"""[kubernetes] against a real kube-apiserver (the real-node test bed's etcd + kube-apiserver),
+with Koordinator's own CRDs for NodeSLO and NodeMetric (tests/data/koordinator_crds, from
+github.com/koordinator-sh/koordinator v1.6.0, config/crd/bases) and the shipped RBAC manifest.
+
+koordnode's side is its ClusterLink (the watches, evictions, the NodeMetric report) applying
+NodeSLOs through koordnode.config.with_nodeslo, as the daemon does; the API server is real.
+NodeSLOs are rendered from the slo-controller-config ConfigMap the way koord-manager renders
+them (cluster strategy, then the first node strategy whose selector matches the node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s_support import require_component
+from support.kube import ApiError as TestApiError
+from support.kube import KubeClient as AdminClient
+from testbed.kube_bed import ControlPlane
+
+from koordnode.config import Config, ConfigError, key_sources, parse_config, with_nodeslo
+from koordnode.config.kubernetes import KubernetesConfig
+from koordnode.kube.agent import NODEMETRICS, NODESLOS, ClusterLink, EvictTarget
+from koordnode.kube.client import Unreachable
+from koordnode.kube.nodemetric import PodUsage, node_metric_status
+from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
+from koordnode.policy.class_policy import ContainerInput, ContainerResources, KernelFeatures, plan_container
+
+REPO = Path(__file__).resolve().parent.parent
+CRDS = Path(__file__).with_name("data") / "koordinator_crds"
+RBAC = REPO / "packaging" / "koordnode-rbac.yaml"
+NS = "koordinator-system"
+NODES = ("kn-a", "kn-b")
+# "Within one watch round trip": the ConfigMap edit, the rendering and the watch event together.
+ROUND_TRIP_BOUND_S = 5.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the control plane, CRDs, RBAC
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of this module's own: one test stops and restarts its API server."""
+    require_component("kubernetes")
+    require_component("etcd")
+    cp = ControlPlane(tmp_path_factory.mktemp("kube-cluster-mode")).start()
+    try:
+        admin = cp.client()
+        for crd in sorted(CRDS.glob("*.yaml")):
+            doc = yaml.safe_load(crd.read_text())
+            admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+            name = doc["metadata"]["name"]
+
+            def established(name: str = name) -> bool:
+                crd_now = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                return any(c["type"] == "Established" and c["status"] == "True"
+                           for c in crd_now.get("status", {}).get("conditions", []))
+            admin.wait_for(f"CRD {name} established", established, timeout=60)
+        admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        for doc in yaml.safe_load_all(RBAC.read_text()):
+            kind = doc["kind"]
+            collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
+                          "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                          "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
+            admin.create(collection, doc)
+        # The bed's plain user "koordnode" gets exactly the shipped ClusterRole.
+        admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "metadata": {"name": "koordnode-user"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
+        for node in NODES:
+            admin.create("/api/v1/nodes", {"metadata": {"name": node, "labels": {"pool": node[-1]}}})
+        admin.wait_for("RBAC for koordnode", lambda: _can_list_nodeslos(cp), timeout=30)
+        yield cp
+    finally:
+        cp.stop()
+
+
+def _can_list_nodeslos(cp: ControlPlane) -> bool:
+    try:
+        cp.client("koordnode").get(NODESLOS)
+        return True
+    except TestApiError:
+        return False
+
+
+def _kubeconfig(cp: ControlPlane, directory: Path, token: str) -> Path:
+    """In YAML, with a tokenFile, as an operator would write it (koordnode's YAML subset)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    token_file = directory / "token"
+    token_file.write_text(token + "\n")
+    path = directory / "kubeconfig"
+    path.write_text(textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Config
+        clusters:
+        - name: bed
+          cluster:
+            server: {cp.url}
+            certificate-authority: {cp.ca_file}
+        users:
+        - name: koordnode
+          user:
+            tokenFile: token
+        contexts:
+        - name: koordnode@bed
+          context:
+            cluster: bed
+            user: koordnode
+        current-context: koordnode@bed
+        """))
+    return path
+
+
+class Node:
+    """One node's koordnode side: a ClusterLink applying NodeSLOs below a local file."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, name: str, *, local_toml: str = "",
+                 token: str | None = None, **config: Any) -> None:
+        self.kubeconfig = _kubeconfig(cp, workdir / name, token or cp.tokens["koordnode"])
+        self.config: Config = parse_config(local_toml)
+        self.applied: list[tuple[float, Config]] = []
+        self.facts_changes = 0
+        self.observed: list[tuple[str, str]] = []
+        settings = dict(dict(enable=True, kubeconfig=str(self.kubeconfig), node_name=name, watch_timeout_s=30,
+                             backoff_max_s=2.0, node_metric=False), **config)
+        self.link = ClusterLink(KubernetesConfig(**settings), apply_nodeslo=self._apply,
+                                on_pod_facts=self._facts, node_metric_status=lambda: None,
+                                observe=lambda kind, result: self.observed.append((kind, result)))
+
+    async def _apply(self, values: dict[str, Any] | None) -> None:
+        new = with_nodeslo(self.config, values)  # ConfigError: refused, the running config kept
+        self.config = new
+        self.applied.append((time.monotonic(), new))
+
+    def _facts(self) -> None:
+        self.facts_changes += 1
+
+    async def wait(self, what: str, predicate: Any, timeout: float = 20.0) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if predicate():
+                return time.monotonic() - started
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{self.link.node_name}: {what} not within {timeout} s; status: "
+                             f"{json.dumps(self.link.status(), default=str)[:1500]}")
+
+
+async def _start(*nodes: Node) -> tuple[asyncio.Event, list[asyncio.Task[Any]]]:
+    stop = asyncio.Event()
+    return stop, [asyncio.create_task(n.link.run(stop)) for n in nodes]
+
+
+async def _stop(stop: asyncio.Event, tasks: list[asyncio.Task[Any]]) -> None:
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# koord-manager's rendering, as a test double: ConfigMap -> one NodeSLO per node
+
+
+def _configmap(cluster_threshold: int, pool_b_threshold: int, ls_min: int) -> dict[str, Any]:
+    return {"metadata": {"name": "slo-controller-config", "namespace": NS}, "data": {
+        "resource-threshold-config": json.dumps({
+            "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": cluster_threshold,
+                                "cpuSuppressPolicy": "cfsQuota"},
+            "nodeStrategies": [{"name": "pool-b", "nodeSelector": {"matchLabels": {"pool": "b"}},
+                                "cpuSuppressThresholdPercent": pool_b_threshold}]}),
+        "resource-qos-config": json.dumps({
+            "clusterStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": ls_min,
+                                                          "lowLimitPercent": 70}}}}),
+    }}
+
+
+def _render_nodeslos(admin: AdminClient) -> None:
+    cm = admin.get(f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config")["data"]
+    threshold = json.loads(cm["resource-threshold-config"])
+    qos = json.loads(cm["resource-qos-config"])
+    for node in admin.get("/api/v1/nodes")["items"]:
+        labels = node["metadata"].get("labels", {})
+        used = dict(threshold["clusterStrategy"])
+        for strategy in threshold.get("nodeStrategies", []):
+            selector = strategy["nodeSelector"]["matchLabels"]
+            if all(labels.get(k) == v for k, v in selector.items()):
+                used.update({k: v for k, v in strategy.items() if k not in ("name", "nodeSelector")})
+                break
+        name = node["metadata"]["name"]
+        spec = {"resourceUsedThresholdWithBE": used, "resourceQOSStrategy": qos["clusterStrategy"]}
+        path = f"{NODESLOS}/{name}"
+        if admin.exists(path):
+            current = admin.get(path)
+            current["spec"] = spec
+            admin.request("PUT", path, current)
+        else:
+            admin.create(NODESLOS, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+                                    "metadata": {"name": name}, "spec": spec})
+
+
+def _set_configmap(admin: AdminClient, cm: dict[str, Any]) -> None:
+    path = f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config"
+    if admin.exists(path):
+        admin.request("PUT", path, cm)
+    else:
+        admin.create(f"/api/v1/namespaces/{NS}/configmaps", cm)
+    _render_nodeslos(admin)
+
+
+# ---------------------------------------------------------------------------------------------
+# NodeSLO
+
+
+def test_configmap_change_reaches_every_node_within_one_watch_round_trip(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    nodes = [Node(plane, tmp_path, name) for name in NODES]
+
+    async def scenario() -> list[float]:
+        await asyncio.to_thread(_set_configmap, admin, _configmap(65, 50, 40))
+        stop, tasks = await _start(*nodes)
+        try:
+            a, b = nodes
+            await a.wait("first NodeSLO", lambda: a.config.strategy.cpu_suppress.threshold_percent == 65)
+            await b.wait("first NodeSLO", lambda: b.config.strategy.cpu_suppress.threshold_percent == 50)
+            assert a.config.qos.LS.memory_min_percent == 40 == b.config.qos.LS.memory_min_percent
+            started = time.monotonic()
+            await asyncio.to_thread(_set_configmap, admin, _configmap(70, 55, 30))
+            for node, threshold in ((a, 70), (b, 55)):
+                await node.wait("the ConfigMap change", lambda n=node, t=threshold: (
+                    n.config.strategy.cpu_suppress.threshold_percent == t and n.config.qos.LS.memory_min_percent == 30),
+                    timeout=ROUND_TRIP_BOUND_S)
+            return [time.monotonic() - started]
+        finally:
+            await _stop(stop, tasks)
+
+    [latency] = asyncio.run(scenario())
+    print(f"ConfigMap edit -> rendered NodeSLOs -> both nodes' values: {latency * 1000:.0f} ms")
+    assert latency < ROUND_TRIP_BOUND_S
+    status = nodes[0].link.status()
+    assert status["api_server"] == "ok" and status["nodeslo"]["state"] == "applied"
+    assert status["nodeslo"]["keys"]["strategy.cpu_suppress.threshold_percent"] == \
+        "resourceUsedThresholdWithBE.cpuSuppressThresholdPercent"
+
+
+def test_local_file_wins_and_every_key_names_its_source(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[0], local_toml="[strategy.cpu_suppress]\nthreshold_percent = 80\n")
+
+    async def scenario() -> None:
+        await asyncio.to_thread(_set_configmap, admin, _configmap(60, 50, 35))
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("NodeSLO", lambda: node.config.qos.LS.memory_min_percent == 35)
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    assert node.config.strategy.cpu_suppress.threshold_percent == 80.0  # the node operator's word is last
+    sources = key_sources(node.config)
+    assert sources["strategy.cpu_suppress.threshold_percent"] == "toml"
+    assert sources["qos.LS.memory_min_percent"] == "nodeslo"
+    assert sources["strategy.cpu_suppress.policy"] == "nodeslo"
+    assert sources["qos.BE.oom_score_adj"] == "default"
+
+
+def test_invalid_nodeslo_is_refused_whole_and_the_last_good_one_stays(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[0])
+
+    async def scenario() -> None:
+        await asyncio.to_thread(_set_configmap, admin, _configmap(62, 50, 33))
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("good NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 62)
+            good = len(node.applied)
+            # Valid for the CRD (an int64), not for koordnode: 150 % of the node, and a lower
+            # memory bound above the threshold.
+            bad = admin.get(f"{NODESLOS}/{NODES[0]}")
+            bad["spec"]["resourceUsedThresholdWithBE"].update(cpuSuppressThresholdPercent=150,
+                                                              memoryEvictThresholdPercent=70)
+            bad["spec"]["resourceQOSStrategy"]["lsClass"]["memoryQOS"]["minLimitPercent"] = 20
+            await asyncio.to_thread(admin.request, "PUT", f"{NODESLOS}/{NODES[0]}", bad)
+            await node.wait("refusal", lambda: "last_refused" in node.link.nodeslo_status)
+            assert len(node.applied) == good
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    assert node.config.strategy.cpu_suppress.threshold_percent == 62  # nothing of the bad one
+    assert node.config.qos.LS.memory_min_percent == 33
+    refused = node.link.nodeslo_status["last_refused"]
+    assert refused["errors"] == ["spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent "
+                                 "(strategy.cpu_suppress.threshold_percent): expected a number in [1, 100], got 150.0"]
+    assert ("nodeslo", "refused") in node.observed
+
+
+def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[0])
+    lags: list[float] = []
+
+    async def loop_lag(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - started - 0.01)
+
+    async def scenario() -> None:
+        await asyncio.to_thread(_set_configmap, admin, _configmap(64, 50, 31))
+        stop, tasks = await _start(node)
+        tasks.append(asyncio.create_task(loop_lag(stop)))
+        try:
+            await node.wait("NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 64)
+            await asyncio.to_thread(plane.stop_apiserver)
+            await node.wait("unreachable", lambda: not node.link.reachable()[0], timeout=60)
+            ok, detail = node.link.reachable()
+            assert "nodeslo" in detail and node.link.status()["api_server"].startswith("unreachable: ")
+            assert node.config.strategy.cpu_suppress.threshold_percent == 64  # last good values kept
+            await asyncio.sleep(3)  # a few backoff rounds while it is away
+            await asyncio.to_thread(plane.start_apiserver)
+            await asyncio.to_thread(_set_configmap, admin, _configmap(66, 50, 31))
+            await node.wait("NodeSLO after the restart",
+                            lambda: node.config.strategy.cpu_suppress.threshold_percent == 66, timeout=30)
+            assert node.link.reachable() == (True, "ok")
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    print(f"event loop lag while the API server was away: max {max(lags) * 1000:.1f} ms over {len(lags)} samples")
+    assert max(lags) < 0.1  # the loop serving CRI never waited for the API server
+
+
+def test_rotated_token_is_used_without_a_restart(plane: ControlPlane, tmp_path: Path) -> None:
+    """The service account's tokens are bound to Secrets: deleting the first Secret makes the
+    first token invalid, so a request that succeeds afterwards used the rotated one."""
+    admin = plane.client()
+    tokens = []
+    for index in (1, 2):
+        secret = admin.create(f"/api/v1/namespaces/{NS}/secrets", {"metadata": {"name": f"rotation-{index}"}})
+        answer = admin.create(f"/api/v1/namespaces/{NS}/serviceaccounts/koordnode/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                "kind": "Secret", "apiVersion": "v1", "name": f"rotation-{index}", "uid": secret["metadata"]["uid"]}}})
+        tokens.append(answer["status"]["token"])
+    node = Node(plane, tmp_path, NODES[1], token=tokens[0], node_metric=True, pod_facts=False)
+    node.link._node_metric_status = lambda: node_metric_status(  # type: ignore[method-assign]
+        node_cpu_cores=1.0, node_memory_bytes=1 << 30, system_cpu_cores=0.1, system_memory_bytes=1 << 28, pods=[],
+        now=__import__("datetime").datetime.now(__import__("datetime").UTC))
+
+    async def scenario() -> None:
+        await node.link.report_once()
+        token_file = node.kubeconfig.parent / "token"
+        staged = token_file.with_suffix(".new")
+        staged.write_text(tokens[1])
+        os.replace(staged, token_file)  # the kubelet's way: a new file, atomically
+        await asyncio.to_thread(admin.delete, f"/api/v1/namespaces/{NS}/secrets/rotation-1")
+        old = AdminClient(plane.host, plane.port, tokens[0], str(plane.ca_file))
+        await asyncio.to_thread(admin.wait_for, "the first token refused",
+                                lambda: _refused(old, f"{NODEMETRICS}/{NODES[1]}"), 30)
+        await node.link.report_once()  # with the rotated token, read from the file again
+
+    asyncio.run(scenario())
+    assert node.link.client.credentials.token_reads == 2
+    assert node.link.node_metric["state"] == "reported"
+
+
+def _refused(client: AdminClient, path: str) -> bool:
+    try:
+        client.get(path)
+    except TestApiError as err:
+        return err.status == 401
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# pod facts, evictions, NodeMetric
+
+
+def _pod(name: str, *, labels: dict[str, str], memory: str | None = None, node: str = NODES[0]) -> dict[str, Any]:
+    resources = {"requests": {"memory": memory, "cpu": "100m"}, "limits": {"memory": "1Gi"}} if memory else {}
+    return {"metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox", "resources": resources}]}}
+
+
+def test_ls_burstable_memory_protection_from_the_pod_spec(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[0], nodeslo=False)
+    created = admin.create("/api/v1/namespaces/default/pods",
+                           _pod("ls-web", labels={"koordinator.sh/qosClass": "LS"}, memory="256Mi"))
+    uid = created["metadata"]["uid"]
+
+    async def scenario() -> None:
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("the pod's facts", lambda: node.link.facts_of(uid) is not None)
+        finally:
+            await _stop(stop, tasks)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        admin.delete("/api/v1/namespaces/default/pods/ls-web", grace_seconds=0)
+    facts = node.link.facts_of(uid)
+    assert facts is not None and facts.memory_requests == {"app": 256 << 20} and facts.kube_qos == "Burstable"
+    assert node.facts_changes >= 1
+    # The engine's plan of that container: CRI carries no request (no Memory QoS), the API does.
+    from koordnode.policy.class_policy import PodInput
+
+    plan = plan_container(PodInput(uid=uid, memory_requests=facts.memory_requests),
+                          ContainerInput("app", ContainerResources(memory_limit_in_bytes=1 << 30)),
+                          decision=ClassDecision(QoSClass.LS, "label", "label", KubeQoS.BURSTABLE),
+                          config=Config().qos.for_class(QoSClass.LS), features=KernelFeatures(cgroup_version="v2"),
+                          container_cgroup="kubepods/burstable/pod/c")
+    assert (plan.memory.min_bytes, plan.memory.low_bytes) == (128 << 20, (256 << 20) * 8 // 10)
+
+
+def test_eviction_refused_by_a_pdb_then_the_next_candidate(plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[0], nodeslo=False, evictions_per_window=5)
+    guarded = admin.create("/api/v1/namespaces/default/pods",
+                           _pod("be-guarded", labels={"app": "guarded", "koordinator.sh/qosClass": "BE"}))
+    free = admin.create("/api/v1/namespaces/default/pods",
+                        _pod("be-free", labels={"app": "free", "koordinator.sh/qosClass": "BE"}))
+    admin.create("/apis/policy/v1/namespaces/default/poddisruptionbudgets", {
+        "metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
+    # No disruption controller runs here: publish what it would (one healthy pod, none may go).
+    pdb = admin.get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/guarded")
+    pdb["status"] = {"observedGeneration": pdb["metadata"]["generation"], "disruptionsAllowed": 0,
+                     "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
+    admin.request("PUT", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/guarded/status", pdb)
+    targets = [EvictTarget("default", "be-guarded", guarded["metadata"]["uid"]),
+               EvictTarget("default", "be-free", free["metadata"]["uid"])]
+
+    async def scenario() -> None:
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("pods known", lambda: len(node.link.facts) >= 2)
+            assert await node.link.evict(targets, "memory") == ("evicted", targets[1])
+            guarded_now = await asyncio.to_thread(admin.pod, "be-guarded")
+            assert guarded_now["metadata"].get("deletionTimestamp") is None  # the PDB kept it
+            # No kubelet: the evicted pod stays terminating; the watch shows it.
+            await node.wait("be-free terminating", lambda: node.link.facts[targets[1].uid].terminating)
+            assert await node.link.evict(targets[1:], "memory") == ("already terminating", targets[1])
+        finally:
+            await _stop(stop, tasks)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for name in ("be-guarded", "be-free"):
+            admin.delete(f"/api/v1/namespaces/default/pods/{name}", grace_seconds=0)
+        admin.delete("/apis/policy/v1/namespaces/default/poddisruptionbudgets/guarded")
+    assert node.link.eviction_counts == {"refused": 1, "evicted": 1, "already_terminating": 1}
+    refused = node.link.recent_evictions[0]
+    assert refused["pod"] == "default/be-guarded" and "disruption budget" in refused["detail"]
+
+
+def test_node_metric_accepted_by_the_api_and_consistent_with_status(plane: ControlPlane, tmp_path: Path) -> None:
+    import datetime
+
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[1], nodeslo=False, pod_facts=False, node_metric=True)
+    sent: list[dict[str, Any]] = []
+
+    def measured() -> dict[str, Any]:
+        status = node_metric_status(node_cpu_cores=3.25, node_memory_bytes=6 << 30, system_cpu_cores=0.5,
+                                    system_memory_bytes=1 << 30,
+                                    pods=[PodUsage("default", "web", "LS", 9100, 1.5, 2 << 30),
+                                          PodUsage("batch", "job", "BE", 5100, 1.25, 3 << 30)],
+                                    now=datetime.datetime.now(datetime.UTC))
+        sent.append(status)
+        return status
+
+    node.link._node_metric_status = measured  # type: ignore[method-assign]
+    admin.delete(f"{NODEMETRICS}/{NODES[1]}")
+    interval = asyncio.run(node.link.report_once())
+    stored = admin.get(f"{NODEMETRICS}/{NODES[1]}")
+    assert interval == 60 and stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 60
+    assert stored["status"] == sent[-1]
+    assert stored["status"]["podsMetric"][1]["priority"] == "koord-batch"
+    status = node.link.status()["node_metric"]
+    assert status["state"] == "reported" and status["node_usage"] == stored["status"]["nodeMetric"]["nodeUsage"]
+    # koord-manager's interval wins over koordnode's default
+    stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] = 20
+    admin.request("PUT", f"{NODEMETRICS}/{NODES[1]}", stored)
+    assert asyncio.run(node.link.report_once()) == 20
+
+
+def test_the_shipped_rbac_is_enough_and_no_more(plane: ControlPlane) -> None:
+    koordnode = plane.client("koordnode")
+    koordnode.get(NODESLOS)
+    koordnode.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODES[0]}")
+    for forbidden in ("/api/v1/nodes", f"/api/v1/namespaces/{NS}/secrets", "/api/v1/configmaps"):
+        with pytest.raises(TestApiError) as info:
+            koordnode.get(forbidden)
+        assert info.value.status == 403, forbidden
+
+
+def test_bad_credentials_are_clear_errors(plane: ControlPlane, tmp_path: Path) -> None:
+    node = Node(plane, tmp_path, NODES[0], token="not-a-token")
+    with pytest.raises(Exception) as info:
+        asyncio.run(node.link.client.get(NODESLOS))
+    assert "401" in str(info.value)
+    with pytest.raises(ConfigError):
+        with_nodeslo(parse_config(""), {"strategy": {"cpu_suppress": {"threshold_percent": 0.0}}})
+    unreachable = Node(plane, tmp_path / "x", NODES[0])
+    unreachable.link.client.credentials.server = "https://127.0.0.1:1"
+    with pytest.raises(Unreachable):
+        asyncio.run(unreachable.link.client.get(NODESLOS))
+
+
+# ---------------------------------------------------------------------------------------------
+# cost of idle watches
+
+
+COST_SCRIPT = r"""
+import asyncio, json, os, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from koordnode.config import parse_config, with_nodeslo
+from koordnode.config.kubernetes import KubernetesConfig
+from koordnode.kube.agent import ClusterLink
+
+def rss_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+
+def cpu_s():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+async def main():
+    config = parse_config("")
+    async def apply(values):
+        with_nodeslo(config, values)
+    settle, idle = float(sys.argv[4]), float(sys.argv[5])
+    link = ClusterLink(KubernetesConfig(enable=True, kubeconfig=sys.argv[2], node_name=sys.argv[3],
+                                        node_metric=False), apply_nodeslo=apply, on_pod_facts=lambda: None,
+                       node_metric_status=lambda: None)
+    await asyncio.sleep(0.5)
+    before = rss_kib()
+    stop = asyncio.Event()
+    task = asyncio.create_task(link.run(stop))
+    await asyncio.sleep(settle)
+    synced = link.nodeslo_watch.health.synced and link.pod_watch.health.synced
+    after_sync = rss_kib()
+    cpu0, t0 = cpu_s(), time.monotonic()
+    await asyncio.sleep(idle)
+    cpu1, t1 = cpu_s(), time.monotonic()
+    end = rss_kib()
+    stop.set(); task.cancel()
+    print(json.dumps({"synced": synced, "pods": len(link.facts), "rss_before_kib": before,
+                      "rss_delta_kib": end - before, "rss_after_sync_kib": after_sync,
+                      "idle_cpu_percent": 100 * (cpu1 - cpu0) / (t1 - t0), "idle_s": t1 - t0}))
+
+asyncio.run(main())
+"""
+
+
+def test_idle_watches_cost(plane: ControlPlane, tmp_path: Path) -> None:
+    """The issue's budget: at most 5 MB RSS and no measurable CPU while nothing changes."""
+    admin = plane.client()
+    _set_configmap(admin, _configmap(65, 50, 40))
+    names = [f"cost-{i}" for i in range(50)]
+    for name in names:
+        admin.create("/api/v1/namespaces/default/pods",
+                     _pod(name, labels={"koordinator.sh/qosClass": "LS"}, memory="64Mi", node=NODES[0]))
+    kubeconfig = _kubeconfig(plane, tmp_path / "cost", plane.tokens["koordnode"])
+    try:
+        out = subprocess.run([sys.executable, "-c", COST_SCRIPT, str(REPO), str(kubeconfig), NODES[0], "5", "30"],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    finally:
+        for name in names:
+            admin.delete(f"/api/v1/namespaces/default/pods/{name}", grace_seconds=0)
+    figures = json.loads(out.strip().splitlines()[-1])
+    print("idle watches (NodeSLO + 50 pods):", json.dumps(figures))
+    assert figures["synced"] and figures["pods"] >= 50
+    assert figures["rss_delta_kib"] < 5 * 1024
+    assert figures["idle_cpu_percent"] < 0.5
