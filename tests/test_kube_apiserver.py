@@ -15,16 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from k8s_support import require_component
+from kube_cluster_support import NODES, NS, REPO, configmap, kubeconfig_for, set_configmap
 from support.kube import ApiError as TestApiError
 from support.kube import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
@@ -37,91 +34,8 @@ from koordnode.kube.nodemetric import PodUsage, node_metric_status
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 from koordnode.policy.class_policy import ContainerInput, ContainerResources, KernelFeatures, plan_container
 
-REPO = Path(__file__).resolve().parent.parent
-CRDS = Path(__file__).with_name("data") / "koordinator_crds"
-RBAC = REPO / "packaging" / "koordnode-rbac.yaml"
-NS = "koordinator-system"
-NODES = ("kn-a", "kn-b")
 # "Within one watch round trip": the ConfigMap edit, the rendering and the watch event together.
 ROUND_TRIP_BOUND_S = 5.0
-
-
-# ---------------------------------------------------------------------------------------------
-# the control plane, CRDs, RBAC
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of this module's own: one test stops and restarts its API server."""
-    require_component("kubernetes")
-    require_component("etcd")
-    cp = ControlPlane(tmp_path_factory.mktemp("kube-cluster-mode")).start()
-    try:
-        admin = cp.client()
-        for crd in sorted(CRDS.glob("*.yaml")):
-            doc = yaml.safe_load(crd.read_text())
-            admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
-            name = doc["metadata"]["name"]
-
-            def established(name: str = name) -> bool:
-                crd_now = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                return any(c["type"] == "Established" and c["status"] == "True"
-                           for c in crd_now.get("status", {}).get("conditions", []))
-            admin.wait_for(f"CRD {name} established", established, timeout=60)
-        admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-        for doc in yaml.safe_load_all(RBAC.read_text()):
-            kind = doc["kind"]
-            collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
-                          "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                          "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
-            admin.create(collection, doc)
-        # The bed's plain user "koordnode" gets exactly the shipped ClusterRole.
-        admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "metadata": {"name": "koordnode-user"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
-            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
-        for node in NODES:
-            admin.create("/api/v1/nodes", {"metadata": {"name": node, "labels": {"pool": node[-1]}}})
-        admin.wait_for("RBAC for koordnode", lambda: _can_list_nodeslos(cp), timeout=30)
-        yield cp
-    finally:
-        cp.stop()
-
-
-def _can_list_nodeslos(cp: ControlPlane) -> bool:
-    try:
-        cp.client("koordnode").get(NODESLOS)
-        return True
-    except TestApiError:
-        return False
-
-
-def _kubeconfig(cp: ControlPlane, directory: Path, token: str) -> Path:
-    """In YAML, with a tokenFile, as an operator would write it (koordnode's YAML subset)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    token_file = directory / "token"
-    token_file.write_text(token + "\n")
-    path = directory / "kubeconfig"
-    path.write_text(textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Config
-        clusters:
-        - name: bed
-          cluster:
-            server: {cp.url}
-            certificate-authority: {cp.ca_file}
-        users:
-        - name: koordnode
-          user:
-            tokenFile: token
-        contexts:
-        - name: koordnode@bed
-          context:
-            cluster: bed
-            user: koordnode
-        current-context: koordnode@bed
-        """))
-    return path
 
 
 class Node:
@@ -129,7 +43,7 @@ class Node:
 
     def __init__(self, cp: ControlPlane, workdir: Path, name: str, *, local_toml: str = "",
                  token: str | None = None, **config: Any) -> None:
-        self.kubeconfig = _kubeconfig(cp, workdir / name, token or cp.tokens["koordnode"])
+        self.kubeconfig = kubeconfig_for(cp, workdir / name, token or cp.tokens["koordnode"])
         self.config: Config = parse_config(local_toml)
         self.applied: list[tuple[float, Config]] = []
         self.facts_changes = 0
@@ -171,56 +85,6 @@ async def _stop(stop: asyncio.Event, tasks: list[asyncio.Task[Any]]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# koord-manager's rendering, as a test double: ConfigMap -> one NodeSLO per node
-
-
-def _configmap(cluster_threshold: int, pool_b_threshold: int, ls_min: int) -> dict[str, Any]:
-    return {"metadata": {"name": "slo-controller-config", "namespace": NS}, "data": {
-        "resource-threshold-config": json.dumps({
-            "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": cluster_threshold,
-                                "cpuSuppressPolicy": "cfsQuota"},
-            "nodeStrategies": [{"name": "pool-b", "nodeSelector": {"matchLabels": {"pool": "b"}},
-                                "cpuSuppressThresholdPercent": pool_b_threshold}]}),
-        "resource-qos-config": json.dumps({
-            "clusterStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": ls_min,
-                                                          "lowLimitPercent": 70}}}}),
-    }}
-
-
-def _render_nodeslos(admin: AdminClient) -> None:
-    cm = admin.get(f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config")["data"]
-    threshold = json.loads(cm["resource-threshold-config"])
-    qos = json.loads(cm["resource-qos-config"])
-    for node in admin.get("/api/v1/nodes")["items"]:
-        labels = node["metadata"].get("labels", {})
-        used = dict(threshold["clusterStrategy"])
-        for strategy in threshold.get("nodeStrategies", []):
-            selector = strategy["nodeSelector"]["matchLabels"]
-            if all(labels.get(k) == v for k, v in selector.items()):
-                used.update({k: v for k, v in strategy.items() if k not in ("name", "nodeSelector")})
-                break
-        name = node["metadata"]["name"]
-        spec = {"resourceUsedThresholdWithBE": used, "resourceQOSStrategy": qos["clusterStrategy"]}
-        path = f"{NODESLOS}/{name}"
-        if admin.exists(path):
-            current = admin.get(path)
-            current["spec"] = spec
-            admin.request("PUT", path, current)
-        else:
-            admin.create(NODESLOS, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
-                                    "metadata": {"name": name}, "spec": spec})
-
-
-def _set_configmap(admin: AdminClient, cm: dict[str, Any]) -> None:
-    path = f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config"
-    if admin.exists(path):
-        admin.request("PUT", path, cm)
-    else:
-        admin.create(f"/api/v1/namespaces/{NS}/configmaps", cm)
-    _render_nodeslos(admin)
-
-
-# ---------------------------------------------------------------------------------------------
 # NodeSLO
 
 
@@ -229,7 +93,7 @@ def test_configmap_change_reaches_every_node_within_one_watch_round_trip(plane: 
     nodes = [Node(plane, tmp_path, name) for name in NODES]
 
     async def scenario() -> list[float]:
-        await asyncio.to_thread(_set_configmap, admin, _configmap(65, 50, 40))
+        await asyncio.to_thread(set_configmap, admin, configmap(65, 50, 40))
         stop, tasks = await _start(*nodes)
         try:
             a, b = nodes
@@ -237,7 +101,7 @@ def test_configmap_change_reaches_every_node_within_one_watch_round_trip(plane: 
             await b.wait("first NodeSLO", lambda: b.config.strategy.cpu_suppress.threshold_percent == 50)
             assert a.config.qos.LS.memory_min_percent == 40 == b.config.qos.LS.memory_min_percent
             started = time.monotonic()
-            await asyncio.to_thread(_set_configmap, admin, _configmap(70, 55, 30))
+            await asyncio.to_thread(set_configmap, admin, configmap(70, 55, 30))
             for node, threshold in ((a, 70), (b, 55)):
                 await node.wait("the ConfigMap change", lambda n=node, t=threshold: (
                     n.config.strategy.cpu_suppress.threshold_percent == t and n.config.qos.LS.memory_min_percent == 30),
@@ -260,7 +124,7 @@ def test_local_file_wins_and_every_key_names_its_source(plane: ControlPlane, tmp
     node = Node(plane, tmp_path, NODES[0], local_toml="[strategy.cpu_suppress]\nthreshold_percent = 80\n")
 
     async def scenario() -> None:
-        await asyncio.to_thread(_set_configmap, admin, _configmap(60, 50, 35))
+        await asyncio.to_thread(set_configmap, admin, configmap(60, 50, 35))
         stop, tasks = await _start(node)
         try:
             await node.wait("NodeSLO", lambda: node.config.qos.LS.memory_min_percent == 35)
@@ -281,7 +145,7 @@ def test_invalid_nodeslo_is_refused_whole_and_the_last_good_one_stays(plane: Con
     node = Node(plane, tmp_path, NODES[0])
 
     async def scenario() -> None:
-        await asyncio.to_thread(_set_configmap, admin, _configmap(62, 50, 33))
+        await asyncio.to_thread(set_configmap, admin, configmap(62, 50, 33))
         stop, tasks = await _start(node)
         try:
             await node.wait("good NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 62)
@@ -319,7 +183,7 @@ def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -
             lags.append(time.monotonic() - started - 0.01)
 
     async def scenario() -> None:
-        await asyncio.to_thread(_set_configmap, admin, _configmap(64, 50, 31))
+        await asyncio.to_thread(set_configmap, admin, configmap(64, 50, 31))
         stop, tasks = await _start(node)
         tasks.append(asyncio.create_task(loop_lag(stop)))
         try:
@@ -331,7 +195,7 @@ def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -
             assert node.config.strategy.cpu_suppress.threshold_percent == 64  # last good values kept
             await asyncio.sleep(3)  # a few backoff rounds while it is away
             await asyncio.to_thread(plane.start_apiserver)
-            await asyncio.to_thread(_set_configmap, admin, _configmap(66, 50, 31))
+            await asyncio.to_thread(set_configmap, admin, configmap(66, 50, 31))
             await node.wait("NodeSLO after the restart",
                             lambda: node.config.strategy.cpu_suppress.threshold_percent == 66, timeout=30)
             assert node.link.reachable() == (True, "ok")
@@ -573,12 +437,12 @@ asyncio.run(main())
 def test_idle_watches_cost(plane: ControlPlane, tmp_path: Path) -> None:
     """The issue's budget: at most 5 MB RSS and no measurable CPU while nothing changes."""
     admin = plane.client()
-    _set_configmap(admin, _configmap(65, 50, 40))
+    set_configmap(admin, configmap(65, 50, 40))
     names = [f"cost-{i}" for i in range(50)]
     for name in names:
         admin.create("/api/v1/namespaces/default/pods",
                      _pod(name, labels={"koordinator.sh/qosClass": "LS"}, memory="64Mi", node=NODES[0]))
-    kubeconfig = _kubeconfig(plane, tmp_path / "cost", plane.tokens["koordnode"])
+    kubeconfig = kubeconfig_for(plane, tmp_path / "cost", plane.tokens["koordnode"])
     try:
         out = subprocess.run([sys.executable, "-c", COST_SCRIPT, str(REPO), str(kubeconfig), NODES[0], "5", "30"],
                              capture_output=True, text=True, timeout=120, check=True).stdout
