@@ -147,6 +147,9 @@ class ClusterLink:
                     await self._apply_nodeslo(values)
                 except ConfigError as exc:
                     errors = [_name_spec_field(e, mapping) for e in exc.errors]
+                except Exception as exc:  # applying failed midway: report it like a refusal
+                    log.exception("nodeslo_apply_failed", node=self.node_name)
+                    errors = [f"applying failed: {exc!r}"]
             if errors:
                 log.error("nodeslo_refused", detail="keeping the last good NodeSLO", node=self.node_name,
                           resource_version=version, errors=errors)
