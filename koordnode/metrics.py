@@ -239,6 +239,10 @@ class Metrics:
         self.api_evictions = Counter("koordnode_api_evictions_total",
                                      "Evictions asked of the Eviction API, by result (evicted, refused, "
                                      "already_terminating, gone, rate_limited, failed)", ["result"], registry=r)
+        for result in ("applied", "refused"):  # the series exist at 0 from the start
+            self.nodeslo_updates.labels(result)
+        for result in ("evicted", "refused", "already_terminating", "gone", "rate_limited", "failed"):
+            self.api_evictions.labels(result)
         self.batch_allocatable = Gauge(
             "koordnode_batch_allocatable",
             "Batch resources BE pods may use by Koordinator v1.2's formula (Node.Alloc - Node.Reserved - "
