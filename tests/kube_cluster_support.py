@@ -51,7 +51,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
             def established(name: str = name) -> bool:
                 crd_now = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
                 return any(c["type"] == "Established" and c["status"] == "True"
-                           for c in crd_now.get("status", {}).get("conditions", []))
+                           for c in (crd_now.get("status") or {}).get("conditions") or [])
             admin.wait_for(f"CRD {name} established", established, timeout=60)
         admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         for doc in yaml.safe_load_all(RBAC.read_text()):

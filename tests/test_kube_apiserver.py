@@ -150,25 +150,34 @@ def test_invalid_nodeslo_is_refused_whole_and_the_last_good_one_stays(plane: Con
         try:
             await node.wait("good NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 62)
             good = len(node.applied)
-            # Valid for the CRD (an int64), not for koordnode: 150 % of the node, and a lower
-            # memory bound above the threshold.
+            # Valid for the CRD (its schema has no bound here), not for koordnode: a quota burst
+            # below the pod's limit.
             bad = admin.get(f"{NODESLOS}/{NODES[0]}")
-            bad["spec"]["resourceUsedThresholdWithBE"].update(cpuSuppressThresholdPercent=150,
-                                                              memoryEvictThresholdPercent=70)
+            bad["spec"]["cpuBurstStrategy"] = {"policy": "auto", "cfsQuotaBurstPercent": 50}
             bad["spec"]["resourceQOSStrategy"]["lsClass"]["memoryQOS"]["minLimitPercent"] = 20
             await asyncio.to_thread(admin.request, "PUT", f"{NODESLOS}/{NODES[0]}", bad)
             await node.wait("refusal", lambda: "last_refused" in node.link.nodeslo_status)
+            assert len(node.applied) == good
+            first = node.link.nodeslo_status["last_refused"]
+            assert first["errors"] == ["spec.cpuBurstStrategy.cfsQuotaBurstPercent (strategy.cpu_burst.max_quota_percent): "
+                                       "expected a number in [100, 10000], got 50.0"]
+            # A contradiction between two fields: refused by the mapping itself.
+            bad = admin.get(f"{NODESLOS}/{NODES[0]}")
+            bad["spec"]["cpuBurstStrategy"] = {}
+            bad["spec"]["resourceUsedThresholdWithBE"].update(memoryEvictThresholdPercent=70, memoryEvictLowerPercent=75)
+            await asyncio.to_thread(admin.request, "PUT", f"{NODESLOS}/{NODES[0]}", bad)
+            await node.wait("second refusal", lambda: node.link.nodeslo_status.get("refused_total") == 2)
             assert len(node.applied) == good
         finally:
             await _stop(stop, tasks)
 
     asyncio.run(scenario())
-    assert node.config.strategy.cpu_suppress.threshold_percent == 62  # nothing of the bad one
-    assert node.config.qos.LS.memory_min_percent == 33
+    assert node.config.strategy.cpu_suppress.threshold_percent == 62  # nothing of the bad ones
+    assert node.config.qos.LS.memory_min_percent == 33 and not node.config.strategy.cpu_burst.enable
     refused = node.link.nodeslo_status["last_refused"]
-    assert refused["errors"] == ["spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent "
-                                 "(strategy.cpu_suppress.threshold_percent): expected a number in [1, 100], got 150.0"]
-    assert ("nodeslo", "refused") in node.observed
+    assert refused["errors"] == ["spec.resourceUsedThresholdWithBE.memoryEvictLowerPercent: must be below "
+                                 "memoryEvictThresholdPercent (75 >= 70)"]
+    assert node.observed.count(("nodeslo", "refused")) == 2
 
 
 def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -> None:
@@ -301,6 +310,12 @@ def test_eviction_refused_by_a_pdb_then_the_next_candidate(plane: ControlPlane, 
     admin.create("/apis/policy/v1/namespaces/default/poddisruptionbudgets", {
         "metadata": {"name": "guarded"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
     # No disruption controller runs here: publish what it would (one healthy pod, none may go).
+    # No kubelet either: the pods are made Running and Ready as kubelet would report them (a
+    # Pending pod is evicted without asking its budget).
+    for pod in (guarded, free):
+        pod = admin.pod(pod["metadata"]["name"])
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        admin.request("PUT", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status", pod)
     pdb = admin.get("/apis/policy/v1/namespaces/default/poddisruptionbudgets/guarded")
     pdb["status"] = {"observedGeneration": pdb["metadata"]["generation"], "disruptionsAllowed": 0,
                      "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
