@@ -221,11 +221,14 @@ class Daemon:
                 await self.reconcile_once()
 
     async def _usage_loop(self) -> None:
-        """The batch allocatable as a metric and in status, API server or not."""
+        """The batch allocatable as a metric and in status, API server or not; whether the API
+        server answers ([kubernetes])."""
         while True:
             await asyncio.sleep(10.0)
+            if self.cluster is not None:
+                METRICS.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
             if self.usage is None:
-                return
+                continue
             try:
                 usage = await asyncio.to_thread(self.usage.refresh)
             except Exception:
@@ -296,6 +299,7 @@ class Daemon:
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:
             self.spawn(self._run_qos_manager())
+        if self.qos_manager is not None or self.cluster is not None:
             self.spawn(self._usage_loop())
         if self.cluster is not None:
             self.spawn(self._run_cluster())
