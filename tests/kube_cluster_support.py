@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from k8s_support import require_component
-from support.kube import ApiError as TestApiError
+from support.kube import ApiError as AdminApiError
 from support.kube import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
 
@@ -77,7 +77,7 @@ def _can_list_nodeslos(cp: ControlPlane) -> bool:
     try:
         cp.client("koordnode").get(NODESLOS)
         return True
-    except TestApiError:
+    except AdminApiError:
         return False
 
 

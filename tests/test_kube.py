@@ -503,3 +503,12 @@ def test_http_parse_server() -> None:
     assert http.parse_server("https://[::1]:6443/base/").host == "::1"
     with pytest.raises(ValueError):
         http.parse_server("unix:///x")
+
+
+def test_node_name_defaults_to_the_host_name_as_kubelet() -> None:
+    import socket
+
+    from koordnode.kube.agent import node_name_of
+
+    assert node_name_of(KubernetesConfig()) == socket.gethostname().lower()
+    assert node_name_of(KubernetesConfig(node_name="worker-7")) == "worker-7"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from kube_cluster_support import NODES, NS, REPO, configmap, kubeconfig_for, set_configmap
-from support.kube import ApiError as TestApiError
+from support.kube import ApiError as AdminApiError
 from support.kube import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
 
@@ -253,7 +253,7 @@ def test_rotated_token_is_used_without_a_restart(plane: ControlPlane, tmp_path: 
 def _refused(client: AdminClient, path: str) -> bool:
     try:
         client.get(path)
-    except TestApiError as err:
+    except AdminApiError as err:
         return err.status == 401
     return False
 
@@ -383,7 +383,7 @@ def test_the_shipped_rbac_is_enough_and_no_more(plane: ControlPlane) -> None:
     koordnode.get(NODESLOS)
     koordnode.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODES[0]}")
     for forbidden in ("/api/v1/nodes", f"/api/v1/namespaces/{NS}/secrets", "/api/v1/configmaps"):
-        with pytest.raises(TestApiError) as info:
+        with pytest.raises(AdminApiError) as info:
             koordnode.get(forbidden)
         assert info.value.status == 403, forbidden
 
@@ -469,3 +469,32 @@ def test_idle_watches_cost(plane: ControlPlane, tmp_path: Path) -> None:
     assert figures["synced"] and figures["pods"] >= 50
     assert figures["rss_delta_kib"] < 5 * 1024
     assert figures["idle_cpu_percent"] < 0.5
+
+
+def test_in_cluster_service_account_token_and_ca(plane: ControlPlane, tmp_path: Path) -> None:
+    """In a pod: the token and CA from the service account directory, the server from the
+    environment; a replaced CA file is read again."""
+    import shutil
+
+    from koordnode.kube.client import KubeClient
+    from koordnode.kube.credentials import Credentials
+
+    admin = plane.client()
+    token = admin.create(f"/api/v1/namespaces/{NS}/serviceaccounts/koordnode/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}})["status"]["token"]
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(token)
+    shutil.copy(plane.ca_file, account / "ca.crt")
+    creds = Credentials.in_cluster(str(account), environ={"KUBERNETES_SERVICE_HOST": plane.host,
+                                                          "KUBERNETES_SERVICE_PORT": str(plane.port)})
+    client = KubeClient(creds, timeout_s=5)
+    assert "items" in asyncio.run(client.get(NODESLOS))
+    first = creds.ssl_context()
+    staged = account / "ca.crt.new"
+    shutil.copy(plane.ca_file, staged)
+    os.replace(staged, account / "ca.crt")
+    assert creds.ssl_context() is not first
+    assert "items" in asyncio.run(client.get(NODESLOS))
+    assert creds.source == f"service account {account}"
