@@ -512,3 +512,70 @@ def test_node_name_defaults_to_the_host_name_as_kubelet() -> None:
 
     assert node_name_of(KubernetesConfig()) == socket.gethostname().lower()
     assert node_name_of(KubernetesConfig(node_name="worker-7")) == "worker-7"
+
+
+def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_answer() -> None:
+    """Daemon.evict's choice (the daemon itself is built in the e2e tests): the container's pod
+    first, then the node's other BE pods by priority; CRI stop when the API does not answer."""
+    import types
+
+    from koordnode.cri import api_pb2 as pb
+    from koordnode.daemon import Daemon
+    from koordnode.model.state import ContainerRecord, NodeState, PodRecord
+
+    state = NodeState()
+    for sid, name, cls in (("s1", "be-big", "BE"), ("s2", "be-low", "BE"), ("s3", "web", "LS"), ("s4", "be-high", "BE")):
+        state.put_pod(PodRecord(sid, name, "batch", f"u-{name}", {}, {}, "/kubepods", qos_class=cls))
+    state.put_container(ContainerRecord("c1", "s1", "app", {}, {}, pb.LinuxContainerResources()))
+    priorities = {"s2": 3000, "s4": 5500}
+    tried: list[list[str]] = []
+    stopped: list[str] = []
+
+    class Link:
+        answer: Exception | None = None
+
+        async def evict(self, targets: list[EvictTarget], reason: str) -> tuple[str, EvictTarget]:
+            tried.append([t.name for t in targets])
+            if self.answer is not None:
+                raise self.answer
+            return "evicted", targets[0]
+
+    class Backend:
+        async def call(self, method: str, request: Any, response: Any, timeout: float) -> None:
+            stopped.append(request.container_id)
+
+    stub = types.SimpleNamespace(dry_run=False, cluster=Link(), state=state, _priority_of=priorities.get,
+                                 _backend=lambda: Backend())
+    stub._eviction_targets = types.MethodType(Daemon._eviction_targets, stub)
+    evict = types.MethodType(Daemon.evict, stub)
+    run(evict("c1", "memory"))
+    assert tried == [["be-big", "be-low", "be-high"]] and stopped == []
+    stub.cluster.answer = Unreachable("connection refused")
+    run(evict("c1", "memory"))
+    assert stopped == ["c1"]  # the API did not answer: stopped through the runtime
+    stub.cluster.answer = EvictionRefused("refused by PodDisruptionBudgets: ...")
+    with pytest.raises(EvictionRefused):
+        run(evict("c1", "memory"))  # reported by the QoS manager as a failed eviction
+    stub.cluster = None
+    run(evict("c1", "memory"))
+    assert stopped == ["c1", "c1"]  # [kubernetes] off: CRI stop
+
+
+def test_lists_are_read_in_pages() -> None:
+    def pod(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "n", "uid": name}}
+
+    async def go() -> Reflector:
+        answers: list[Answer] = [
+            _json(200, {"metadata": {"resourceVersion": "7", "continue": "page-2"}, "items": [pod("a")]}),
+            _json(200, {"metadata": {"resourceVersion": "7"}, "items": [pod("b")]}),
+        ]
+        async with ScriptedServer(answers) as server:
+            reflector = Reflector(_client(server.url), "/api/v1/pods", on_change=lambda store: None, name="pods",
+                                  transform=lambda obj: obj["metadata"]["uid"])
+            await reflector.relist()
+            assert "limit=100" in server.requests[0] and "continue=page-2" in server.requests[1]
+            return reflector
+
+    reflector = run(go())
+    assert reflector.store == {"n/a": "a", "n/b": "b"} and reflector.resource_version == "7"

@@ -22,6 +22,9 @@ __all__ = ["Backoff", "Health", "Reflector", "object_key"]
 
 log = structlog.get_logger("koordnode.kube")
 
+# Objects per list page.
+LIST_PAGE = 100
+
 
 def object_key(obj: Mapping[str, Any]) -> str | None:
     meta = obj.get("metadata")
@@ -105,22 +108,32 @@ class Reflector:
             log.exception("kube_watch_consumer_failed", watch=self.name)
 
     async def relist(self) -> None:
-        answer = await self.client.get(self.path, self._query())
-        items = answer.get("items") if isinstance(answer, dict) else None
-        meta = answer.get("metadata") if isinstance(answer, dict) else None
-        if not isinstance(items, list) or not isinstance(meta, dict):
-            raise Unreachable(f"list {self.path}: not a list object")
-        if len(items) > self.max_objects:
-            raise Unreachable(f"list {self.path}: {len(items)} objects, more than {self.max_objects}")
+        """List in pages (a page's objects are parsed and reduced before the next is read: the
+        memory a list costs is one page's, not the whole collection's)."""
         store: dict[str, Any] = {}
-        for item in items:
-            key = object_key(item) if isinstance(item, dict) else None
-            if key is None:
-                self.health.malformed += 1
-                continue
-            store[key] = self.transform(item)
+        query = {**self._query(), "limit": str(LIST_PAGE)}
+        version: str | None = None
+        while True:
+            answer = await self.client.get(self.path, query)
+            items = answer.get("items") if isinstance(answer, dict) else None
+            meta = answer.get("metadata") if isinstance(answer, dict) else None
+            if not isinstance(items, list) or not isinstance(meta, dict):
+                raise Unreachable(f"list {self.path}: not a list object")
+            for item in items:
+                key = object_key(item) if isinstance(item, dict) else None
+                if key is None:
+                    self.health.malformed += 1
+                    continue
+                store[key] = self.transform(item)
+            if len(store) > self.max_objects:
+                raise Unreachable(f"list {self.path}: more than {self.max_objects} objects")
+            version = str(meta.get("resourceVersion") or "") or None
+            token = meta.get("continue")
+            if not isinstance(token, str) or not token:
+                break
+            query = {**self._query(), "limit": str(LIST_PAGE), "continue": token}
         self.store = store
-        self.resource_version = str(meta.get("resourceVersion") or "") or None
+        self.resource_version = version
         self.health.synced = True
         self.health.relists += 1
         self._ok()
