@@ -183,13 +183,15 @@ def test_invalid_nodeslo_is_refused_whole_and_the_last_good_one_stays(plane: Con
 def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -> None:
     admin = plane.client()
     node = Node(plane, tmp_path, NODES[0])
-    lags: list[float] = []
+    lags: dict[str, list[float]] = {"up": [], "away": []}
+    phase: list[str] = []  # where lags go now: "up" (a baseline while it answers), "away"
 
     async def loop_lag(stop: asyncio.Event) -> None:
         while not stop.is_set():
             started = time.monotonic()
             await asyncio.sleep(0.01)
-            lags.append(time.monotonic() - started - 0.01)
+            if phase:
+                lags[phase[-1]].append(time.monotonic() - started - 0.01)
 
     async def scenario() -> None:
         await asyncio.to_thread(set_configmap, admin, configmap(64, 50, 31))
@@ -197,12 +199,20 @@ def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -
         tasks.append(asyncio.create_task(loop_lag(stop)))
         try:
             await node.wait("NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 64)
+            phase.append("up")
+            await asyncio.sleep(3)
+            phase.clear()
             await asyncio.to_thread(plane.stop_apiserver)
             await node.wait("unreachable", lambda: not node.link.reachable()[0], timeout=60)
             ok, detail = node.link.reachable()
             assert "nodeslo" in detail and node.link.status()["api_server"].startswith("unreachable: ")
             assert node.config.strategy.cpu_suppress.threshold_percent == 64  # last good values kept
-            await asyncio.sleep(3)  # a few backoff rounds while it is away
+            failures = sum(node.link.nodeslo_watch.health.errors.values())
+            phase.append("away")
+            await asyncio.sleep(4)  # backoff rounds while it is away
+            phase.clear()
+            attempts = sum(node.link.nodeslo_watch.health.errors.values()) - failures
+            assert 1 <= attempts <= 6, attempts  # backing off (0.5, 1, 2, 2 s), not spinning
             await asyncio.to_thread(plane.start_apiserver)
             await asyncio.to_thread(set_configmap, admin, configmap(66, 50, 31))
             await node.wait("NodeSLO after the restart",
@@ -212,8 +222,15 @@ def test_api_server_stopped_and_restarted(plane: ControlPlane, tmp_path: Path) -
             await _stop(stop, tasks)
 
     asyncio.run(scenario())
-    print(f"event loop lag while the API server was away: max {max(lags) * 1000:.1f} ms over {len(lags)} samples")
-    assert max(lags) < 0.1  # the loop serving CRI never waited for the API server
+
+    def p99(samples: list[float]) -> float:
+        return sorted(samples)[int(len(samples) * 0.99)]
+
+    print(f"event loop lag (10 ms sleeps), p99: {p99(lags['up']) * 1000:.1f} ms while the API server answered, "
+          f"{p99(lags['away']) * 1000:.1f} ms while it was away (max {max(lags['away']) * 1000:.1f} ms)")
+    # The loop serving CRI never waits for the API server: no worse than while it answered (the
+    # shared test machine's scheduling noise is in both).
+    assert p99(lags["away"]) < p99(lags["up"]) + 0.02
 
 
 def test_rotated_token_is_used_without_a_restart(plane: ControlPlane, tmp_path: Path) -> None:
@@ -498,3 +515,26 @@ def test_in_cluster_service_account_token_and_ca(plane: ControlPlane, tmp_path: 
     assert creds.ssl_context() is not first
     assert "items" in asyncio.run(client.get(NODESLOS))
     assert creds.source == f"service account {account}"
+
+
+def test_doctor_reports_the_api_server(plane: ControlPlane, tmp_path: Path) -> None:
+    from koordnode.doctor import Report, _check_kubernetes
+
+    def check(toml: str) -> Any:
+        report = Report()
+        _check_kubernetes(report, parse_config(toml))
+        return next(c for c in report.checks if c.name == "kubernetes")
+
+    kubeconfig = kubeconfig_for(plane, tmp_path / "doctor", plane.tokens["koordnode"])
+    base = f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig}"\n'
+    set_configmap(plane.client(), configmap(65, 50, 40))
+    ok = check(base + f'node_name = "{NODES[0]}"\n')
+    assert ok.status == "OK" and "NodeSLO kn-a readable" in ok.message
+    missing = check(base + 'node_name = "kn-nowhere"\n')
+    assert missing.status == "WARN" and "no NodeSLO named kn-nowhere" in missing.message
+    denied = check(f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig_for(plane, tmp_path / "d2", "bad")}"\n')
+    assert denied.status == "FAIL" and "401" in denied.message
+    away = kubeconfig.read_text().replace(plane.url, "https://127.0.0.1:1")
+    (kubeconfig.parent / "away.yaml").write_text(away)  # beside its token file
+    unreachable = check(f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig.parent / "away.yaml"}"\n')
+    assert unreachable.status == "WARN" and "Connect call failed" in unreachable.message
