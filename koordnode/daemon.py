@@ -187,9 +187,9 @@ class Daemon:
         snap = self.qos_manager.last_snapshot if self.qos_manager is not None else None
         return snap.memory_total_bytes if snap is not None else None
 
-    def _node_metric_status(self) -> dict[str, Any] | None:
-        """In a worker thread: this node's NodeMetric status, measured now."""
-        usage = self.usage.refresh() if self.usage is not None else None
+    def _node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
+        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
+        usage = self.usage.refresh(interval_s) if self.usage is not None else None
         if usage is None:
             return None
         METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
@@ -663,6 +663,13 @@ class Daemon:
         snapshot = self.state.snapshot()
         if self.qos is not None:
             snapshot = self.qos.decorate(snapshot)
+        if self.cluster is not None:
+            for pod in snapshot.get("pods", []):
+                facts = self.cluster.facts_of(pod.get("uid", ""))
+                pod["api"] = "not known to the API server (planned from CRI alone)" if facts is None else {
+                    "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
+                    "priority_class": facts.priority_class, "owners": list(facts.owners),
+                    "terminating": facts.terminating}
         return {
             "version": __version__,
             "mode": self.mode,

@@ -418,7 +418,7 @@ def _link(api: FakeApi, **config: Any) -> ClusterLink:
         return None
 
     return ClusterLink(KubernetesConfig(enable=True, node_name="n1", **config), apply_nodeslo=apply,
-                       on_pod_facts=lambda: None, node_metric_status=lambda: None, client=api)  # type: ignore[arg-type]
+                       on_pod_facts=lambda: None, node_metric_status=lambda interval: None, client=api)  # type: ignore[arg-type]
 
 
 def test_pdb_refusal_is_reported_and_the_next_candidate_tried() -> None:

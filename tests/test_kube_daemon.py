@@ -96,6 +96,7 @@ def test_cluster_mode_end_to_end(plane: ControlPlane, containerd_bed, cluster_ko
         cri_seconds = time.monotonic() - started
         assert cri_seconds < 10  # nothing on the CRI path waits for the API server
         assert "not known to the API server" in _container_notes(cluster_koordnode, ls_sid)
+        assert _pod_status(cluster_koordnode, ls_sid)["api"].startswith("not known to the API server")
         status = cluster_koordnode.status()
         assert status["kubernetes"]["api_server"].startswith("unreachable: ")
         assert status["config"]["keys"]["qos.LS.memory_min_percent"] == {"value": 50, "source": "default"}
@@ -105,6 +106,7 @@ def test_cluster_mode_end_to_end(plane: ControlPlane, containerd_bed, cluster_ko
         # the NodeSLO's lsClass minLimitPercent 40 of the 256 Mi request (either may arrive first)
         _wait("pod facts and the NodeSLO", lambda: "memory.min 40% / memory.low 70% of request 268435456 "
               "(request from the pod spec (API server))" in _container_notes(cluster_koordnode, ls_sid), 60)
+        assert _pod_status(cluster_koordnode, ls_sid)["api"]["memory_requests"] == {"app": 256 << 20}
         keys = cluster_koordnode.status()["config"]["keys"]
         assert keys["qos.LS.memory_min_percent"] == {"value": 40, "source": "nodeslo"}
         assert keys["proxy.listen"]["source"] == "toml"

@@ -69,7 +69,7 @@ ApplyNodeSlo = Callable[[dict[str, Any] | None], Awaitable[None]]
 class ClusterLink:
     def __init__(self, config: KubernetesConfig, *, apply_nodeslo: ApplyNodeSlo,
                  on_pod_facts: Callable[[], None],
-                 node_metric_status: Callable[[], dict[str, Any] | None],
+                 node_metric_status: Callable[[float], dict[str, Any] | None],
                  memory_total_bytes: Callable[[], int | None] = lambda: None,
                  observe: Callable[[str, str], None] = lambda kind, result: None,
                  client: KubeClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -267,7 +267,7 @@ class ClusterLink:
                 raise
             obj = await self.client.create(NODEMETRICS, new_node_metric(self.node_name))
         interval = report_interval_s(obj, self.config.node_metric_interval_s)
-        status = await asyncio.to_thread(self._node_metric_status)
+        status = await asyncio.to_thread(self._node_metric_status, float(interval))
         if status is None:
             self.node_metric = {**self.node_metric, "state": "waiting for the first measurements"}
             return min(interval, 10)

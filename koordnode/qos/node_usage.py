@@ -59,31 +59,42 @@ class NodeUsageReporter:
         self._lock = threading.Lock()
         self.last: NodeUsage | None = None
 
-    def refresh(self) -> NodeUsage | None:
-        """Measure once (in a worker thread); None until the manager has measured rates."""
+    def refresh(self, window_s: float = 60.0) -> NodeUsage | None:
+        """Measure once (in a worker thread); None until the manager has measured rates. CPU is
+        the average of the manager's samples over the last `window_s` (the report interval: one
+        busy second must not swing the batch resources), memory is read now."""
         snap = self._manager.last_snapshot
         if snap is None or not snap.rates_ready or snap.node_used_cpus is None or snap.memory_total_bytes is None:
             return None
         with self._lock:
             history = self._manager.history
+            since = snap.now - window_s
+
+            def average(series: str, now_value: float) -> float:
+                ring = history.get(series)
+                values = ring.values_since(since) if ring is not None else []
+                return sum(values) / len(values) if values else now_value
+
             pods: list[PodUsage] = []
             pods_memory = ls_memory = 0
             for pod in snap.inventory.pods:
                 ring = history.get(f"pod/{pod.sandbox_id}/cpu")
                 last = ring.last() if ring is not None else None
+                pod_cpu = average(f"pod/{pod.sandbox_id}/cpu", last[1] if last is not None else 0.0)
                 pod_memory = self._probe.working_set_bytes(pod.cgroup) or 0
                 pods_memory += pod_memory
                 if pod.qos_class is not QoSClass.BE:
                     ls_memory += pod_memory
                 namespace, _, name = pod.name.partition("/")
                 pods.append(PodUsage(namespace, name, pod.qos_class.value, self._priority_of(pod.sandbox_id),
-                                     last[1] if last is not None else 0.0, pod_memory))
-            node_cpu = snap.node_used_cpus
-            pods_cpu = snap.ls_used_cpus + snap.be_used_cpus
+                                     pod_cpu, pod_memory))
+            node_cpu = average("node/cpu_used_cpus", snap.node_used_cpus)
+            ls_cpu = average("node/ls_used_cpus", snap.ls_used_cpus)
+            pods_cpu = ls_cpu + average("node/be_used_cpus", snap.be_used_cpus)
             node_memory = snap.memory_used_bytes or 0
             cpu = batch_allocatable(UsageInputs(
                 node_allocatable=float(len(snap.online_cpus)), node_reserved=float(len(snap.reserved_cpus)),
-                node_used=node_cpu, pods_used=pods_cpu, ls_pods_used=snap.ls_used_cpus))
+                node_used=node_cpu, pods_used=pods_cpu, ls_pods_used=ls_cpu))
             memory = batch_allocatable(UsageInputs(
                 node_allocatable=float(snap.memory_total_bytes), node_reserved=0.0, node_used=float(node_memory),
                 pods_used=float(pods_memory), ls_pods_used=float(ls_memory)))
@@ -93,7 +104,8 @@ class NodeUsageReporter:
                 batch_cpu_cores=cpu.value, batch_memory_bytes=int(memory.value),
                 inputs={"node_cpus": len(snap.online_cpus), "reserved_cpus": len(snap.reserved_cpus),
                         "node_used_cpus": round(node_cpu, 3), "pods_used_cpus": round(pods_cpu, 3),
-                        "ls_used_cpus": round(snap.ls_used_cpus, 3), "memory_total_bytes": snap.memory_total_bytes,
+                        "ls_used_cpus": round(ls_cpu, 3), "cpu_window_s": window_s,
+                        "memory_total_bytes": snap.memory_total_bytes,
                         "node_used_memory_bytes": node_memory, "pods_used_memory_bytes": pods_memory,
                         "ls_used_memory_bytes": ls_memory})
             self.last = usage
