@@ -10,7 +10,6 @@ last good values; status says so.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -328,7 +327,3 @@ def _name_spec_field(error: str, mapping: NodeSloMapping) -> str:
     key, sep, message = error.partition(": ")
     source = mapping.fields.get(key)
     return f"spec.{source} ({key}): {message}" if sep and source else error
-
-
-def utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)

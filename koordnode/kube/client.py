@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -47,6 +48,18 @@ def http_reason(status: int) -> str:
             503: "ServiceUnavailable"}.get(status, "Error")
 
 
+# Bigger bodies are decoded in a worker thread: parsing megabytes on the event loop would
+# delay the CRI calls it serves.
+DECODE_INLINE_BYTES = 256 * 1024
+
+
+async def _decode(body: bytes) -> Any:
+    """JSON; ValueError (UnicodeDecodeError is one) when it is not."""
+    if len(body) <= DECODE_INLINE_BYTES:
+        return json.loads(body)
+    return await asyncio.to_thread(json.loads, body)
+
+
 class KubeClient:
     def __init__(self, credentials: Credentials, *, timeout_s: float = 10.0,
                  max_response_bytes: int = 16 << 20) -> None:
@@ -74,9 +87,9 @@ class KubeClient:
         if not 200 <= response.status < 300:
             raise _error_of(response.status, response.body)
         try:
-            return response.json()
-        except http.HttpError as exc:
-            raise Unreachable(f"{method} {path}: {exc}") from None
+            return await _decode(response.body)
+        except ValueError as exc:
+            raise Unreachable(f"{method} {path}: response is not JSON ({exc})") from None
 
     async def get(self, path: str, query: Mapping[str, str] | None = None) -> Any:
         return await self.request("GET", path, query=query)
@@ -101,7 +114,7 @@ class KubeClient:
                 if status != 200:
                     raise _error_of(status, line)
                 try:
-                    event = json.loads(line)
+                    event = await _decode(line)
                 except ValueError:
                     raise Unreachable(f"watch {path}: an event is not JSON: {line[:80]!r}") from None
                 if not isinstance(event, dict) or not isinstance(event.get("object"), dict) \

@@ -10,11 +10,9 @@ are rare (a NodeMetric a minute, an eviction now and then) and each watch holds 
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 __all__ = ["HttpError", "Response", "TooLarge", "request", "stream_lines"]
@@ -36,12 +34,6 @@ class Response:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError(f"response is not JSON ({exc})") from None
 
 
 @dataclass(frozen=True)
