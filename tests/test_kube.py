@@ -574,7 +574,7 @@ def test_lists_are_read_in_pages() -> None:
             reflector = Reflector(_client(server.url), "/api/v1/pods", on_change=lambda store: None, name="pods",
                                   transform=lambda obj: obj["metadata"]["uid"])
             await reflector.relist()
-            assert "limit=100" in server.requests[0] and "continue=page-2" in server.requests[1]
+            assert "limit=50" in server.requests[0] and "continue=page-2" in server.requests[1]
             return reflector
 
     reflector = run(go())

@@ -66,7 +66,7 @@ class KubernetesConfig:
         "resourceVersion (bounds a silently dead connection), seconds",
     )
     max_response_bytes: int = setting(
-        16 * 1024 * 1024, min=64 * 1024, max=1024 * 1024 * 1024,
+        4 * 1024 * 1024, min=64 * 1024, max=1024 * 1024 * 1024,
         doc="largest API response (a list, one watch event) read; a bigger one is refused with an error, bytes",
     )
     backoff_max_s: float = setting(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -48,21 +47,16 @@ def http_reason(status: int) -> str:
             503: "ServiceUnavailable"}.get(status, "Error")
 
 
-# Bigger bodies are decoded in a worker thread: parsing megabytes on the event loop would
-# delay the CRI calls it serves.
-DECODE_INLINE_BYTES = 256 * 1024
-
-
-async def _decode(body: bytes) -> Any:
-    """JSON; ValueError (UnicodeDecodeError is one) when it is not."""
-    if len(body) <= DECODE_INLINE_BYTES:
-        return json.loads(body)
-    return await asyncio.to_thread(json.loads, body)
+def _decode(body: bytes) -> Any:
+    """JSON; ValueError (UnicodeDecodeError is one) when it is not. On the loop: json's C parser
+    holds the GIL, so a worker thread would not spare the loop; the cost is bounded instead, by
+    [kubernetes] max_response_bytes and the list pages (a page of pods parses in milliseconds)."""
+    return json.loads(body)
 
 
 class KubeClient:
     def __init__(self, credentials: Credentials, *, timeout_s: float = 10.0,
-                 max_response_bytes: int = 16 << 20) -> None:
+                 max_response_bytes: int = 4 << 20) -> None:
         self.credentials = credentials
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
@@ -87,7 +81,7 @@ class KubeClient:
         if not 200 <= response.status < 300:
             raise _error_of(response.status, response.body)
         try:
-            return await _decode(response.body)
+            return _decode(response.body)
         except ValueError as exc:
             raise Unreachable(f"{method} {path}: response is not JSON ({exc})") from None
 
@@ -114,7 +108,7 @@ class KubeClient:
                 if status != 200:
                     raise _error_of(status, line)
                 try:
-                    event = await _decode(line)
+                    event = _decode(line)
                 except ValueError:
                     raise Unreachable(f"watch {path}: an event is not JSON: {line[:80]!r}") from None
                 if not isinstance(event, dict) or not isinstance(event.get("object"), dict) \

@@ -153,7 +153,7 @@ class _Body:
 
 async def request(server: str, ssl_context: ssl.SSLContext | None, method: str, path: str, *,
                   query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
-                  body: bytes | None = None, timeout: float = 10.0, max_bytes: int = 16 << 20) -> Response:
+                  body: bytes | None = None, timeout: float = 10.0, max_bytes: int = 4 << 20) -> Response:
     """One request; the whole exchange within `timeout`, the body at most `max_bytes`."""
     target = parse_server(server)
 

@@ -23,7 +23,7 @@ __all__ = ["Backoff", "Health", "Reflector", "object_key"]
 log = structlog.get_logger("koordnode.kube")
 
 # Objects per list page.
-LIST_PAGE = 100
+LIST_PAGE = 50
 
 
 def object_key(obj: Mapping[str, Any]) -> str | None:
