@@ -20,6 +20,7 @@ from k8s_support import require_component
 from support.kube import ApiError as AdminApiError
 from support.kube import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
+from testbed.real_node import NODE_NAMES
 
 from koordnode.kube.agent import NODESLOS
 
@@ -40,7 +41,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     Koordinator's CRDs, the shipped RBAC and two nodes."""
     require_component("kubernetes")
     require_component("etcd")
-    cp = ControlPlane(tmp_path_factory.mktemp("kube-cluster-mode")).start()
+    cp = ControlPlane(tmp_path_factory.mktemp("kube-cluster-mode"), node_names=NODE_NAMES).start()  # kubelets too
     try:
         admin = cp.client()
         for crd in sorted(CRDS.glob("*.yaml")):

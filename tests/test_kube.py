@@ -446,6 +446,16 @@ def test_terminating_pods_are_not_counted_twice_and_the_window_is_bounded() -> N
     assert len(api.posts) == 2
 
 
+def test_a_terminating_fallback_is_skipped_not_returned() -> None:
+    pdb = ApiError(429, "TooManyRequests", "budget")
+    api = FakeApi({"guarded": pdb})
+    link = _link(api)
+    link.facts["u-going"] = PodFacts("u-going", "n", "going", terminating=True)
+    with pytest.raises(EvictionRefused):
+        run(link.evict([EvictTarget("n", "guarded", "u-g"), EvictTarget("n", "going", "u-going")], "memory"))
+    assert [p.split("/")[-2] for p in api.posts] == ["guarded"]  # the guarded pod was asked, the other skipped
+
+
 def test_every_candidate_refused_raises() -> None:
     pdb = ApiError(429, "TooManyRequests", "budget")
     link = _link(FakeApi({"a": pdb, "b": pdb}))

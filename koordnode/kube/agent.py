@@ -214,10 +214,11 @@ class ClusterLink:
         when the API server does not answer (the caller stops the container through CRI then)."""
         if not candidates:
             raise EvictionRefused("no candidate")
-        for target in candidates:
-            if self._terminating(target.uid):
-                self._count("already_terminating", target, reason)
-                return "already terminating", target
+        if self._terminating(candidates[0].uid):  # e.g. a second container of a pod being evicted
+            self._count("already_terminating", candidates[0], reason)
+            return "already terminating", candidates[0]
+        # Fallbacks already terminating are going away anyway: not asked, not counted.
+        candidates = [candidates[0], *(t for t in candidates[1:] if not self._terminating(t.uid))]
         now = self._clock()
         window = self.config.eviction_window_s
         self._evictions = [at for at in self._evictions if now - at < window]
