@@ -50,13 +50,15 @@ def _gone(client: Any, name: str) -> bool:
     return False
 
 
-def test_evictions_through_the_api_stick_and_honour_a_pdb(plane: ControlPlane, tmp_path: Path) -> None:
+def test_evictions_through_the_api_stick_and_honour_a_pdb(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+                                                          ) -> None:
     require_component("containerd")
     used = _memory_used_percent()
     if used < 12:
         pytest.skip(f"the machine uses {used:.0f} % of its memory; the test needs 12 % to evict without a hog")
     threshold = max(10.0, used - 5)
-    kubeconfig = kubeconfig_for(plane, tmp_path / "identity", plane.tokens["koordnode"])
+    workdir = tmp_path_factory.mktemp("kev")  # short: containerd's socket paths live under it
+    kubeconfig = kubeconfig_for(plane, workdir / "identity", plane.tokens["koordnode"])
     toml = (f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig}"\nnode_name = "{NODE}"\n'
             "evictions_per_window = 5\nbackoff_max_s = 2.0\n"
             f"[strategy.be_evict]\nenable = true\nmemory_threshold_percent = {threshold}\ncooldown_s = 3.0\n")
@@ -70,7 +72,7 @@ def test_evictions_through_the_api_stick_and_honour_a_pdb(plane: ControlPlane, t
                      "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
     admin.request("PUT", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/node-guarded/status", pdb)
     try:
-        with real_node(tmp_path / "node", control_plane=plane, node_name=NODE, koordnode_toml=toml) as node:
+        with real_node(workdir / "node", control_plane=plane, node_name=NODE, koordnode_toml=toml) as node:
             client = node.client()
             client.create("/api/v1/namespaces/default/pods", _be_pod("be-guarded", "node-guarded"))
             client.wait_pod_phase("be-guarded", timeout=120)
