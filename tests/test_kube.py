@@ -589,3 +589,32 @@ def test_lists_are_read_in_pages() -> None:
 
     reflector = run(go())
     assert reflector.store == {"n/a": "a", "n/b": "b"} and reflector.resource_version == "7"
+
+
+def _koord_class(group_identity: int, wmark_min_adj: int, cat_end: int) -> dict[str, Any]:
+    return {"cpuQOS": {"enable": False, "groupIdentity": group_identity, "schedIdle": 0, "coreExpeller": False},
+            "memoryQOS": {"enable": False, "minLimitPercent": 0, "lowLimitPercent": 0, "throttlingPercent": 0,
+                          "wmarkRatio": 95, "wmarkScalePermill": 20, "wmarkMinAdj": wmark_min_adj,
+                          "priorityEnable": 0, "priority": 0, "oomKillGroup": 0},
+            "resctrlQOS": {"enable": False, "catRangeStartPercent": 0, "catRangeEndPercent": cat_end, "mbaPercent": 100},
+            "blkioQOS": {"enable": False}, "networkQOS": {"enable": False}}
+
+
+def test_a_nodeslo_with_every_koordinator_default_is_accepted() -> None:
+    """What koord-manager renders when the ConfigMap sets nothing: every field, Koordinator's defaults."""
+    spec = {
+        "resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cpuset",
+                                        "memoryEvictThresholdPercent": 70},
+        "resourceQOSStrategy": {"lsrClass": _koord_class(2, -25, 100), "lsClass": _koord_class(2, -25, 100),
+                                "beClass": _koord_class(-1, 50, 30), "systemClass": _koord_class(0, -25, 100),
+                                "cgroupRoot": _koord_class(0, -25, 100)},
+        "cpuBurstStrategy": {"policy": "none", "cpuBurstPercent": 1000, "cfsQuotaBurstPercent": 300,
+                             "cfsQuotaBurstPeriodSeconds": -1, "sharePoolThresholdPercent": 50},
+        "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150, "memcgReapBackGround": 0},
+    }
+    mapping = map_nodeslo(spec, memory_total_bytes=8 << 30)
+    assert mapping.errors == []
+    config = with_nodeslo(parse_config(""), mapping.values)
+    assert not config.qos.LS.memory_qos and config.qos.BE.cpu_bvt_warp_ns == 0  # memoryQOS / cpuQOS off
+    assert config.strategy.cpu_suppress.policy == "cpuset" and not config.strategy.cpu_burst.enable
+    assert config.qos.BE.resctrl.cat_range_end_percent == 30
