@@ -618,3 +618,19 @@ def test_a_nodeslo_with_every_koordinator_default_is_accepted() -> None:
     assert not config.qos.LS.memory_qos and config.qos.BE.cpu_bvt_warp_ns == 0  # memoryQOS / cpuQOS off
     assert config.strategy.cpu_suppress.policy == "cpuset" and not config.strategy.cpu_burst.enable
     assert config.qos.BE.resctrl.cat_range_end_percent == 30
+
+
+def test_a_server_ending_every_watch_at_once_is_not_hammered() -> None:
+    async def go() -> int:
+        listing = _json(200, {"metadata": {"resourceVersion": "1"}, "items": []})
+        async with ScriptedServer([listing] + [_chunked([])] * 50) as server:
+            stop = asyncio.Event()
+            reflector = Reflector(_client(server.url), "/api/v1/pods", on_change=lambda store: None, name="pods",
+                                  backoff_max_s=60)
+            task = asyncio.create_task(reflector.run(stop))
+            await asyncio.sleep(2.0)
+            stop.set()
+            await asyncio.wait_for(task, 5)
+            return len(server.requests)
+
+    assert run(go()) <= 5  # list, then watches 0.5 s, 1 s apart: not 50 in 2 s

@@ -24,6 +24,8 @@ log = structlog.get_logger("koordnode.kube")
 
 # Objects per list page.
 LIST_PAGE = 50
+# A list+watch round shorter than this that brought no event counts as fruitless (backoff).
+MIN_ROUND_S = 1.0
 
 
 def object_key(obj: Mapping[str, Any]) -> str | None:
@@ -162,6 +164,7 @@ class Reflector:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            started, seen = time.monotonic(), self.health.events
             try:
                 if self.resource_version is None or not self.health.synced:
                     await self.relist()
@@ -174,15 +177,17 @@ class Reflector:
                     if stop.is_set():
                         return
                 self._ok()  # the server ended the watch (timeoutSeconds): resume from the last version
-                self.backoff.reset()
-                continue
+                if not self._fruitless(started, seen):
+                    self.backoff.reset()
+                    continue
             except Gone as exc:
                 log.info("kube_watch_relist", watch=self.name, detail="resourceVersion too old (410 Gone)",
                          error=str(exc))
                 self.resource_version = None
                 self.health.synced = False
                 self._ok()
-                continue
+                if not self._fruitless(started, seen):
+                    continue
             except (ApiError, Unreachable) as exc:
                 self._failed(self.name, exc)
                 log.warning("kube_watch_failed", watch=self.name, error=str(exc))
@@ -196,3 +201,8 @@ class Reflector:
                 await asyncio.wait_for(stop.wait(), delay)
             except TimeoutError:
                 pass
+
+    def _fruitless(self, started: float, events_before: int) -> bool:
+        """A round the server ended at once without an event (a watch closed right away, 410 on
+        every watch): backed off like a failure, so a misbehaving server is not hammered."""
+        return time.monotonic() - started < MIN_ROUND_S and self.health.events == events_before
