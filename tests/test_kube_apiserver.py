@@ -538,3 +538,22 @@ def test_doctor_reports_the_api_server(plane: ControlPlane, tmp_path: Path) -> N
     (kubeconfig.parent / "away.yaml").write_text(away)  # beside its token file
     unreachable = check(f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig.parent / "away.yaml"}"\n')
     assert unreachable.status == "WARN" and "Connect call failed" in unreachable.message
+
+
+def test_a_too_old_resource_version_relists(plane: ControlPlane, tmp_path: Path) -> None:
+    """The real server's 410 for a resourceVersion its watch cache no longer holds: list again."""
+    set_configmap(plane.client(), configmap(65, 50, 40))
+    node = Node(plane, tmp_path, NODES[0], pod_facts=False)
+    watch = node.link.nodeslo_watch
+
+    async def scenario() -> None:
+        await watch.relist()
+        watch.resource_version = "1"  # long compacted away
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("a relist after 410", lambda: watch.health.relists >= 2 and watch.resource_version != "1")
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    assert NODES[0] in watch.store and watch.health.synced
