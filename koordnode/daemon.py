@@ -403,7 +403,7 @@ class Daemon:
             targets = self._eviction_targets(container_id)
             if targets:
                 try:
-                    result, pod = await self.cluster.evict(targets, reason)
+                    result, _ = await self.cluster.evict(targets, reason)
                 except Unreachable as exc:
                     log.warning("eviction_api_unreachable", detail="stopping the container through the runtime",
                                 error=str(exc))
