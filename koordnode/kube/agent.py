@@ -20,6 +20,7 @@ from urllib.parse import quote
 import structlog
 
 from koordnode.config.kubernetes import KubernetesConfig
+from koordnode.config.loader import ConfigError
 from koordnode.kube.client import ApiError, KubeClient, Unreachable
 from koordnode.kube.credentials import Credentials, CredentialsError
 from koordnode.kube.nodemetric import new_node_metric, report_interval_s
@@ -130,8 +131,6 @@ class ClusterLink:
         task.add_done_callback(self._tasks.discard)
 
     async def _take_nodeslo(self, obj: dict[str, Any] | None, version: str | None) -> None:
-        from koordnode.config.loader import ConfigError
-
         async with self._nodeslo_lock:  # in the order they were seen
             now = time.time()
             if obj is None:
