@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from k8s_support import require_component
-from support.kube import ApiError as AdminApiError
-from support.kube import KubeClient as AdminClient
+from testbed.kube_client import ApiError as AdminApiError
+from testbed.kube_client import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 

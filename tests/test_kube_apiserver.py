@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from kube_cluster_support import NODES, NS, REPO, configmap, kubeconfig_for, set_configmap
-from support.kube import ApiError as AdminApiError
-from support.kube import KubeClient as AdminClient
+from testbed.kube_client import ApiError as AdminApiError
+from testbed.kube_client import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
 
 from koordnode.config import Config, ConfigError, key_sources, parse_config, with_nodeslo

@@ -17,7 +17,7 @@ import pytest
 
 from k8s_support import require_component
 from kube_cluster_support import kubeconfig_for
-from support.kube import ApiError as AdminApiError
+from testbed.kube_client import ApiError as AdminApiError
 from testbed.images import BUSYBOX_IMAGE_REF
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES, real_node
