@@ -33,6 +33,7 @@ from typing import Any
 
 from .containerd_bed import BedError, _mount_points, _unmount
 from .k8s_dist import component_bin
+from .kube_client import KubeClient
 
 CGROUP_V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "systemd")
 _SERVICE_CIDR = "10.96.0.0/24"  # never routed: kubelet and the API server only need a range to name
@@ -194,16 +195,12 @@ class ControlPlane:
         _wait("kube-apiserver", self._ready, 120, self._apiserver, self.log_path)
 
     def _ready(self) -> bool:
-        from support.kube import KubeClient
-
         if not self.ca_file.exists():
             return False
         client = KubeClient(self.host, self.port, self.tokens["admin"], str(self.ca_file), timeout=5)
         return client.raw("GET", "/readyz") == "ok"
 
-    def client(self, user: str = "admin"):
-        from support.kube import KubeClient
-
+    def client(self, user: str = "admin") -> KubeClient:
         return KubeClient(self.host, self.port, self.tokens[user], str(self.ca_file))
 
     def kubeconfig(self, path: Path, token: str) -> Path:
