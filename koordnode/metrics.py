@@ -226,6 +226,28 @@ class Metrics:
             "koordnode_config_last_reload_timestamp_seconds",
             "Unix time of the last configuration reload attempt (0: none yet)", registry=r)
 
+        # [kubernetes]: the API server link, NodeSLO, evictions through the API; batch resources.
+        self.kube_api_up = Gauge("koordnode_kube_api_up",
+                                 "1 while the API server answers koordnode's watches ([kubernetes] enable)",
+                                 registry=r)
+        self.nodeslo_updates = Counter("koordnode_nodeslo_updates_total",
+                                       "NodeSLO versions seen, by result (applied, refused)", ["result"],
+                                       registry=r)
+        self.nodeslo_refused = Gauge("koordnode_nodeslo_refused",
+                                     "1 while the newest NodeSLO is refused (the last good one stays applied)",
+                                     registry=r)
+        self.api_evictions = Counter("koordnode_api_evictions_total",
+                                     "Evictions asked of the Eviction API, by result (evicted, refused, "
+                                     "already_terminating, gone, rate_limited, failed)", ["result"], registry=r)
+        for result in ("applied", "refused"):  # the series exist at 0 from the start
+            self.nodeslo_updates.labels(result)
+        for result in ("evicted", "refused", "already_terminating", "gone", "rate_limited", "failed"):
+            self.api_evictions.labels(result)
+        self.batch_allocatable = Gauge(
+            "koordnode_batch_allocatable",
+            "Batch resources BE pods may use by Koordinator v1.2's formula (Node.Alloc - Node.Reserved - "
+            "System.Used - Pod(LS).Used), by resource (cpu: cores, memory: bytes)", ["resource"], registry=r)
+
     # --- exposition ---------------------------------------------------------------------
 
     def render(self) -> bytes:
@@ -309,6 +331,18 @@ class Metrics:
         label cannot grow a series per pod."""
         if count > 0:
             self.evictions.labels(_reason_label(reason)).inc(count)
+
+    def record_nodeslo(self, applied: bool) -> None:
+        self.nodeslo_updates.labels("applied" if applied else "refused").inc()
+        self.nodeslo_refused.set(0 if applied else 1)
+
+    def record_api_eviction(self, result: str) -> None:
+        self.api_evictions.labels(result).inc()
+
+    def set_batch_allocatable(self, cpu_cores: float | None, memory_bytes: float | None) -> None:
+        for resource, value in (("cpu", cpu_cores), ("memory", memory_bytes)):
+            if value is not None:
+                self.batch_allocatable.labels(resource).set(value)
 
     def record_config_reload(self, success: bool) -> None:
         self.config_reloads.labels("success" if success else "failure").inc()

@@ -445,7 +445,7 @@ def test_kubelet_evicts_the_be_pod_in_koordnodes_group_first(control_plane, tmp_
         client = node.client()
         node.create_pod(_memory_pod("ls-over-request", "LS", 40, "10Mi"))
         client.wait_for("ls-over-request holds its memory",
-                        lambda: "held" in node.kubelet.container_log("ls-over-request", "hold"), timeout=120)
+                        lambda: "held" in node.kubelet.container_log("ls-over-request", "hold", node.namespace), timeout=120)
         node.create_pod(_memory_pod("be-hog", "BE", 700, None, after_s=5))
         node.wait_running("be-hog", timeout=120)
         assert "/koordnode_be/" in find_pod_cgroup(node.kubepods, node.pod("be-hog")["metadata"]["uid"])

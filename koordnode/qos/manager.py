@@ -35,7 +35,7 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
 from koordnode.model.cpu_topology import CpuTopology
-from koordnode.policy.strategies.base import Inventory, Strategy
+from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
@@ -115,6 +115,7 @@ class QoSManager:
         self._runner = StrategyRunner(strategies, settings.strategy, executor, self._procfs, self.collector, self._book)
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
+        self.last_snapshot: TickSnapshot | None = None
         self.on_tick = on_tick
 
         # Loop side.
@@ -470,6 +471,7 @@ class QoSManager:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
         self.last_node = measured.node
+        self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies
             collector, targets = self.collector, measured.watch_targets
             report.usage_targets = {name: path for name, path in
