@@ -54,10 +54,22 @@ def _container_cpus(node: RealNode, classes=CLASSES) -> dict[str, frozenset[int]
     return out
 
 
-def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(control_plane, tmp_path):  # noqa: F811
+def _updates(node: RealNode, status: dict) -> int:
+    """kubelet's UpdateContainerResources calls koordnode saw: through its proxy, or in NRI mode
+    as NRI UpdateContainer events (counted by event name)."""
+    if node.mode == "proxy":
+        return status["proxy"]["calls_by_method"].get("UpdateContainerResources", 0)
+    return status["nri"]["events"].get("UpdateContainer", 0)
+
+
+@pytest.mark.parametrize("mode", ["proxy", "nri"])
+def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(control_plane, tmp_path, mode):  # noqa: F811
+    """Proxy mode: kubelet's cpuset arrives in the CRI requests. NRI mode: in the container's OCI
+    spec (CreateContainer) and in NRI's UpdateContainer (kubelet's reconcile, through containerd)."""
     require_component("containerd")
     pods = example_pods()
-    with real_node(tmp_path, control_plane=control_plane, node_name=NODE_NAMES[2], namespace="cpumanager",
+    namespace = "cpumanager" if mode == "proxy" else "cpumanager-nri"
+    with real_node(tmp_path, mode=mode, control_plane=control_plane, node_name=NODE_NAMES[2], namespace=namespace,
                    feature_gates=STATS_FROM_CRI, kubelet_config=CPU_MANAGER) as node:
         for cls in CLASSES:
             node.create_pod(pods[cls])
@@ -99,7 +111,8 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(
         # for each container on its shared set the first time it sees it running (BE here; a
         # container with exclusive CPUs got them at creation and is sent nothing until they
         # change), and koordnode restored no cpuset kubelet wrote.
-        assert status["proxy"]["calls_by_method"].get("UpdateContainerResources", 0) >= 1, status["proxy"]
+        updates_before = _updates(node, status)
+        assert updates_before >= 1, status["proxy"]
         assert "cpuset.cpus" not in status["qos"]["overwrites"]["counts"], status["qos"]["overwrites"]
         errors = [e for e in runtime_errors(node.kubelet.log_text()) if "cpu" in e.lower()]
         assert not errors, errors
@@ -109,7 +122,6 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(
         # reconcile gives its shared set back CPU 1 with cpuset-only updates (BE's, and the LS
         # container's first). Both follow kubelet, and the LS container keeps its class's
         # cpu.shares (planned from kubelet's CreateContainer values, not the update's zeros).
-        updates_before = status["proxy"]["calls_by_method"].get("UpdateContainerResources", 0)
         node.client().delete(node.pod_path(lse["metadata"]["name"]), grace_seconds=0)
         node.client().wait_for("the LSE pod gone", lambda: not node.client().exists(
             node.pod_path(lse["metadata"]["name"])), timeout=60)
@@ -124,7 +136,6 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(
         assert set(_container_cpus(node, ("LS", "BE")).values()) == {everything}
         check_class_values(node, ("LS", "BE"))
         status = node.koordnode.status()
-        assert status["proxy"]["calls_by_method"].get("UpdateContainerResources", 0) >= updates_before + 2, \
-            status["proxy"]
+        assert _updates(node, status) >= updates_before + 2, status["proxy"]
         assert status["qos"]["cpus"]["kubelet"] == {"lse_lsr_containers": {}, "others_run_on": sorted(everything)}
         assert "cpuset.cpus" not in status["qos"]["overwrites"]["counts"], status["qos"]["overwrites"]
