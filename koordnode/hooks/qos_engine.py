@@ -50,6 +50,7 @@ from koordnode.policy.class_policy import (
     ContainerPlan,
     ContainerResources,
     KernelFeatures,
+    REPORTED_BY_RUNTIME,
     PodInput,
     PodResourcesPlan,
     allocate_cpuset,
@@ -727,6 +728,28 @@ class QoSEngine:
             self._apply_pod(view, pod.sandbox_id, None, force=False)
             self._publish_status()
 
+    def container_updated(self, container_id: str) -> None:
+        """After UpdateContainerResources (NRI: PostUpdateContainer): the runtime has written
+        kubelet's values of the fields it reports back (REPORTED_BY_RUNTIME) to the container's
+        cgroup; the class values go back there, and that rewrite is not counted as an overwrite."""
+        self.containers_updated((container_id,))
+
+    def containers_updated(self, container_ids: Iterable[str]) -> None:
+        """container_updated for several containers (NRI: the runtime applied container updates,
+        e.g. pool moves, which rewrite every resource of the container's spec to its cgroup)."""
+        view = self.state.view()
+        by_pod: dict[str, set[str]] = {}
+        for cid in container_ids:
+            pod = view.pod_of_container(cid)
+            if pod is not None:
+                by_pod.setdefault(pod.sandbox_id, set()).add(cid)
+        if not by_pod:
+            return
+        with self.lock:
+            for sandbox_id, cids in by_pod.items():
+                self._apply_pod(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
+            self._publish_status()
+
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
         view = self.state.view()
         container = view.containers.get(req.container_id)
@@ -923,11 +946,13 @@ class QoSEngine:
         return frozenset(cpus) if cpus else None
 
     def _apply_pod(self, view: NodeView, sandbox_id: str, pod_in: PodInput | None, *,
-                   force: bool, pass_state: _PassState | None = None) -> ClassDecision | None:
+                   force: bool, pass_state: _PassState | None = None,
+                   runtime_rewrote: Set[str] = frozenset()) -> ClassDecision | None:
         """Pod-level and container-level writes of one pod (its running containers); returns
         the class decision for the loop to record (None when the pod is unknown or skipped).
         `pod_in`: the pod as a CRI call describes it; None: as recorded. `pass_state`: the
-        reconcile pass this is part of (None: a single call from a hook)."""
+        reconcile pass this is part of (None: a single call from a hook). `runtime_rewrote`:
+        containers whose REPORTED_BY_RUNTIME files the runtime has just rewritten."""
         pod = view.pods.get(sandbox_id)
         if pod is None or skip_requested(pod.labels):
             self._plans.pop(sandbox_id, None)
@@ -979,6 +1004,9 @@ class QoSEngine:
             group_write = None  # idle, or the lowest weight cpu_suppress keeps while LS is quiet
         if group_write is not None:
             writes = (group_write, *writes)
+        if runtime_rewrote:
+            self.executor.disown(w for cid in runtime_rewrote if cid in entry.container_plans
+                                 for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
         if pass_state is not None:
             pass_state.results.extend(results)
