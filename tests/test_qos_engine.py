@@ -1697,16 +1697,19 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets(make_node):
     lse_cid, lse_ctx = node.create(lse, "app", **{**GUARANTEED_1CPU, "cpu_quota": -1}, cpuset_cpus="1")
     node.start(lse_cid)
     forwarded = lse_ctx.request.config.linux.resources
-    assert forwarded.cpuset_cpus == "1" and forwarded.cpu_shares == 262144
+    assert forwarded.cpuset_cpus == "1" and forwarded.oom_score_adj == -900
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
     assert "koordnode.io/cpu-allocation" not in lse_ctx.request.config.annotations
     assert node.engine.allocator.allocations() == {}
     # kubelet's reconcile moves BE off CPU 1: only the cpuset changes, the class values stay
     # (planned from kubelet's CreateContainer values, not from the zeros of the partial update).
     ctx = node.call("UpdateContainerResources", cpu_manager_update(be_cid, "0"))
-    assert ctx.request.linux.cpuset_cpus == "0" and ctx.request.linux.cpu_shares == 2
+    assert ctx.request.linux.cpuset_cpus == "0" and ctx.request.linux.oom_score_adj == 1000
     ctx = node.call("UpdateContainerResources", cpu_manager_update(lse_cid, "1"))
-    assert ctx.request.linux.cpuset_cpus == "1" and ctx.request.linux.cpu_shares == 262144
-    assert ctx.request.linux.oom_score_adj == -900
+    assert ctx.request.linux.cpuset_cpus == "1" and ctx.request.linux.oom_score_adj == -900
+    assert ctx.request.linux.cpu_shares == 0  # kubelet sent none; the class weight goes to the cgroup file
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
     # The passes write no cpuset: the files keep what the runtime made of kubelet's requests.
     write_cgroup_file(node.root, node.ccg(be_cid), "cpuset.cpus", "0")
     write_cgroup_file(node.root, node.ccg(lse_cid), "cpuset.cpus", "1")
