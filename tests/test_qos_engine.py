@@ -1664,3 +1664,109 @@ def test_a_be_group_at_the_lowest_weight_is_left_as_the_qos_manager_keeps_it(mak
     write_cgroup_file(node.root, group, "cpu.shares", "1024")
     node.engine.reconcile(force=False)
     assert read_cgroup_file(node.root, group, "cpu.idle") == "1"
+
+
+# --- kubelet's static CPU manager owns the cpusets --------------------------------------------
+# kubelet 1.37 cm/internal_container_lifecycle_linux.go puts the CPU manager's cpuset into every
+# CreateContainer (GetCPUAffinity: the container's exclusive CPUs, else the shared default set;
+# empty under the "none" policy), and its reconcile (cpumanager updateContainerCPUSet) sends
+# UpdateContainerResources with LinuxContainerResources{CpusetCpus} and nothing else.
+
+
+def cpu_manager_update(cid: str, cpus: str) -> pb.UpdateContainerResourcesRequest:
+    return pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources(cpuset_cpus=cpus))
+
+
+def test_kubelets_static_cpu_manager_owns_the_cpusets(make_node):
+    node = make_node(version="v1", topology=TWO, toml='[node]\nreserved_cpus = "1"\n')
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid, be_ctx = node.create(be, "app", cpu_shares=2, cpuset_cpus="0-1")
+    node.start(be_cid)
+    # kubelet's cpuset goes on, the class's other values with it; nothing allocated.
+    assert be_ctx.request.config.linux.resources.cpuset_cpus == "0-1"
+    assert be_ctx.request.config.linux.resources.oom_score_adj == 1000
+    cpus = node.engine.status()["cpus"]
+    assert cpus["owner"] == "kubelet (static CPU manager)"
+    assert "CreateContainer of default/be/app" in cpus["evidence"]
+    assert any("reserved_cpus not applied" in n for n in cpus["notes"]), cpus["notes"]
+
+    # An LSE pod: kubelet gives it CPU 1 exclusively, koordnode keeps that (its own allocator
+    # would have taken CPU 0, the only one outside its reserved CPU 1).
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    # kubelet lifts the CFS quota of a container with exclusive CPUs (DisableCPUQuotaWithExclusiveCPUs)
+    lse_cid, lse_ctx = node.create(lse, "app", **{**GUARANTEED_1CPU, "cpu_quota": -1}, cpuset_cpus="1")
+    node.start(lse_cid)
+    forwarded = lse_ctx.request.config.linux.resources
+    assert forwarded.cpuset_cpus == "1" and forwarded.oom_score_adj == -900
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert "koordnode.io/cpu-allocation" not in lse_ctx.request.config.annotations
+    assert node.engine.allocator.allocations() == {}
+    # kubelet's reconcile moves BE off CPU 1: only the cpuset changes, the class values stay
+    # (planned from kubelet's CreateContainer values, not from the zeros of the partial update).
+    ctx = node.call("UpdateContainerResources", cpu_manager_update(be_cid, "0"))
+    assert ctx.request.linux.cpuset_cpus == "0" and ctx.request.linux.oom_score_adj == 1000
+    ctx = node.call("UpdateContainerResources", cpu_manager_update(lse_cid, "1"))
+    assert ctx.request.linux.cpuset_cpus == "1" and ctx.request.linux.oom_score_adj == -900
+    assert ctx.request.linux.cpu_shares == 0  # kubelet sent none; the class weight goes to the cgroup file
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
+    # The passes write no cpuset: the files keep what the runtime made of kubelet's requests.
+    write_cgroup_file(node.root, node.ccg(be_cid), "cpuset.cpus", "0")
+    write_cgroup_file(node.root, node.ccg(lse_cid), "cpuset.cpus", "1")
+    for _ in range(2):
+        node.engine.reconcile(force=True)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "0"
+    assert node.read(node.ccg(lse_cid), "cpuset.cpus") == "1"
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
+    cpus = node.engine.status()["cpus"]
+    assert cpus["kubelet"] == {"lse_lsr_containers": {"default/lse/app": {"class": "LSE", "cpus": [1], "exclusive": True}},
+                               "others_run_on": [0]}
+    notes = node.status_pod(lse)["containers"][0]["notes"]
+    assert "cpuset 1: kubelet's exclusive CPUs (static CPU manager); koordnode allocates none" in notes
+    applied = node.status_pod(lse)["containers"][0]["applied"]
+    assert not any(line.startswith("cpuset.") for line in applied), applied
+
+    # A restart: kubelet still owns them (the containers' records say kubelet gave cpusets).
+    again = node.restarted()
+    assert again.engine.status()["cpus"]["owner"] == "kubelet (static CPU manager)"
+    again.engine.reconcile(force=True)
+    assert node.read(node.ccg(lse_cid), "cpuset.cpus") == "1"
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "0"
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+
+
+def test_without_kubelets_cpuset_koordnode_allocates_and_a_foreign_client_does_not_take_the_cpus_back(make_node):
+    node = make_node(version="v1", topology=TWO)
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    cid, ctx = node.create(lse, "app", **GUARANTEED_1CPU)  # kubelet's "none" policy: no cpuset
+    assert ctx.request.config.linux.resources.cpuset_cpus  # koordnode's allocator decides
+    assert node.engine.status()["cpus"]["owner"] == "koordnode"
+    assert len(node.allocations()) == 1
+
+    # kubelet's static policy shows up (its CPU manager's first container): koordnode's
+    # allocations go, kubelet's cpusets stay from now on.
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid, ls_ctx = node.create(ls, "app", cpu_shares=512, cpuset_cpus="0-1")
+    assert ls_ctx.request.config.linux.resources.cpuset_cpus == "0-1"
+    assert node.engine.allocator.allocations() == {}
+    # A container created by another client (crictl) carries no cpuset: kubelet keeps them.
+    other = node.run_pod("other", parent="/kubepods/burstable/podother")
+    _, other_ctx = node.create(other, "app", cpu_shares=512)
+    assert other_ctx.request.config.linux.resources.cpuset_cpus == ""
+    cpus = node.engine.status()["cpus"]
+    assert cpus["owner"] == "kubelet (static CPU manager)"
+    assert any("default/other/app was created without a cpuset from kubelet" in n for n in cpus["notes"])
+
+
+def test_an_lse_pod_kubelet_shares_cpus_with_is_said_not_exclusive(make_node):
+    node = make_node(version="v1", topology=TWO)
+    lse = node.run_pod("lse", parent="/kubepods/burstable/podlse", labels={QOS_LABEL: "LSE"})
+    cid = node.run_container(lse, cpu_shares=512, cpu_quota=50000, cpuset_cpus="0-1")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    node.run_container(be, cpu_shares=2, cpuset_cpus="0-1")
+    notes = node.status_pod(lse)["containers"][0]["notes"]
+    assert any(n.startswith("cpuset 0-1: kubelet's shared pool, not exclusive") for n in notes), notes
+    view = node.engine.status()["cpus"]["kubelet"]["lse_lsr_containers"]
+    assert view == {"default/lse/app": {"class": "LSE", "cpus": [0, 1], "exclusive": False}}
+    assert node.engine.allocator.allocations() == {} and cid
