@@ -56,6 +56,7 @@ GUEST_PACKAGES = (
 GUEST_PY_DISTS = (
     "grpcio", "protobuf", "hpack", "hyperframe", "h2", "psutil", "pyroute2", "structlog",
     "prometheus_client", "pytest", "pytest-timeout",
+    "PyYAML",  # tests/k8s_support.py reads the example pods (tests/vm_guest/test_real_kubelet_v2.py)
 )
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
 GUEST_CONTAINERD_SUITES = ("forky",)  # containerd 2.1 for the guest, beside its own 1.7
