@@ -411,6 +411,10 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
         assert node.read(pod.cgroup, "cpu.idle") == "0", cls
     be_pod, be_cids, _ = pods["BE"]
     assert node.read(be_pod.cgroup, "cpu.weight") == str(weight(256))
+    # The other pods compete with the class weight too: the sum of their containers'.
+    pod_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512 + 256}
+    for cls, shares in pod_shares.items():
+        assert node.read(pods[cls][0].cgroup, "cpu.weight") == str(weight(shares)), cls
     # cpu.max: BE container from its batch-cpu limit, BE pod from the sum of the limits.
     assert node.read(node.ccg(be_cids[0]), "cpu.max") == "200000 100000"
     assert node.read(be_pod.cgroup, "cpu.max") == "200000 100000"
@@ -942,6 +946,30 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     # Forced: an unchanged file is written again and says so in the status.
     node.engine.reconcile(force=True)
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
+
+
+def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(make_node):
+    node = make_node(version="v1")
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1024")  # kubelet's: 1 CPU requested
+    node.run_container(lsr, **GUARANTEED_1CPU)
+    assert node.read(lsr.cgroup, "cpu.shares") == "65536"
+    # A second container adds its class weight as soon as it starts.
+    node.run_container(lsr, "sidecar", cpu_shares=512, cpu_quota=50000, cpu_period=100000,
+                       memory_limit_in_bytes=64 * MIB)
+    assert node.read(lsr.cgroup, "cpu.shares") == str(65536 + 32768)
+    assert any(line.startswith("cpu.shares=98304 ") for line in node.status_pod(lsr)["applied"])
+    # kubelet writes its own weight again: the pass restores the class's and counts it.
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1536")
+    node.engine.reconcile(force=False)
+    assert node.read(lsr.cgroup, "cpu.shares") == "98304"
+    assert node.engine.executor.overwrites == {"cpu.shares": 1}
+    # A container resize changes the pod's weight with the call.
+    sidecar = next(c.container_id for c in node.state.containers_of(lsr.sandbox_id) if c.name == "sidecar")
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(
+        container_id=sidecar, linux=pb.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000,
+                                                               cpu_period=100000)))
+    assert node.read(lsr.cgroup, "cpu.shares") == str(2 * 65536)
 
 
 def test_pod_resize_notification_writes_the_pods_values_again(make_node):
@@ -1578,6 +1606,7 @@ def test_a_state_change_or_a_reload_plans_again(make_node, counted):
     node.engine.reconcile(force=False)
     assert counted()["plan_container"] == 0
     assert node.read(node.ccg(ls_cid), "cpu.shares") == "768"
+    assert node.read("/kubepods/burstable/podls", "cpu.shares") == "768"  # the pod's weight follows
 
     # An LSE pod takes CPUs: the pools moved, the pods planned before are planned again (the
     # LSE pod's own plan, made when its container started, already saw the new pools).

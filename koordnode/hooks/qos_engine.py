@@ -55,6 +55,7 @@ from koordnode.policy.class_policy import (
     PodResourcesPlan,
     allocate_cpuset,
     plan_container,
+    plan_pod_cpu_weight,
     plan_pod_memory,
     plan_pod_resources,
     plan_pod_sandbox,
@@ -1077,8 +1078,12 @@ class QoSEngine:
             memories.append(plan.memory)
         pod_level = self.pod_resources.get(pod.sandbox_id)
         resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
-        # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
+        # Pod-level resources (in-place pod resize) decide the pod cgroup's values, its weight too.
         pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
+        if resized is None:
+            writes.extend(plan_pod_cpu_weight(pod_cgroup, decision.qos_class,
+                                              [p.cri.cpu_shares for p in container_plans.values()
+                                               if p.cri.cpu_shares is not None]))
         writes.extend(pod_memory)
         memory_writes.extend(pod_memory)
         return _PodPlan(key, decision, pod_cgroup, tuple(pod_plan.notes),

@@ -606,6 +606,28 @@ def plan_pod_sandbox(
     )
 
 
+def plan_pod_cpu_weight(
+    pod_cgroup: str, qos_class: QoSClass, container_shares: Iterable[int]
+) -> tuple[CgroupWrite, ...]:
+    """The pod cgroup's cpu.shares: the sum of its containers' class weights.
+
+    The pod cgroup, not the container, is what competes with other pods and with kubelet's
+    tiers, so a class weight that stops at the container ranks the pod's containers only among
+    themselves. kubelet gives every pod 1024 per requested CPU; the class's weight per CPU
+    replaces it here as it does on the containers. BE pods are left to plan_pod_sandbox
+    (BE's fixed or batch weight, none on an idle pod); no running container: kubelet's stays.
+    """
+    if qos_class is QoSClass.BE:
+        return ()
+    shares = list(container_shares)
+    if not shares:
+        return ()
+    total = clamp_shares(sum(shares))
+    reason = (f"{qos_class.value} pod: cpu.shares {total} = sum of its {len(shares)} container(s)'"
+              f" class weights, clamped to [{MIN_SHARES}, {MAX_SHARES}]")
+    return (CgroupWrite(pod_cgroup, "cpu.shares", total, reason),)
+
+
 def plan_pod_memory(
     pod_cgroup: str, qos_class: QoSClass, containers: Iterable[MemoryProtection]
 ) -> tuple[CgroupWrite, ...]:
