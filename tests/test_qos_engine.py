@@ -972,6 +972,49 @@ def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(
     assert node.read(lsr.cgroup, "cpu.shares") == str(2 * 65536)
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_pass_gives_every_container_process_its_class_oom_score_adj(make_node, version):
+    procfs = Path(tempfile.mkdtemp(prefix="koordnode-test-procfs-"))
+    try:
+        node = make_node(version=version, toml=f'[procfs]\nroot = "{procfs}"\n')
+        node.engine.processes.floor = None  # as with CAP_SYS_RESOURCE (the floor is tested alone)
+        be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+        be_cid = node.run_container(be, cpu_shares=2)
+        ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+        ls_cid = node.run_container(ls, cpu_shares=512)
+        # The containers' processes, as after a hook timeout (kubelet's values) and a script's write.
+        procs = {be_cid: {101: "1000", 102: "0"}, ls_cid: {201: "998"}}
+        for cid, pids in procs.items():
+            write_cgroup_file(node.root, node.ccg(cid), "cgroup.procs", "".join(f"{pid}\n" for pid in pids))
+            for pid, value in pids.items():
+                (procfs / str(pid)).mkdir()
+                (procfs / str(pid) / "oom_score_adj").write_text(value + "\n")
+
+        def oom(pid: int) -> str:
+            return (procfs / str(pid) / "oom_score_adj").read_text().strip()
+
+        node.engine.reconcile(force=False)
+        assert (oom(101), oom(102), oom(201)) == ("1000", "1000", "-300")
+        assert node.engine.status()["overwrites"]["counts"] == {"oom_score_adj": 2}
+        applied = node.status_pod(be)["containers"][0]["applied"]
+        assert "oom_score_adj=1000 on 1 process(es) (restored)" in applied, applied
+        assert "oom_score_adj=1000 on 1 process(es) (unchanged)" in applied, applied
+        # Nothing changed: nothing written; a process that exits meanwhile is no failure.
+        (procfs / "201" / "oom_score_adj").unlink()
+        (procfs / "201").rmdir()
+        node.engine.reconcile(force=False)
+        assert node.engine.status()["overwrites"]["counts"] == {"oom_score_adj": 2}
+        assert not [line for line in node.status_pod(ls)["containers"][0]["skipped"] if "oom" in line]
+        # A dry run only says what it would do.
+        (procfs / "102" / "oom_score_adj").write_text("0\n")
+        node.engine.executor.dry_run = True
+        node.engine.reconcile(force=False)
+        assert oom(102) == "0"
+        assert "oom_score_adj=1000 on 1 process(es) (would_write)" in node.status_pod(be)["containers"][0]["applied"]
+    finally:
+        shutil.rmtree(procfs, ignore_errors=True)
+
+
 def test_pod_resize_notification_writes_the_pods_values_again(make_node):
     # After UpdatePodSandboxResources kubelet has rewritten the pod cgroup; the hook re-applies.
     node = make_node(version="v2")
@@ -1546,10 +1589,12 @@ def test_a_pass_with_nothing_changed_plans_nothing_and_reads_each_value_once(mak
     counts = counted()
     assert counts["plan_container"] == 0 and counts["plan_pod_sandbox"] == 0, counts
     assert results and all(r.status.value in ("unchanged", "skipped") for r in results), results
-    # One read per value checked; nothing is read for a resource this kernel lacks; and no
-    # value is checked twice (the pools' cpusets are the plans' own).
+    # One read per value checked, and one of cgroup.procs per running container (its processes'
+    # oom_score_adj, which this fake tree has none of); nothing is read for a resource this
+    # kernel lacks; and no value is checked twice (the pools' cpusets are the plans' own).
     checked = sum(r.status.value == "unchanged" for r in results)
-    assert counts["reads"] <= checked, (counts, checked)
+    containers = sum(1 for c in node.state.containers.values() if c.state == "running")
+    assert counts["reads"] <= checked + containers, (counts, checked, containers)
     keys = [(r.write.cgroup, r.write.resource) for r in results]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
     # The status still says when the values were last verified.

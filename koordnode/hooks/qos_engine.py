@@ -28,6 +28,7 @@ from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.executor.process import ProcessExecutor, ProcessResult, oom_score_adj_floor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
@@ -200,6 +201,28 @@ def apply_overrides(target: pb.LinuxContainerResources, plan: ContainerPlan) -> 
         target.unified[key] = value
 
 
+def _oom_lines(results: Iterable[tuple[str, ProcessResult]]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Status lines per container for its processes' oom_score_adj: (applied, skipped)."""
+    outcomes: dict[str, dict[str, list[int]]] = {}
+    values: dict[str, int] = {}
+    for cid, r in results:
+        if r.status is WriteStatus.MISSING:
+            continue  # exited meanwhile
+        label = "restored" if r.overwritten else r.status.value
+        if r.status is WriteStatus.FAILED:
+            label = f"failed: {r.detail}"
+        outcomes.setdefault(cid, {}).setdefault(label, []).append(r.write.pid)
+        values[cid] = r.write.value
+    lines: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for cid, by_label in outcomes.items():
+        applied = tuple(f"oom_score_adj={values[cid]} on {len(pids)} process(es) ({label})"
+                        for label, pids in sorted(by_label.items()) if not label.startswith("failed"))
+        skipped = tuple(f"oom_score_adj={values[cid]} on pid {','.join(map(str, pids[:5]))}: {label}"
+                        for label, pids in sorted(by_label.items()) if label.startswith("failed"))
+        lines[cid] = (applied, skipped)
+    return lines
+
+
 def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
     applied, skipped = [], []
     for r in results:
@@ -280,8 +303,9 @@ class _PodPlan:
     container_plans: dict[str, ContainerPlan]
     container_cgroups: dict[str, str]
     memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
-    # (status, detail) of each result the records were last built from; None: build them again.
-    signature: tuple[tuple[WriteStatus, str], ...] | None = None
+    # (status, detail) of each result the records were last built from, then the containers'
+    # oom_score_adj lines; None: build them again.
+    signature: tuple[Any, ...] | None = None
 
     def made_for(self, pod: PodRecord, settings: Any) -> bool:
         """Whether this plan's decision and pod cgroup are those of `pod` under `settings`."""
@@ -295,6 +319,7 @@ class _PassState:
     containers: dict[str, list[Any]]  # sandbox id -> its containers, indexed once per pass
     be_cpus: frozenset[int] | None  # the QoS manager's BE cpuset, asked once per pass
     results: list[WriteResult] = dataclasses.field(default_factory=list)  # counted once at the end
+    process_results: list[ProcessResult] = dataclasses.field(default_factory=list)  # likewise
     covered: set[str] = dataclasses.field(default_factory=set)  # containers whose cpuset a plan wrote
     be_groups: set[str] = dataclasses.field(default_factory=set)  # BE groups whose cpu.idle was checked
     now: float = dataclasses.field(default_factory=time.time)
@@ -322,8 +347,8 @@ class CpuReservation:
 
 class QoSEngine:
     """Takes the sections it reads as one EngineSettings (EngineSettings.of(config)), at start and
-    on reload; `[cgroup] root` and `[sysfs] root` are used at start only (the executor and the
-    CPU topology stay until the restart)."""
+    on reload; `[cgroup] root`, `[procfs] root` and `[sysfs] root` are used at start only (the
+    executors and the CPU topology stay until the restart)."""
 
     def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
@@ -335,6 +360,8 @@ class QoSEngine:
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
         self.executor = executor or CgroupExecutor(Path(settings.cgroup.root))
+        # The containers' processes' oom_score_adj, which no cgroup file holds.
+        self.processes = ProcessExecutor(settings.procfs.root, floor=oom_score_adj_floor())
         self.features = KernelFeatures(
             cgroup_version=self.executor.version.value, group_identity=self._has_group_identity()
         )
@@ -1009,13 +1036,17 @@ class QoSEngine:
             self.executor.disown(w for cid in runtime_rewrote if cid in entry.container_plans
                                  for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
+        oom_results = self._keep_oom_score_adj(entry)
         if pass_state is not None:
             pass_state.results.extend(results)
+            pass_state.process_results.extend(result for _, result in oom_results)
             pass_state.covered.update(entry.container_plans)
         else:
             METRICS.record_writes(results)
+            METRICS.record_writes(result for _, result in oom_results)
         own = results[1:] if group_write is not None else results
-        signature = tuple((r.status, r.detail) for r in own)
+        oom_lines = _oom_lines(oom_results)
+        signature = (*((r.status, r.detail) for r in own), *sorted(oom_lines.items()))
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if (reused and not failed and signature == entry.signature and sandbox_id in self.pod_records
                 and all(cid in self.container_records for cid in entry.container_plans)):
@@ -1035,12 +1066,32 @@ class QoSEngine:
         self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), entry.notes)
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
-            self.container_records[cid] = crec.with_results(
-                by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
+            crec = crec.with_results(by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
+            applied, skipped = oom_lines.get(cid, ((), ()))
+            self.container_records[cid] = dataclasses.replace(
+                crec, applied=crec.applied + applied, skipped=crec.skipped + skipped)
         if failed:
             log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
                         failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
+
+    def _keep_oom_score_adj(self, entry: _PodPlan) -> list[tuple[str, ProcessResult]]:
+        """Every process of the pod's running containers at its class's oom_score_adj (a
+        container created while the hook timed out runs with kubelet's). (container id, result)
+        per process."""
+        self.processes.dry_run = self.executor.dry_run
+        results: list[tuple[str, ProcessResult]] = []
+        for cid, plan in entry.container_plans.items():
+            value = plan.cri.oom_score_adj
+            if value is None:
+                continue
+            try:
+                pids = self.executor.read_pids(entry.container_cgroups[cid])
+            except (OSError, UnsafePathError):
+                continue
+            reason = f"{plan.qos_class.value}: class oom_score_adj {value}"
+            results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids or [], value, reason))
+        return results
 
     def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
                    decision: ClassDecision, pod_cgroup: str, key: _PlanKey | None) -> _PodPlan:
@@ -1327,6 +1378,7 @@ class QoSEngine:
             self._refresh_pools(view, skip=pass_state.covered if unchanged else frozenset(),
                                 results=pass_state.results)
             METRICS.record_writes(pass_state.results)
+            METRICS.record_writes(pass_state.process_results)
             for sid in [sid for sid in self.pod_records if sid not in view.pods]:
                 del self.pod_records[sid]
             for sid in [sid for sid in self._plans if sid not in view.pods]:
@@ -1526,7 +1578,8 @@ class QoSEngine:
                 "group_identity": self.features.group_identity,
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
-                "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
+                "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},
+                               "last": {**self.executor.last_overwrites, **self.processes.last_overwrites}},
                 "notes": list(self.notes) + self._be_slice_notes(),
             },
             pod_records=dict(self.pod_records),
