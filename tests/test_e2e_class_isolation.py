@@ -169,3 +169,46 @@ def test_the_reconcile_pass_gives_container_processes_their_class_oom_score_adj(
         wait_for(lambda cid=cid, value=value: oom(cid) == value, 10, f"{cid[:12]}'s class value restored")
     counts = kn.status()["qos"]["overwrites"]["counts"]
     assert counts.get("oom_score_adj", 0) >= 2, counts
+
+
+MIB = 1 << 20
+
+
+def memory_stat(cgroup: str) -> dict[str, int]:
+    lines = cg_read("memory", cgroup, "memory.stat").splitlines()
+    return {key: int(value) for key, value in (line.split() for line in lines)}
+
+
+def test_a_be_pod_allocating_past_the_budget_is_held_at_it_while_ls_keeps_its_page_cache(
+        containerd_bed, node):
+    """The budget here is its floor, 200 MiB (1% of the node's memory is less than what the
+    system uses): a BE pod allocating 300 MiB in one buffer meets the BE group's cap and the
+    kernel's OOM killer inside the group, not the node's; the LS pod's 64 MiB of page cache stay."""
+    kn, pods = node("[strategy.be_memory]\nbudget_percent = 1\nmin_budget_mib = 200\n"
+                    "[qos_manager]\nreconcile_interval_s = 1\n")
+    group = f"{containerd_bed.kubepods_cgroup}/koordnode_be"
+    ls_sb, _, _ = pods.run("ls", "burstable", pod_shares=512, resources={"cpu_shares": 512},
+                           cmd=["sh", "-c", "dd if=/dev/zero of=/cache.bin bs=1M count=64 && sleep 3600"])
+    ls_pod = ls_sb.linux.cgroup_parent
+    wait_for(lambda: memory_stat(ls_pod)["total_cache"] >= 64 * MIB, 20, "the LS pod's page cache")
+    cache_before = memory_stat(ls_pod)["total_cache"]
+    _, be_sid, be_cid = pods.run("be", "besteffort", cmd=["sleep", "3600"])
+    budget = 200 * MIB
+    wait_for(lambda: cg_read("memory", group, "memory.limit_in_bytes") == str(budget), 15, "the BE group's cap")
+    assert cg_read("memory", group, "memory.soft_limit_in_bytes") == str(budget)
+    be_pod = next(p for p in kn.status()["pods"] if p["sandbox_id"] == be_sid)["cgroup_parent"]
+    pod_bound = budget * 70 // 100 // 4096 * 4096  # the kernel keeps whole pages
+    wait_for(lambda: cg_read("memory", be_pod, "memory.soft_limit_in_bytes") == str(pod_bound), 10,
+             "the BE pod's soft limit")
+
+    # 300 MiB in one buffer, touched: past the budget.
+    reply = pods.cri.rt.ExecSync(pb.ExecSyncRequest(
+        container_id=be_cid, cmd=["dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=2"], timeout=60),
+        timeout=90)
+    assert reply.exit_code != 0, reply  # killed inside the BE group
+    assert int(cg_read("memory", group, "memory.failcnt")) > 0
+    assert int(cg_read("memory", group, "memory.max_usage_in_bytes")) <= budget
+    # LS lost nothing to it.
+    assert memory_stat(ls_pod)["total_cache"] >= cache_before * 0.95
+    strategy = kn.status()["qos_manager"]["strategies"]["be_memory"]
+    assert strategy["budget_bytes"] == budget and strategy["pod_bounds"][be_sid] == budget * 70 // 100
