@@ -125,6 +125,8 @@ def test_pod_weights_split_one_cpu_as_the_classes_promise(containerd_bed, node):
     status = kn.wait_rebuilt()
     classes = {p["sandbox_id"]: p["qos_class"] for p in status["pods"]}
     assert (classes[ls_sid], classes[lsr_sid]) == ("LS", "LSR")
+    weights = {p["sandbox_id"]: p.get("cpu_weight") for p in kn.status()["pods"]}
+    assert weights[lsr_sid] == {"cpu.shares": 65536} and weights[ls_sid] == {"cpu.shares": 1024}
 
     time.sleep(1.0)  # both loops running
     before = cpu_usage_ns(ls_pod), cpu_usage_ns(lsr_pod)
@@ -210,5 +212,8 @@ def test_a_be_pod_allocating_past_the_budget_is_held_at_it_while_ls_keeps_its_pa
     assert int(cg_read("memory", group, "memory.max_usage_in_bytes")) <= budget
     # LS lost nothing to it.
     assert memory_stat(ls_pod)["total_cache"] >= cache_before * 0.95
-    strategy = kn.status()["qos_manager"]["strategies"]["be_memory"]
+    status = kn.status()
+    strategy = status["qos_manager"]["strategies"]["be_memory"]
     assert strategy["budget_bytes"] == budget and strategy["pod_bounds"][be_sid] == budget * 70 // 100
+    be_status = next(p for p in status["pods"] if p["sandbox_id"] == be_sid)
+    assert be_status["be_memory_bound"] == {"memory.high": budget * 70 // 100, "budget_bytes": budget}

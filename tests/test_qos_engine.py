@@ -415,6 +415,8 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     pod_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512 + 256}
     for cls, shares in pod_shares.items():
         assert node.read(pods[cls][0].cgroup, "cpu.weight") == str(weight(shares)), cls
+        assert node.status_pod(pods[cls][0])["cpu_weight"] == {"cpu.shares": shares, "cpu.weight": weight(shares)}
+    assert node.status_pod(be_pod)["cpu_weight"] == {"cpu.shares": 256, "cpu.weight": weight(256)}
     # cpu.max: BE container from its batch-cpu limit, BE pod from the sum of the limits.
     assert node.read(node.ccg(be_cids[0]), "cpu.max") == "200000 100000"
     assert node.read(be_pod.cgroup, "cpu.max") == "200000 100000"
@@ -959,6 +961,7 @@ def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(
                        memory_limit_in_bytes=64 * MIB)
     assert node.read(lsr.cgroup, "cpu.shares") == str(65536 + 32768)
     assert any(line.startswith("cpu.shares=98304 ") for line in node.status_pod(lsr)["applied"])
+    assert node.status_pod(lsr)["cpu_weight"] == {"cpu.shares": 98304}
     # kubelet writes its own weight again: the pass restores the class's and counts it.
     write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1536")
     node.engine.reconcile(force=False)

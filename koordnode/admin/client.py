@@ -28,6 +28,10 @@ def fetch_status(path: str, timeout_s: float = 5.0) -> dict[str, Any]:
 _RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("notes", "note"))
 
 
+def _mib(value: Any) -> str:
+    return f"{value / (1 << 20):.0f} MiB" if isinstance(value, int) else "?"
+
+
 def render_status(status: dict[str, Any]) -> str:
     config = status.get("config", {})
     reload = config.get("last_reload", {})
@@ -106,6 +110,16 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  {pod['namespace']}/{pod['name']}  {pod['state']}  qos={qos}  {pod['sandbox_id'][:13]}")
         if pod.get("qos_reason"):
             lines.append(f"    why: {pod['qos_reason']}")
+        if "cpu_weight" in pod:
+            weight = pod["cpu_weight"]
+            lines.append("    weight: " + (", ".join(f"{k} {v}" for k, v in weight.items()) if weight
+                                          else "kubelet's (no running container yet, or an idle BE pod)"))
+        if "be_memory_bound" in pod:
+            bound = pod["be_memory_bound"]
+            lines.append("    BE memory bound: " + (
+                f"memory.high / soft limit {_mib(bound['memory.high'])} of the BE budget "
+                f"{_mib(bound['budget_bytes'])}" if bound
+                else "none from the budget (the pod has a memory limit, or no decision since it started)"))
         for key, label in _RECORD_LABELS:
             for item in pod.get(key, []) or []:
                 lines.append(f"    {label}: {item}")

@@ -45,7 +45,7 @@ from koordnode.model.be_group import (
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import is_lowest_cpu_weight
+from koordnode.model.kernel import is_lowest_cpu_weight, shares_to_weight
 from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
@@ -247,6 +247,9 @@ class Record:
     skipped: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     verified_at: float | None = None
+    # A pod's cpu.shares as koordnode keeps it (its containers' class weights summed; BE: BE's);
+    # None: kubelet's (no running container yet, or an idle BE pod).
+    pod_cpu_shares: int | None = None
 
     def with_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> Record:
         applied, skipped = _summarise(results)
@@ -1061,9 +1064,13 @@ class QoSEngine:
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
             by_cgroup.setdefault(r.cgroup_write.cgroup, []).append(r)
+        pod_results = by_cgroup.get(pod_cgroup, [])
+        shares = next((r.cgroup_write.value for r in pod_results
+                       if r.cgroup_write.resource == "cpu.shares" and r.ok), None)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
-                                     qos_class=decision.qos_class.value, why=decision.why)
-        self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), entry.notes)
+                                     qos_class=decision.qos_class.value, why=decision.why,
+                                     pod_cpu_shares=shares if isinstance(shares, int) else None)
+        self.pod_records[sandbox_id] = record.with_results(pod_results, entry.notes)
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
             crec = crec.with_results(by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
@@ -1591,6 +1598,14 @@ class QoSEngine:
         published = self._published
         return {**published.engine, "unsupported": dict(self.executor.unsupported)}
 
+    def _weight_status(self, shares: int | None) -> dict[str, int] | None:
+        """The pod's CPU weight as status shows it (v2: also the cpu.weight written)."""
+        if shares is None:
+            return None
+        if self.features.cgroup_version == "v2":
+            return {"cpu.shares": shares, "cpu.weight": shares_to_weight(shares)}
+        return {"cpu.shares": shares}
+
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
         published = self._published
@@ -1603,7 +1618,8 @@ class QoSEngine:
             rec = published.pod_records.get(pod["sandbox_id"])
             if rec is not None:
                 pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),
-                           skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at)
+                           skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at,
+                           cpu_weight=self._weight_status(rec.pod_cpu_shares))
             for c in pod.get("containers", []):
                 crec = published.container_records.get(c["container_id"])
                 if crec is not None:
