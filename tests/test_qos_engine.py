@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -34,6 +35,8 @@ from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
+from koordnode.executor.process import CoreScheduling
+from support.fake_core_sched import FakeCoreKernel
 
 MIB = 1 << 20
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -1016,6 +1019,35 @@ def test_the_pass_gives_every_container_process_its_class_oom_score_adj(make_nod
         assert "oom_score_adj=1000 on 1 process(es) (would_write)" in node.status_pod(be)["containers"][0]["applied"]
     finally:
         shutil.rmtree(procfs, ignore_errors=True)
+
+
+def test_lse_pods_with_core_sched_get_one_cookie_each_and_status_says_so(make_node):
+    node = make_node(version="v2", toml="[qos.LSE]\ncore_sched = true\n")
+    kernel = FakeCoreKernel()
+    node.engine.core_sched = CoreScheduling(kernel)
+    pids = iter(range(100, 200))
+    lse_pods = []
+    for name in ("a", "b"):
+        pod = node.run_pod(name, parent=f"/kubepods/pod{name}", labels={QOS_LABEL: "LSE"})
+        cids = [node.run_container(pod, f"c{i}", **GUARANTEED_1CPU) for i in range(2)]
+        for cid in cids:
+            write_cgroup_file(node.root, node.ccg(cid), "cgroup.procs", f"{next(pids)}\n{next(pids)}\n")
+        lse_pods.append((pod, cids))
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    write_cgroup_file(node.root, node.ccg(ls_cid), "cgroup.procs", "300\n")
+    node.engine.reconcile(force=False)
+    cookies = [{kernel.cookies[pid] for pid in range(100 + 4 * i, 104 + 4 * i)} for i in range(2)]
+    assert all(len(c) == 1 and 0 not in c for c in cookies) and cookies[0] != cookies[1]
+    assert 300 not in kernel.cookies  # LS does not ask for it
+    assert node.status_pod(lse_pods[0][0])["core_sched"] == "on: 4 process(es) share the pod's cookie"
+    assert "core_sched" not in node.status_pod(ls)
+    assert node.engine.status()["core_sched"] == {"classes": ["LSE"], "state": "on"}
+    # Where the kernel refuses it, status says why and nothing is tried.
+    node.engine.core_sched = CoreScheduling(FakeCoreKernel(error=errno.ENODEV))
+    node.engine.reconcile(force=False)
+    assert node.status_pod(lse_pods[1][0])["core_sched"].startswith("unavailable: the kernel refuses core")
+    assert node.engine.status()["core_sched"]["state"].startswith("unavailable: ")
 
 
 def test_pod_resize_notification_writes_the_pods_values_again(make_node):

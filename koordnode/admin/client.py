@@ -92,6 +92,9 @@ def render_status(status: dict[str, Any]) -> str:
             reason = explanation.get("reason", "") if isinstance(explanation, dict) else ""
             enabled = "on" if strategy.get("enabled", True) else "off"
             lines.append(f"  {name} [{enabled}] {decision}" + (f": {reason}" if reason else ""))
+    core_sched = (status.get("qos") or {}).get("core_sched") or {}
+    if core_sched.get("classes"):
+        lines.append(f"core sched  {', '.join(core_sched['classes'])}: {core_sched.get('state', '?')}")
     proxy = status.get("proxy", {})
     lines.append(
         f"proxy   {proxy.get('connections_open', 0)} connections open, "
@@ -114,6 +117,8 @@ def render_status(status: dict[str, Any]) -> str:
             weight = pod["cpu_weight"]
             lines.append("    weight: " + (", ".join(f"{k} {v}" for k, v in weight.items()) if weight
                                           else "kubelet's (no running container yet, or an idle BE pod)"))
+        if pod.get("core_sched"):
+            lines.append(f"    core sched: {pod['core_sched']}")
         if "be_memory_bound" in pod:
             bound = pod["be_memory_bound"]
             lines.append("    BE memory bound: " + (

@@ -89,10 +89,16 @@ class QoSClassConfig:
         default_factory=ResctrlClassConfig,
         metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
     )
+    # Meant for LSE (whole cores): a pod's tasks then never share a physical core with another
+    # pod's or untagged work at the same time; the sibling idles instead (a throughput cost).
+    core_sched: bool = field(default=False, metadata={
+        "doc": "core scheduling: the tasks of each pod of the class share one PR_SCHED_CORE cookie, so no "
+               "other pod's task runs on an SMT sibling of their core at the same time (needs SMT and a "
+               "kernel with CONFIG_SCHED_CORE)"})
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name in ("memory_qos", "memory_wmark"):
+        for name in ("memory_qos", "memory_wmark", "core_sched"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if 0 < self.blkio_weight < 10:

@@ -28,7 +28,13 @@ from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.process import ProcessExecutor, ProcessResult, oom_score_adj_floor
+from koordnode.executor.process import (
+    CoreSchedResult,
+    CoreScheduling,
+    ProcessExecutor,
+    ProcessResult,
+    oom_score_adj_floor,
+)
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
@@ -250,6 +256,8 @@ class Record:
     # A pod's cpu.shares as koordnode keeps it (its containers' class weights summed; BE: BE's);
     # None: kubelet's (no running container yet, or an idle BE pod).
     pod_cpu_shares: int | None = None
+    # A pod's core-scheduling state ("" when its class does not ask for it).
+    core_sched: str = ""
 
     def with_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> Record:
         applied, skipped = _summarise(results)
@@ -306,6 +314,7 @@ class _PodPlan:
     container_plans: dict[str, ContainerPlan]
     container_cgroups: dict[str, str]
     memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
+    core_sched: bool = False  # its tasks share one core-scheduling cookie
     # (status, detail) of each result the records were last built from, then the containers'
     # oom_score_adj lines; None: build them again.
     signature: tuple[Any, ...] | None = None
@@ -356,15 +365,18 @@ class QoSEngine:
     def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
                  be_cpuset: Callable[[], frozenset[int] | None] | None = None,
-                 pool_updates: PoolUpdates | None = None) -> None:
+                 pool_updates: PoolUpdates | None = None, core_sched: CoreScheduling | None = None) -> None:
         """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
-        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups."""
+        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups.
+        `core_sched`: how cookies are given (tests give a fake kernel)."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
         self.executor = executor or CgroupExecutor(Path(settings.cgroup.root))
         # The containers' processes' oom_score_adj, which no cgroup file holds.
         self.processes = ProcessExecutor(settings.procfs.root, floor=oom_score_adj_floor())
+        # Core-scheduling cookies of the pods of classes with core_sched.
+        self.core_sched = core_sched if core_sched is not None else CoreScheduling()
         self.features = KernelFeatures(
             cgroup_version=self.executor.version.value, group_identity=self._has_group_identity()
         )
@@ -1040,6 +1052,7 @@ class QoSEngine:
                                  for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
         oom_results = self._keep_oom_score_adj(entry)
+        core_line = self._keep_core_sched(entry)
         if pass_state is not None:
             pass_state.results.extend(results)
             pass_state.process_results.extend(result for _, result in oom_results)
@@ -1049,7 +1062,7 @@ class QoSEngine:
             METRICS.record_writes(result for _, result in oom_results)
         own = results[1:] if group_write is not None else results
         oom_lines = _oom_lines(oom_results)
-        signature = (*((r.status, r.detail) for r in own), *sorted(oom_lines.items()))
+        signature = (*((r.status, r.detail) for r in own), *sorted(oom_lines.items()), core_line)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if (reused and not failed and signature == entry.signature and sandbox_id in self.pod_records
                 and all(cid in self.container_records for cid in entry.container_plans)):
@@ -1069,7 +1082,8 @@ class QoSEngine:
                        if r.cgroup_write.resource == "cpu.shares" and r.ok), None)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
                                      qos_class=decision.qos_class.value, why=decision.why,
-                                     pod_cpu_shares=shares if isinstance(shares, int) else None)
+                                     pod_cpu_shares=shares if isinstance(shares, int) else None,
+                                     core_sched=core_line)
         self.pod_records[sandbox_id] = record.with_results(pod_results, entry.notes)
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
@@ -1099,6 +1113,30 @@ class QoSEngine:
             reason = f"{plan.qos_class.value}: class oom_score_adj {value}"
             results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids or [], value, reason))
         return results
+
+    def _keep_core_sched(self, entry: _PodPlan) -> str:
+        """One core-scheduling cookie for every process of the pod's running containers (their
+        children inherit it; a process started by an exec gets it at the next pass). The
+        pod's state for status; "" when its class does not ask for it."""
+        if not entry.core_sched:
+            return ""
+        unavailable = self.core_sched.unavailable
+        if unavailable is not None:
+            return f"unavailable: {unavailable}"
+        pids: list[int] = []
+        for cgroup in entry.container_cgroups.values():
+            try:
+                pids += self.executor.read_pids(cgroup) or []
+            except (OSError, UnsafePathError):
+                continue
+        self.core_sched.dry_run = self.executor.dry_run
+        result: CoreSchedResult = self.core_sched.share(pids)
+        if result.errors:
+            log.warning("core_sched_cookie_not_shared", pod_cgroup=entry.pod_cgroup, errors=list(result.errors[:5]))
+            return f"failed for {len(result.errors)} process(es): {result.errors[0]}"
+        if not result.processes:
+            return "on: no process running yet"
+        return f"on: {result.processes} process(es) share the pod's cookie"
 
     def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
                    decision: ClassDecision, pod_cgroup: str, key: _PlanKey | None) -> _PodPlan:
@@ -1146,7 +1184,8 @@ class QoSEngine:
         memory_writes.extend(pod_memory)
         return _PodPlan(key, decision, pod_cgroup, tuple(pod_plan.notes),
                         tuple(writes), group_write, container_plans, container_cgroups,
-                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES))
+                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES),
+                        core_sched=pod_plan.core_sched)
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: _PodPlan) -> None:
@@ -1562,6 +1601,13 @@ class QoSEngine:
         return [f"[node] {' and '.join(unused)} not applied: kubelet places the containers (its"
                 " reservedSystemCPUs keeps CPUs from pods)"]
 
+    def _core_sched_status(self) -> dict[str, Any]:
+        classes = [cls.value for cls in QoSClass if self.settings.qos.for_class(cls).core_sched]
+        if not classes:
+            return {"classes": [], "state": "off (no [qos.<CLASS>] core_sched)"}
+        unavailable = self.core_sched.unavailable
+        return {"classes": classes, "state": "on" if unavailable is None else f"unavailable: {unavailable}"}
+
     def _be_slice_notes(self) -> list[str]:
         be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
         problems = dict(be_slices.problems) if be_slices is not None else {}
@@ -1583,6 +1629,7 @@ class QoSEngine:
             engine={
                 "cgroup_version": self.features.cgroup_version,
                 "group_identity": self.features.group_identity,
+                "core_sched": self._core_sched_status(),
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},
@@ -1620,6 +1667,8 @@ class QoSEngine:
                 pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),
                            skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at,
                            cpu_weight=self._weight_status(rec.pod_cpu_shares))
+                if rec.core_sched:
+                    pod["core_sched"] = rec.core_sched
             for c in pod.get("containers", []):
                 crec = published.container_records.get(c["container_id"])
                 if crec is not None:

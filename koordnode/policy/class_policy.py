@@ -166,6 +166,8 @@ class PodPlan:
     writes: tuple[CgroupWrite, ...] = ()
     notes: tuple[str, ...] = ()
     problems: tuple[ParseProblem, ...] = ()
+    # The pod's tasks share one core-scheduling cookie ([qos.<CLASS>] core_sched).
+    core_sched: bool = False
 
 
 # --- small formulas ----------------------------------------------------------------------
@@ -601,8 +603,12 @@ def plan_pod_sandbox(
                     )
                 )
 
+    if config.core_sched:
+        notes.append(f"{qos_class.value}: core scheduling: the pod's tasks share one cookie, no other pod's"
+                     " task runs on an SMT sibling of their core at the same time")
     return PodPlan(
-        qos_class=qos_class, writes=tuple(writes), notes=tuple(notes), problems=annotations.problems
+        qos_class=qos_class, writes=tuple(writes), notes=tuple(notes), problems=annotations.problems,
+        core_sched=config.core_sched,
     )
 
 
