@@ -316,7 +316,7 @@ class _PodPlan:
     memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
     core_sched: bool = False  # its tasks share one core-scheduling cookie
     # (status, detail) of each result the records were last built from, then the containers'
-    # oom_score_adj lines; None: build them again.
+    # oom_score_adj lines and the pod's core-scheduling state; None: build them again.
     signature: tuple[Any, ...] | None = None
 
     def made_for(self, pod: PodRecord, settings: Any) -> bool:
