@@ -25,7 +25,7 @@ def fetch_status(path: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return reply["status"]
 
 
-_RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("notes", "note"))
+_RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("processes", "process"), ("notes", "note"))
 
 
 def _mib(value: Any) -> str:

@@ -207,8 +207,8 @@ def apply_overrides(target: pb.LinuxContainerResources, plan: ContainerPlan) -> 
         target.unified[key] = value
 
 
-def _oom_lines(results: Iterable[tuple[str, ProcessResult]]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Status lines per container for its processes' oom_score_adj: (applied, skipped)."""
+def _oom_lines(results: Iterable[tuple[str, ProcessResult]]) -> dict[str, tuple[str, ...]]:
+    """Status lines per container for its processes' oom_score_adj, one per outcome."""
     outcomes: dict[str, dict[str, list[int]]] = {}
     values: dict[str, int] = {}
     for cid, r in results:
@@ -219,14 +219,11 @@ def _oom_lines(results: Iterable[tuple[str, ProcessResult]]) -> dict[str, tuple[
             label = f"failed: {r.detail}"
         outcomes.setdefault(cid, {}).setdefault(label, []).append(r.write.pid)
         values[cid] = r.write.value
-    lines: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-    for cid, by_label in outcomes.items():
-        applied = tuple(f"oom_score_adj={values[cid]} on {len(pids)} process(es) ({label})"
-                        for label, pids in sorted(by_label.items()) if not label.startswith("failed"))
-        skipped = tuple(f"oom_score_adj={values[cid]} on pid {','.join(map(str, pids[:5]))}: {label}"
-                        for label, pids in sorted(by_label.items()) if label.startswith("failed"))
-        lines[cid] = (applied, skipped)
-    return lines
+    return {cid: tuple(f"oom_score_adj={values[cid]} on {len(pids)} process(es)"
+                       + (f" ({label})" if not label.startswith("failed") else
+                          f", pid {','.join(map(str, pids[:5]))}: {label}")
+                       for label, pids in sorted(by_label.items()))
+            for cid, by_label in outcomes.items()}
 
 
 def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
@@ -258,6 +255,8 @@ class Record:
     pod_cpu_shares: int | None = None
     # A pod's core-scheduling state ("" when its class does not ask for it).
     core_sched: str = ""
+    # A container's values kept on its processes (oom_score_adj), one line per outcome.
+    processes: tuple[str, ...] = ()
 
     def with_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> Record:
         applied, skipped = _summarise(results)
@@ -1088,9 +1087,7 @@ class QoSEngine:
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
             crec = crec.with_results(by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
-            applied, skipped = oom_lines.get(cid, ((), ()))
-            self.container_records[cid] = dataclasses.replace(
-                crec, applied=crec.applied + applied, skipped=crec.skipped + skipped)
+            self.container_records[cid] = dataclasses.replace(crec, processes=oom_lines.get(cid, ()))
         if failed:
             log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
                         failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
@@ -1673,5 +1670,5 @@ class QoSEngine:
                 crec = published.container_records.get(c["container_id"])
                 if crec is not None:
                     c.update(applied=list(crec.applied), skipped=list(crec.skipped), notes=list(crec.notes),
-                             verified_at=crec.verified_at)
+                             processes=list(crec.processes), verified_at=crec.verified_at)
         return snapshot
