@@ -385,6 +385,6 @@ def test_status_text_shows_each_pods_weight_and_be_memory_bound() -> None:
         {**pod, "name": "limited", "sandbox_id": "d" * 64, "qos_class": "BE", "be_memory_bound": None},
     ]})
     assert "    weight: cpu.shares 65536, cpu.weight 2500" in text
-    assert "    weight: kubelet's (no running container yet, or an idle BE pod)" in text
+    assert "    weight: kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)" in text
     assert "    BE memory bound: memory.high / soft limit 140 MiB of the BE budget 200 MiB" in text
     assert "    BE memory bound: none from the budget" in text

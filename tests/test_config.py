@@ -207,6 +207,12 @@ def test_kubernetes_accepts_a_kubeconfig_and_a_node_name() -> None:
 def test_kubernetes_rejects(text: str, error: str) -> None:
     assert errors_of(text) == [error]
 
+def test_pod_class_weight_key() -> None:
+    assert Config().cgroup.pod_class_weight is False
+    assert parse_config("[cgroup]\npod_class_weight = true\n").cgroup.pod_class_weight is True
+    assert errors_of("[cgroup]\npod_class_weight = 1") == ["cgroup.pod_class_weight: expected true or false, got 1"]
+
+
 def test_be_memory_budget_keys() -> None:
     defaults = Config().strategy.be_memory
     assert (defaults.enable, defaults.budget_percent, defaults.reserved_mib, defaults.min_budget_mib,

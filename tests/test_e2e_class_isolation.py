@@ -102,7 +102,7 @@ def cpu_usage_ns(cgroup: str) -> int:
 
 
 def test_pod_weights_split_one_cpu_as_the_classes_promise(containerd_bed, node):
-    """An LS pod (Burstable, 1 CPU requested) and an LSR pod (Guaranteed, 1 CPU), both busy on
+    """([cgroup] pod_class_weight = true.) An LS pod (Burstable, 1 CPU requested) and an LSR pod (Guaranteed, 1 CPU), both busy on
     the same CPU. kubelet gives both pod cgroups 1024 and its burstable tier the LS pod's 1024,
     so with kubelet's values they split the CPU 50/50 whatever the class; the class weights
     promise LSR 65536 against LS 1024: 98.5% / 1.5%."""
@@ -111,7 +111,7 @@ def test_pod_weights_split_one_cpu_as_the_classes_promise(containerd_bed, node):
     kubelet_update_qos_cgroups(kubepods, burstable_shares=1024)
     # Every CPU stays in the share pool (the LSR pod gets no core of its own), so both pods
     # can run on one CPU: the one the busy loops are pinned to.
-    kn, pods = node(f"[node]\nmin_shared_cpus = {len(ALL_CPUS)}\n")
+    kn, pods = node(f"pod_class_weight = true\n[node]\nmin_shared_cpus = {len(ALL_CPUS)}\n")
     cpu = str(max(ALL_CPUS))
     busy = ["taskset", "-c", cpu, "sh", "-c", BUSY]
     ls_sb, ls_sid, _ = pods.run("ls", "burstable", cmd=busy, pod_shares=1024,

@@ -356,7 +356,7 @@ def run_one_pod_per_class(node: Node, driver: str) -> dict[str, tuple[Pod, list[
 
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
 def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, driver):
-    node = make_node(version="v2", toml='[node]\nblkio_devices = ["8:0"]\n')
+    node = make_node(version="v2", toml='pod_class_weight = true\n[node]\nblkio_devices = ["8:0"]\n')
     assert node.engine.features.cgroup_version == "v2"
     pods = run_one_pod_per_class(node, driver)
     all_cpus = node.topology.online
@@ -953,8 +953,19 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
 
 
-def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(make_node):
+def test_pod_weights_are_kubelets_unless_pod_class_weight_is_on(make_node):
+    # kubelet >= 1.36 reads the pod cgroup's cpu.shares back as the pod's CPU request.
     node = make_node(version="v1")
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1024")
+    node.run_container(lsr, **GUARANTEED_1CPU)
+    node.engine.reconcile(force=False)
+    assert node.read(lsr.cgroup, "cpu.shares") == "1024"
+    assert node.status_pod(lsr)["cpu_weight"] is None
+
+
+def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(make_node):
+    node = make_node(version="v1", toml="pod_class_weight = true\n")
     lsr = node.run_pod("lsr", parent="/kubepods/podlsr", labels={QOS_LABEL: "LSR"})
     write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1024")  # kubelet's: 1 CPU requested
     node.run_container(lsr, **GUARANTEED_1CPU)
@@ -1667,7 +1678,8 @@ def test_an_overwrite_after_quiet_passes_is_restored_with_one_write(make_node, c
 
 
 def test_a_state_change_or_a_reload_plans_again(make_node, counted):
-    node = make_node(version="v1", topology=CpuTopology.describe(cores_per_numa=4, threads_per_core=1))
+    node = make_node(version="v1", topology=CpuTopology.describe(cores_per_numa=4, threads_per_core=1),
+                     toml="pod_class_weight = true\n")
     ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
     ls_cid = node.run_container(ls, cpu_shares=512)
     other = node.run_pod("other", parent="/kubepods/burstable/podother")

@@ -116,7 +116,7 @@ def render_status(status: dict[str, Any]) -> str:
         if "cpu_weight" in pod:
             weight = pod["cpu_weight"]
             lines.append("    weight: " + (", ".join(f"{k} {v}" for k, v in weight.items()) if weight
-                                          else "kubelet's (no running container yet, or an idle BE pod)"))
+                                          else "kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)"))
         if pod.get("core_sched"):
             lines.append(f"    core sched: {pod['core_sched']}")
         if "be_memory_bound" in pod:

@@ -26,7 +26,7 @@ _INT64_MAX = 2**63 - 1
 # name -> (min, max, help). One table so the per-class subclasses repeat only defaults.
 _CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
     "cpu_shares_per_cpu": (MIN_SHARES, MAX_SHARES, "cpu.shares per requested CPU (kubelet shares / 1024); "
-                           "the pod cgroup gets the sum of its containers'"),
+                           "with [cgroup] pod_class_weight the pod cgroup gets the sum of its containers'"),
     "cpu_shares_fixed": (0, MAX_SHARES, "fixed cpu.shares regardless of request; 0 = use cpu_shares_per_cpu"),
     "oom_score_adj": (-1000, 1000, "oom_score_adj of the container processes (kept by the reconcile pass)"),
     "memory_min_percent": (0, 100, "memory.min as percent of the memory request"),

@@ -1173,7 +1173,7 @@ class QoSEngine:
         resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
         # Pod-level resources (in-place pod resize) decide the pod cgroup's values, its weight too.
         pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
-        if resized is None:
+        if resized is None and self.settings.cgroup.pod_class_weight:
             writes.extend(plan_pod_cpu_weight(pod_cgroup, decision.qos_class,
                                               [p.cri.cpu_shares for p in container_plans.values()
                                                if p.cri.cpu_shares is not None]))
