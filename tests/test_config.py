@@ -207,6 +207,7 @@ def test_kubernetes_accepts_a_kubeconfig_and_a_node_name() -> None:
 def test_kubernetes_rejects(text: str, error: str) -> None:
     assert errors_of(text) == [error]
 
+
 def test_pod_class_weight_key() -> None:
     assert Config().cgroup.pod_class_weight is False
     assert parse_config("[cgroup]\npod_class_weight = true\n").cgroup.pod_class_weight is True
