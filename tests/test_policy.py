@@ -633,7 +633,7 @@ def test_pod_cpu_weight_is_the_sum_of_its_containers_class_weights(
 ) -> None:
     pod = pod_of(qos_class)
     container_shares = [
-        plan(pod, ContainerResources(cpu_shares=shares)).cri.cpu_shares for shares in kubelet_shares
+        plan(pod, ContainerResources(cpu_shares=shares)).cpu_shares for shares in kubelet_shares
     ]
     writes = plan_pod_cpu_weight(GUARANTEED_PARENT, qos_class, container_shares)
     assert by_resource(writes) == {(GUARANTEED_PARENT, "cpu.shares"): expected}

@@ -1175,8 +1175,8 @@ class QoSEngine:
         pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
         if resized is None and self.settings.cgroup.pod_class_weight:
             writes.extend(plan_pod_cpu_weight(pod_cgroup, decision.qos_class,
-                                              [p.cri.cpu_shares for p in container_plans.values()
-                                               if p.cri.cpu_shares is not None]))
+                                              [p.cpu_shares for p in container_plans.values()
+                                               if p.cpu_shares is not None]))
         writes.extend(pod_memory)
         memory_writes.extend(pod_memory)
         return _PodPlan(key, decision, pod_cgroup, tuple(pod_plan.notes),

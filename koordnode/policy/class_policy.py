@@ -158,6 +158,8 @@ class ContainerPlan:
     memory: MemoryProtection = field(default_factory=MemoryProtection)
     notes: tuple[str, ...] = ()
     problems: tuple[ParseProblem, ...] = ()
+    # The container's class weight (written to its cgroup, not in the CRI request), for its pod's.
+    cpu_shares: int | None = None
 
 
 @dataclass(frozen=True)
@@ -470,6 +472,7 @@ def plan_container(
         memory=memory,
         notes=tuple(notes),
         problems=annotations.problems,
+        cpu_shares=shares,
     )
 
 
