@@ -225,6 +225,12 @@ class Kubelet:
         self.runtime_endpoint = runtime_endpoint
         self.cgroup_root = "/" + cgroup_root.strip("/")
         self.kubepods = f"{self.cgroup_root}/kubepods".replace("//", "/")
+        if cgroup_driver == "systemd":
+            # kubelet's systemd driver names its top cgroup kubepods.slice (tiers kubepods-burstable.slice,
+            # pods kubepods-burstable-pod<uid>.slice); only the root is supported here (the VM lane's node).
+            if self.cgroup_root != "/":
+                raise ValueError(f"cgroup_root {cgroup_root!r} with the systemd driver: only '/' is supported")
+            self.kubepods = "/kubepods.slice"
         self.node_name = node_name
         self.control_plane = control_plane
         self.cgroup_driver = cgroup_driver
