@@ -40,10 +40,10 @@ def _facts() -> dict:
 
 
 def _collect_logs(log) -> None:
-    """koordnode and containerd logs of the guest tests, for post-mortems on the host."""
+    """koordnode, containerd and kubelet logs of the guest tests, for post-mortems on the host."""
     target = RESULTS / "logs"
     for path in sorted(Path("/var/tmp/pytest").rglob("*.log"))[:200]:
-        if path.name not in ("koordnode.log", "containerd.log"):
+        if path.name not in ("koordnode.log", "containerd.log", "kubelet.log"):
             continue
         try:
             dest = target / "_".join(path.relative_to("/var/tmp/pytest").parts)
