@@ -270,3 +270,21 @@ def test_a_group_slice_at_the_lowest_weight_is_not_made_idle_again(systemd_node)
     write_cgroup_file(node.root, GROUP, "cpu.weight", "100")
     node.engine.reconcile()
     wait_until(lambda: systemd.started == [GROUP_SLICE, GROUP_SLICE])
+
+
+def test_kubelets_expanded_slice_parent_moves_into_the_group_the_same_way(systemd_node):
+    """The real kubelet's systemd driver sends the pod slice expanded into its path (its
+    CgroupName.ToSystemd), not the bare slice name the hand-made bed sends: found by
+    tests/vm_guest/test_real_kubelet_v2.py, where the BE pod stayed in kubelet's slice."""
+    node, systemd = systemd_node()
+    add_cgroup(node.root, "/kubepods.slice")
+    node.engine.adopt()
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
+    kubelet = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu1.slice"
+    pod = node.run_pod("batch", parent=kubelet)
+    moved = "/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-podu1.slice"
+    assert parent_of(node, pod) == moved
+    assert systemd.started == [GROUP_SLICE]
+    # Guaranteed and Burstable pods (expanded too) stay where kubelet put them.
+    ls = node.run_pod("web", parent="/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu3.slice")
+    assert parent_of(node, ls) == "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu3.slice"

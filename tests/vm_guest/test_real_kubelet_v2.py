@@ -73,7 +73,7 @@ class RunningPod:
     container_id: str
     restarts: int
     ip: str
-    parent: str  # the cgroup parent koordnode saw (kubelet's slice, or koordnode's BE group)
+    parent: str  # the cgroup parent containerd got (kubelet's, or koordnode's BE group's)
     pod_dir: Path
     container_dir: Path
 
@@ -128,7 +128,9 @@ class Node:
         kn_pod = next((p for p in status["pods"] if p["uid"] == uid and p["state"] == "ready"), None)
         if kn_pod is None:
             return None
-        pod_dir = CG / slice_path(kn_pod["cgroup_parent"]).lstrip("/")
+        parent = kn_pod["cgroup_parent"]
+        # kubelet sends the pod slice expanded into its path; a bare slice name is nested by its dashes.
+        pod_dir = CG / (parent if parent.startswith("/") else slice_path(parent)).lstrip("/")
         return RunningPod(cls, name, uid, cid, statuses[0].get("restartCount", 0), pod["status"].get("podIP", ""),
                           kn_pod["cgroup_parent"], pod_dir, pod_dir / f"cri-containerd-{cid}.scope")
 
@@ -349,12 +351,16 @@ def test_example_pods_run_with_their_class_values_in_kubelets_systemd_slices(nod
         assert pod.container_dir.is_dir(), f"{cls}: no {pod.container_dir}"
         kn_pod = next(p for p in node.status()["pods"] if p["uid"] == pod.uid)
         assert kn_pod["qos_class"] == cls, kn_pod
-    # kubelet's slice names (systemd driver): Guaranteed pods right under kubepods.slice, the BE
-    # pod moved by koordnode into its idle group's slice (kubelet's own besteffort pod slice stays empty).
+    # kubelet's cgroup parents (systemd driver) are the pod slices expanded into their paths (not
+    # the bare slice names the hand-made bed, testbed/systemd_bed.py, sends): Guaranteed pods right
+    # under kubepods.slice, the BE pod moved by koordnode into its idle group's slice, expanded
+    # alike (kubelet's own besteffort pod slice stays, empty).
     for cls in ("SYSTEM", "LSE", "LS"):
-        assert pods[cls].parent == f"kubepods-pod{pods[cls].uid.replace('-', '_')}.slice", pods[cls].parent
+        assert pods[cls].parent == f"/kubepods.slice/kubepods-pod{pods[cls].uid.replace('-', '_')}.slice", \
+            pods[cls].parent
     be = pods["BE"]
-    assert be.parent == f"kubepods-koordnode_be-pod{be.uid.replace('-', '_')}.slice", (
+    assert be.parent == (f"/kubepods.slice/kubepods-koordnode_be.slice/"
+                         f"kubepods-koordnode_be-pod{be.uid.replace('-', '_')}.slice"), (
         be.parent, next(p for p in node.status()["pods"] if p["uid"] == be.uid), node.status()["qos"].get("notes"))
     assert be.pod_dir.parent == BE_GROUP
     kubelets_be_slice = KUBEPODS / "kubepods-besteffort.slice" / f"kubepods-besteffort-pod{be.uid}.slice"
@@ -449,12 +455,13 @@ def test_lsr_in_lses_place_and_kubelets_memory_qos_request_for_burstable_ls(node
     pods = node.ensure(wanted)
     settled(node, pods)
     lsr = pods["LSR"]
-    assert lsr.parent.startswith("kubepods-pod")
+    assert lsr.parent.startswith("/kubepods.slice/kubepods-pod"), lsr.parent
     assert near(read(lsr.container_dir, "memory.min"), 128 * MIB * 80 // 100)
     assert near(read(lsr.container_dir, "memory.low"), 128 * MIB)
     assert Path(f"/proc/{container_pid(lsr)}/oom_score_adj").read_text().strip() == "-700"
     burstable = pods["LS-burstable"]
-    assert burstable.parent.startswith("kubepods-burstable-pod"), burstable.parent
+    assert burstable.parent.startswith("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"), \
+        burstable.parent
     kn_pod = next(p for p in node.status()["pods"] if p["uid"] == burstable.uid)
     assert kn_pod["qos_class"] == "LS"
     # A Burstable container's request is nowhere else in CRI: protection above 0 comes from
