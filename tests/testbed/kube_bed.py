@@ -220,8 +220,11 @@ class Kubelet:
 
     def __init__(self, workdir: Path, runtime_endpoint: str, cgroup_root: str, *, node_name: str,
                  control_plane: ControlPlane | None = None, cgroup_driver: str = "cgroupfs",
-                 config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None) -> None:
+                 config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None,
+                 binary: Path | None = None) -> None:
+        """``binary``: the kubelet to run (default: the one scripts/k8s-bed.sh built)."""
         self.workdir = Path(workdir).resolve()
+        self.binary = binary
         self.runtime_endpoint = runtime_endpoint
         self.cgroup_root = "/" + cgroup_root.strip("/")
         self.kubepods = f"{self.cgroup_root}/kubepods".replace("//", "/")
@@ -294,7 +297,7 @@ class Kubelet:
             directory.mkdir(parents=True, exist_ok=True)
         self._ensure_cgroup_root()
         self.config_path.write_text(json.dumps(self.config(), indent=1))
-        args = [str(component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
+        args = [str(self.binary or component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
                 f"--root-dir={self.root_dir}", f"--cert-dir={self.workdir / 'pki'}",
                 f"--hostname-override={self.node_name}", "--v=2"]
         if self.control_plane is not None:
@@ -325,9 +328,9 @@ class Kubelet:
             self._process.wait(10)
         self._process = None
 
-    def restart(self) -> None:
+    def restart(self, timeout: float = 120.0) -> None:
         self.stop()
-        self.start()
+        self.start(timeout)
 
     def close(self) -> None:
         """Stop the kubelet and undo its mounts (the pods' cgroups belong to the containerd bed)."""
