@@ -47,6 +47,7 @@ NODE = "kn-vm-node"
 KUBEPODS = CG / "kubepods.slice"
 BE_GROUP = KUBEPODS / "kubepods-koordnode_be.slice"
 RECONCILE_S = 5
+HOOK_TIMEOUT_MS = 3000
 # What kubelet gives the classes' containers through CRI, koordnode replaces (oom_score_adj:
 # kubelet's -997 for Guaranteed pods, 1000 for BestEffort ones).
 OOM_SCORE_ADJ = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
@@ -211,7 +212,11 @@ def node(tmp_path_factory):
         kn = GuestKoordnode(
             tmp_path_factory.mktemp("kubelet-kn"), str(bed.socket), metrics_listen=f"127.0.0.1:{port}",
             kubepods="/kubepods.slice",
-            extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n')
+            # hook_timeout_ms: the hooks' 200 ms bound is for real machines; under TCG, with kubelet
+            # starting four pods at once, a RunPodSandbox pre ran over it and (fail-open, as
+            # designed) the BE pod stayed in kubelet's slice.
+            extra_toml=f'[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n'
+                       f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n')
         kn.metrics_port = port
         kn.start()
         # kubelet from the guest's own disk: re-reading 90 MB over 9p under TCG (after the page
