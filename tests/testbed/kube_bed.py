@@ -349,7 +349,9 @@ class Kubelet:
     def add_static_pod(self, name: str, pod: dict[str, Any]) -> Path:
         self.static_pod_dir.mkdir(parents=True, exist_ok=True)
         path = self.static_pod_dir / f"{name}.json"
-        tmp = path.with_suffix(".tmp")
+        # A dot file: kubelet reads every other file of the directory as a manifest (a "<name>.tmp"
+        # became a pod of its own, removed and re-added under another uid at the rename).
+        tmp = self.static_pod_dir / f".{name}.json.tmp"
         tmp.write_text(json.dumps(pod))
         os.replace(tmp, path)  # kubelet must never read half a manifest
         return path
