@@ -150,6 +150,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(handler=_cmd_status)
 
+    top = commands.add_parser(
+        "top",
+        help="watch this node live: CPU, pressure, memory per class and pod, the BE budget, decisions (root)",
+        description="A live view of this node, refreshed every --interval seconds from the running "
+        "daemon's admin socket and the cgroups it names: CPU use, throttling and CPU pressure per "
+        "class and per pod, memory use against memory.min/low/high, the BE budget with its "
+        "inputs, the BE group's state, recent decisions with their reasons, overwrites restored, "
+        "hook timeouts. Keys: s sort, c class filter, / text filter, r refresh, q quit.",
+    )
+    _add_config_option(top)
+    top.add_argument("--once", action="store_true",
+                     help="print one snapshot as plain text and exit (takes one --interval)")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between refreshes (default 1)")
+    top.add_argument("--sort", choices=("cpu", "memory", "throttled", "pressure", "name", "class"),
+                     default="cpu", help="pod order (default cpu)")
+    top.add_argument("--class", dest="qos_class", choices=("all", "SYSTEM", "LSE", "LSR", "LS", "BE"),
+                     default="all", help="only pods of this class (default all)")
+    top.add_argument("--socket", metavar="PATH",
+                     help="admin socket to ask (default: [admin] socket of the config file)")
+    top.set_defaults(handler=_cmd_top)
+
     doctor = commands.add_parser(
         "doctor",
         help="check this node for koordnode: cgroups, drivers, containerd, kubelet, kernel features",
@@ -296,6 +318,30 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"koordnode status: asking the admin socket {path} ({where})", file=sys.stderr)
         return int(client.status_command_for(path, as_json=args.json))
     return int(client.status_command(config, as_json=args.json))
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    if not 0.1 <= args.interval <= 60:
+        print("koordnode top: --interval: expected seconds in [0.1, 60]", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"koordnode top: the config file has errors (`koordnode check-config` lists them): {exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    path = config.admin.socket
+    if args.socket:
+        try:
+            path = unix_socket_path(args.socket)
+        except ValueError as exc:
+            print(f"koordnode top: --socket: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    from koordnode.admin import top
+
+    view = top.View(sort=args.sort, qos_class=args.qos_class)
+    return top.top_command(path, config.cgroup.root, config.procfs.root, once=args.once,
+                           interval_s=args.interval, view=view)
 
 
 def _admin_socket_despite(path: str) -> tuple[str, str]:

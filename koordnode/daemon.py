@@ -16,7 +16,16 @@ import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
-from koordnode.config import Config, ConfigError, EngineSettings, ManagerSettings, reload_config
+from koordnode.config import (
+    Config,
+    ConfigError,
+    EngineSettings,
+    ManagerSettings,
+    key_sources,
+    reload_config,
+    to_dict,
+    with_nodeslo,
+)
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri.client import CriClient, CriError
@@ -33,6 +42,7 @@ from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
+from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.metrics import METRICS, MetricsServer, MetricsStartError, PodInterference
 from koordnode.metrics import start as start_metrics
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
@@ -47,7 +57,9 @@ from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.model.state import POD_READY, NodeState, NodeView
 
 if TYPE_CHECKING:
+    from koordnode.kube.agent import ClusterLink
     from koordnode.nri.plugin import NriPlugin
+    from koordnode.qos.node_usage import NodeUsageReporter
     from koordnode.qos.collect import Collector
     from koordnode.qos.tick import TickReport
 
@@ -133,6 +145,97 @@ class Daemon:
         self._background: set[asyncio.Task[Any]] = set()
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
+        # One config change at a time: SIGHUP reloads and NodeSLO updates take the same path.
+        self._config_lock = asyncio.Lock()
+        self._facts_changed = asyncio.Event()
+        self.usage: NodeUsageReporter | None = None
+        if self.qos_manager is not None:
+            from koordnode.qos.node_usage import NodeUsageReporter
+
+            self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root,
+                                           priority_of=self._priority_of)
+        self.cluster: ClusterLink | None = None
+        self.cluster_error: str | None = None
+        if config.kubernetes.enable:
+            self._start_cluster_link(config)
+
+    # ---- [kubernetes] ---------------------------------------------------------------------
+
+    def _start_cluster_link(self, config: Config) -> None:
+        from koordnode.kube.agent import ClusterLink  # only a node in a cluster loads it
+        from koordnode.kube.credentials import CredentialsError
+
+        try:
+            self.cluster = ClusterLink(config.kubernetes, apply_nodeslo=self.apply_nodeslo,
+                                       on_pod_facts=self._facts_changed.set,
+                                       node_metric_status=self._node_metric_status,
+                                       memory_total_bytes=self._memory_total, observe=_observe_cluster)
+        except (CredentialsError, ValueError) as exc:
+            # The node keeps working from its file: say why the cluster part is off.
+            self.cluster_error = f"[kubernetes] not started: {exc}"
+            log.error("kubernetes_not_started", detail="working from the local file alone", error=str(exc))
+            return
+        if self.qos is not None:
+            self.qos.pod_facts = self.cluster.facts_of
+
+    def _priority_of(self, sandbox_id: str) -> int | None:
+        pod = self.state.pods.get(sandbox_id)
+        facts = self.cluster.facts_of(pod.uid) if self.cluster is not None and pod is not None else None
+        return facts.priority if facts is not None else None
+
+    def _memory_total(self) -> int | None:
+        snap = self.qos_manager.last_snapshot if self.qos_manager is not None else None
+        return snap.memory_total_bytes if snap is not None else None
+
+    def _node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
+        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
+        usage = self.usage.refresh(interval_s) if self.usage is not None else None
+        if usage is None:
+            return None
+        METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
+        return usage.node_metric_status()
+
+    async def apply_nodeslo(self, values: dict[str, Any] | None) -> None:
+        """A NodeSLO's table (None: no NodeSLO) below the local file, applied the way SIGHUP
+        applies a file; ConfigError (nothing applied) when it does not validate."""
+        async with self._config_lock:
+            new = config_for_mode(with_nodeslo(self.config, values))
+            await self._apply_config(new, trigger="nodeslo")
+
+    async def _run_cluster(self) -> None:
+        if self.cluster is None:
+            return
+        try:
+            await self.cluster.run(self._stop)
+        except Exception:
+            log.exception("kubernetes_link_failed")
+
+    async def _replan_on_facts(self) -> None:
+        """Pods whose API facts arrived or changed are planned again (a pass re-plans only
+        pods whose inputs changed); bursts of watch events make one pass."""
+        while True:
+            await self._facts_changed.wait()
+            await asyncio.sleep(0.2)
+            self._facts_changed.clear()
+            if self.state.rebuilt_at is not None:
+                await self.reconcile_once()
+
+    async def _usage_loop(self) -> None:
+        """The batch allocatable as a metric and in status, API server or not; whether the API
+        server answers ([kubernetes])."""
+        while True:
+            await asyncio.sleep(10.0)
+            if self.cluster is not None:
+                METRICS.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
+            if self.usage is None:
+                continue
+            try:
+                usage = await asyncio.to_thread(self.usage.refresh)
+            except Exception:
+                log.exception("node_usage_failed")
+                continue
+            if usage is not None:
+                METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
 
     def _be_cpuset(self) -> frozenset[int] | None:
         """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
@@ -196,6 +299,11 @@ class Daemon:
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:
             self.spawn(self._run_qos_manager())
+        if self.qos_manager is not None or self.cluster is not None:
+            self.spawn(self._usage_loop())
+        if self.cluster is not None:
+            self.spawn(self._run_cluster())
+            self.spawn(self._replan_on_facts())
 
     async def _run_nri(self) -> None:
         """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which
@@ -283,10 +391,26 @@ class Daemon:
         return rows
 
     async def evict(self, container_id: str, reason: str) -> None:
-        """Stop a BE container through the runtime (BE eviction strategy)."""
+        """BE eviction: through the Eviction API when [kubernetes] is on (PodDisruptionBudgets
+        honoured; a refused pod is reported and the next BE pod tried), else, or when the API
+        server does not answer, stop the container through the runtime."""
         if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
             log.warning("dry_run_would_evict_be_container", container_id=container_id, reason=reason)
             return
+        if self.cluster is not None:
+            from koordnode.kube.client import Unreachable
+
+            targets = self._eviction_targets(container_id)
+            if targets:
+                try:
+                    result, _ = await self.cluster.evict(targets, reason)
+                except Unreachable as exc:
+                    log.warning("eviction_api_unreachable", detail="stopping the container through the runtime",
+                                error=str(exc))
+                else:
+                    if result == "evicted":
+                        METRICS.record_eviction(reason)
+                    return
         log.warning("evicting_be_container", container_id=container_id, reason=reason)
         METRICS.record_eviction(reason)
         await self._backend().call(
@@ -294,6 +418,19 @@ class Daemon:
             pb.StopContainerRequest(container_id=container_id, timeout=10),
             pb.StopContainerResponse, timeout=30,
         )
+
+    def _eviction_targets(self, container_id: str) -> list[Any]:
+        """The container's pod first, then the other BE pods on the node (lowest priority first),
+        for the Eviction API to try in turn."""
+        from koordnode.kube.agent import EvictTarget
+
+        first = self.state.pod_of_container(container_id)
+        if first is None or not first.uid:
+            return []
+        others = [p for p in list(self.state.pods.values())
+                  if p.sandbox_id != first.sandbox_id and p.state == POD_READY and p.qos_class == "BE" and p.uid]
+        others.sort(key=lambda p: (self._priority_of(p.sandbox_id) or 0, p.namespace, p.name))
+        return [EvictTarget(p.namespace, p.name, p.uid) for p in [first, *others]]
 
     def _start_metrics(self) -> None:
         try:
@@ -446,16 +583,22 @@ class Daemon:
 
     async def reload(self) -> None:
         """SIGHUP: apply a valid new config at once; keep the old one if the new one is bad."""
-        sdnotify.reloading()
-        try:
-            new = config_for_mode(reload_config(self.config))
-        except ConfigError as exc:
-            for error in exc.errors:
-                log.error("config_reload_rejected", detail="keeping the running config", error=error)
-            self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
-            METRICS.record_config_reload(False)
+        async with self._config_lock:
+            sdnotify.reloading()
+            try:
+                new = config_for_mode(reload_config(self.config))
+            except ConfigError as exc:
+                for error in exc.errors:
+                    log.error("config_reload_rejected", detail="keeping the running config", error=error)
+                self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
+                METRICS.record_config_reload(False)
+                sdnotify.ready()
+                return
+            await self._apply_config(new, trigger="sighup")
             sdnotify.ready()
-            return
+
+    async def _apply_config(self, new: Config, *, trigger: str) -> None:
+        """A validated config, applied at once: SIGHUP's file and a NodeSLO's values alike."""
         old, self.config = self.config, new
         configure_logging(new.log.level, new.log.format)
         self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
@@ -472,6 +615,8 @@ class Daemon:
             log.warning("socket_paths_change_needs_restart",
                         detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
+        if new.kubernetes != old.kubernetes:
+            log.warning("kubernetes_change_needs_restart", detail="[kubernetes] takes effect at the next restart")
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
@@ -487,11 +632,11 @@ class Daemon:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
             self._start_metrics()
-        self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
-        METRICS.record_config_reload(True)
-        log.info("config_reloaded", source=new.source)
+        if trigger == "sighup":
+            self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
+            METRICS.record_config_reload(True)
+            log.info("config_reloaded", source=new.source)
         await self.reconcile_once()
-        sdnotify.ready()
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -518,6 +663,13 @@ class Daemon:
         snapshot = self.state.snapshot()
         if self.qos is not None:
             snapshot = self.qos.decorate(snapshot)
+        if self.cluster is not None:
+            for pod in snapshot.get("pods", []):
+                facts = self.cluster.facts_of(pod.get("uid", ""))
+                pod["api"] = "not known to the API server (planned from CRI alone)" if facts is None else {
+                    "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
+                    "priority_class": facts.priority_class, "owners": list(facts.owners),
+                    "terminating": facts.terminating}
         return {
             "version": __version__,
             "mode": self.mode,
@@ -526,16 +678,24 @@ class Daemon:
             "listen": self.config.proxy.listen,
             "backend": self.config.proxy.backend,
             "backend_health": backend_health,
-            "config": {"source": self.config.source, "last_reload": self.last_reload},
+            "config": {"source": self.config.source, "last_reload": self.last_reload,
+                       "keys": self._config_keys()},
+            "kubernetes": self._kubernetes_status(),
+            "batch_allocatable": self.usage.last.batch_status() if self.usage is not None and self.usage.last
+            is not None else {"state": "not measured yet"},
             "proxy": {
                 "connections_open": self.stats.connections_open,
                 "connections_total": self.stats.connections_total,
                 "intercepted_calls": self.stats.intercepted_calls,
+                "calls_by_method": METRICS.cri_calls_by_method(),
                 "hook_failures": {
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
             "nri": _safe(self.nri.status) if self.nri is not None else None,
+            # Proxy mode only: in NRI mode kubelet's calls do not pass through koordnode.
+            "kubelet": kubelet_view(METRICS.cri_calls_by_method(), self.config.cgroup.be_idle_group)
+                       if self.mode == "proxy" else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
             "resctrl": _safe(self.resctrl.status),
@@ -543,6 +703,19 @@ class Daemon:
             **snapshot,
         }
 
+
+    def _config_keys(self) -> dict[str, dict[str, Any]]:
+        """Per key: its value and where it came from (source: toml|nodeslo|default)."""
+        values = to_dict(self.config)
+        return {key: {"value": _value_at(values, key), "source": source}
+                for key, source in key_sources(self.config).items()}
+
+    def _kubernetes_status(self) -> dict[str, Any]:
+        if self.cluster is not None:
+            return _safe(self.cluster.status)  # type: ignore[no-any-return]
+        if self.cluster_error is not None:
+            return {"enable": True, "error": self.cluster_error}
+        return {"enable": False}
 
     def _dry_run_status(self) -> dict[str, Any]:
         if not self.dry_run:
@@ -578,6 +751,20 @@ class _MemoryPlanner:
         if 0 < engine_every <= daemon.config.qos_manager.reconcile_interval_s:
             return None
         return daemon.qos.memory_plan()
+
+
+def _observe_cluster(kind: str, result: str) -> None:
+    if kind == "nodeslo":
+        METRICS.record_nodeslo(result == "applied")
+    elif kind == "eviction":
+        METRICS.record_api_eviction(result)
+
+
+def _value_at(table: dict[str, Any], key: str) -> Any:
+    value: Any = table
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _roots(config: Config) -> dict[str, str]:

@@ -12,6 +12,9 @@ Exported metrics (labels in braces):
 - ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
   (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...); a
   path that names no CRI method counts as ``other``, so clients cannot grow the label set.
+- ``koordnode_cri_hook_delay_seconds{method}`` (histogram): the time a call waited for the Pre
+  hooks before it was forwarded, i.e. the latency koordnode adds (the duration above also has
+  the runtime's own time).
 - ``koordnode_hook_failures_total{hook,phase,kind}``: hook errors (``kind="error"``) and
   timeouts (``kind="timeout"``), read from the hook chain's counters at scrape time.
 - ``koordnode_proxy_connections_open``, ``koordnode_proxy_connections_total``,
@@ -162,6 +165,12 @@ class Metrics:
             "Time from a CRI request reaching koordnode to its response leaving, hooks included",
             ["method"], buckets=_CRI_BUCKETS, registry=r)
 
+        self.hook_delay = Histogram(
+            "koordnode_cri_hook_delay_seconds",
+            "Time a CRI request waited for koordnode's Pre hooks before it was forwarded: the "
+            "latency koordnode adds to the call",
+            ["method"], buckets=_CRI_BUCKETS, registry=r)
+
         self.executor_writes = Counter(
             "koordnode_executor_writes_total",
             "Kernel writes (cgroup files, sysctls) by resource and outcome",
@@ -217,6 +226,28 @@ class Metrics:
             "koordnode_config_last_reload_timestamp_seconds",
             "Unix time of the last configuration reload attempt (0: none yet)", registry=r)
 
+        # [kubernetes]: the API server link, NodeSLO, evictions through the API; batch resources.
+        self.kube_api_up = Gauge("koordnode_kube_api_up",
+                                 "1 while the API server answers koordnode's watches ([kubernetes] enable)",
+                                 registry=r)
+        self.nodeslo_updates = Counter("koordnode_nodeslo_updates_total",
+                                       "NodeSLO versions seen, by result (applied, refused)", ["result"],
+                                       registry=r)
+        self.nodeslo_refused = Gauge("koordnode_nodeslo_refused",
+                                     "1 while the newest NodeSLO is refused (the last good one stays applied)",
+                                     registry=r)
+        self.api_evictions = Counter("koordnode_api_evictions_total",
+                                     "Evictions asked of the Eviction API, by result (evicted, refused, "
+                                     "already_terminating, gone, rate_limited, failed)", ["result"], registry=r)
+        for result in ("applied", "refused"):  # the series exist at 0 from the start
+            self.nodeslo_updates.labels(result)
+        for result in ("evicted", "refused", "already_terminating", "gone", "rate_limited", "failed"):
+            self.api_evictions.labels(result)
+        self.batch_allocatable = Gauge(
+            "koordnode_batch_allocatable",
+            "Batch resources BE pods may use by Koordinator v1.2's formula (Node.Alloc - Node.Reserved - "
+            "System.Used - Pod(LS).Used), by resource (cpu: cores, memory: bytes)", ["resource"], registry=r)
+
     # --- exposition ---------------------------------------------------------------------
 
     def render(self) -> bytes:
@@ -233,6 +264,21 @@ class Metrics:
         self.cri_requests.labels(name, _code_name(code)).inc()
         if seconds >= 0:
             self.cri_duration.labels(name).observe(seconds)
+
+    def cri_calls_by_method(self) -> dict[str, int]:
+        """CRI calls relayed so far by method (all status codes together)."""
+        calls: dict[str, int] = {}
+        for family in self.cri_requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    method = sample.labels["method"]
+                    calls[method] = calls.get(method, 0) + int(sample.value)
+        return calls
+
+    def observe_hook_delay(self, method: str, seconds: float) -> None:
+        """How long an intercepted call's Pre hooks held it before it went to the runtime."""
+        if seconds >= 0:
+            self.hook_delay.labels(_method_label(method)).observe(seconds)
 
     def follow_hook_failures(
         self, source: Callable[[], Mapping[tuple[str, str, str], int]]
@@ -285,6 +331,18 @@ class Metrics:
         label cannot grow a series per pod."""
         if count > 0:
             self.evictions.labels(_reason_label(reason)).inc(count)
+
+    def record_nodeslo(self, applied: bool) -> None:
+        self.nodeslo_updates.labels("applied" if applied else "refused").inc()
+        self.nodeslo_refused.set(0 if applied else 1)
+
+    def record_api_eviction(self, result: str) -> None:
+        self.api_evictions.labels(result).inc()
+
+    def set_batch_allocatable(self, cpu_cores: float | None, memory_bytes: float | None) -> None:
+        for resource, value in (("cpu", cpu_cores), ("memory", memory_bytes)):
+            if value is not None:
+                self.batch_allocatable.labels(resource).set(value)
 
     def record_config_reload(self, success: bool) -> None:
         self.config_reloads.labels("success" if success else "failure").inc()

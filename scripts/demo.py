@@ -1,28 +1,40 @@
 #!/usr/bin/env python3
 """koordnode demo: a private containerd, koordnode in front of it, an LS and a BE pod competing.
 
-What you see, once a second: the CPU each pod uses, the node's CPU pressure (PSI), the BE
-tier's CFS quota, and every cgroup value koordnode changed, with its reason. Everything is
-removed at the end (pods, cgroups, sockets, processes), also on Ctrl-C.
+The BE pod burns every CPU from the start. The LS pod idles for the first third of the view, is
+busy on every CPU for the second third, then idles again. What you see, once a second: the CPUs
+each pod uses, the CPUs the rest of the node uses (koordnode, containerd, anything else running
+here), the node's CPU pressure (PSI), the CFS quota of the cgroup koordnode puts the BE budget on,
+and every cgroup value koordnode changed, with its reason.
+
+The cgroups are the ones koordnode reports over its admin socket (`koordnode status`): a BE pod
+runs in koordnode's BE group (`<kubepods>/koordnode_be/pod<uid>`), not in the `besteffort` tier
+kubelet asked for, and its budget is written on that group. Everything is removed at the end
+(pods, cgroups, sockets, processes), also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from koordnode.cri import api_pb2 as pb
 from tests.support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
-from tests.support.koordnode_runner import KoordnodeProcess
+from tests.support.koordnode_runner import REPO, KoordnodeProcess
 from tests.support.kubelet_tiers import prepare_qos_tiers
 from tests.testbed.containerd_bed import ContainerdBed
 
 CG = Path("/sys/fs/cgroup")
+QUIET, BUSY = "LS quiet", "LS busy"
+BUSY_LOOP = "while :; do :; done"
 
 
 def read(path: Path) -> str:
@@ -32,17 +44,73 @@ def read(path: Path) -> str:
         return "?"
 
 
-def cpu_usage_ns(cgroup: str) -> int:
+def cpu_usage_ns(cgroup: str) -> int | None:
+    """CPU time of a cgroup and everything below it (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    v1 = CG / "cpuacct" / cgroup.lstrip("/") / "cpuacct.usage"
     try:
-        return int((CG / "cpuacct" / cgroup.lstrip("/") / "cpuacct.usage").read_text())
+        return int(v1.read_text())
     except (OSError, ValueError):
-        return 0
+        pass
+    try:
+        for line in (CG / cgroup.lstrip("/") / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) * 1000
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cfs_quota_us(cgroup: str) -> str:
+    """The CFS quota of a cgroup as koordnode writes it: µs per period, -1 unlimited."""
+    v1 = read(CG / "cpu" / cgroup.lstrip("/") / "cpu.cfs_quota_us")
+    if v1 != "?":
+        return v1
+    v2 = read(CG / cgroup.lstrip("/") / "cpu.max")
+    return "-1" if v2.startswith("max") else v2.split()[0] if v2 != "?" else "?"
+
+
+def node_busy_ns() -> int | None:
+    """CPU time the whole node spent busy (not idle, not waiting for I/O), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+    except (OSError, ValueError, IndexError):
+        return None
+    return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def psi_cpu() -> str:
     text = read(Path("/proc/pressure/cpu"))
     some = text.splitlines()[0] if text != "?" else ""
-    return some.split()[1] if some else "n/a"
+    return some.split()[1].removeprefix("avg10=") + "%" if some else "n/a"
+
+
+class Placement:
+    """Where koordnode put the demo's pods and the BE budget, as its admin socket reports it."""
+
+    def __init__(self, kn: KoordnodeProcess) -> None:
+        self.kn = kn
+        self.pod_cgroups: dict[str, str] = {}
+        self.be_tier = ""
+
+    def refresh(self) -> None:
+        status = self.kn.status()
+        # The pod cgroup koordnode writes (`cgroup`); its cgroup parent as koordnode rewrote it
+        # is the same path with the cgroupfs driver.
+        self.pod_cgroups = {p["sandbox_id"]: p.get("cgroup") or p["cgroup_parent"] for p in status.get("pods", [])}
+        self.be_tier = (status.get("qos_manager") or {}).get("be_tier") or ""
+
+    def wait(self, sandbox_ids: list[str], be_sandbox_id: str, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.refresh()
+            be_pod = self.pod_cgroups.get(be_sandbox_id, "")
+            # The budget reaches the BE pod once koordnode puts it on a cgroup above the pod.
+            if be_pod.startswith(self.be_tier + "/") and all(self.pod_cgroups.get(sid) for sid in sandbox_ids):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"koordnode does not report the demo's pods: {self.pod_cgroups}")
+            time.sleep(0.2)
 
 
 class Tail:
@@ -71,16 +139,30 @@ class Tail:
         return out
 
 
+def start_ls_load(cri: Cri, container_id: str, seconds: int, workers: int) -> None:
+    """`workers` busy loops in the LS container for `seconds`, detached so ExecSync returns at once."""
+    loop = f"timeout {seconds} sh -c '{BUSY_LOOP}' </dev/null >/dev/null 2>&1 &"
+    cri.rt.ExecSync(pb.ExecSyncRequest(container_id=container_id, cmd=["sh", "-c", f"{loop * workers} exit 0"],
+                                       timeout=10), timeout=20)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=int, default=30, help="length of the live view (default 30)")
+    ap.add_argument("--seconds", type=int, default=30, help="length of the live view (default 30, at least 6)")
     ap.add_argument("--keep-logs", action="store_true", help="keep containerd's and koordnode's logs")
+    ap.add_argument("--workdir", type=Path, help="where the demo's files go (default: a new temporary directory)")
+    ap.add_argument("--record", type=Path,
+                    help="also write each line of the live view as JSON to this file (one object per second)")
     args = ap.parse_args()
+    seconds = max(args.seconds, 6)
+    ncpu = os.cpu_count() or 1
 
-    work = Path(tempfile.mkdtemp(prefix="koordnode-demo-"))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="koordnode-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    record = open(args.record, "w") if args.record else None  # closed in the finally below
     stop = False
 
-    def on_signal(*_):
+    def on_signal(*_: Any) -> None:
         nonlocal stop
         stop = True
 
@@ -94,40 +176,65 @@ def main() -> int:
         cri = Cri(kn.listen)
         pods = []
         try:
-            busy_be = ["sh", "-c", "while :; do :; done"]
-            # The LS service idles for a third of the view, is busy (2 CPUs) for a third, then idles.
-            step_at = max(args.seconds // 3, 1)
-            busy = f"timeout {step_at} sh -c 'while :; do :; done'"
-            ls_cmd = ["sh", "-c", f"sleep {step_at}; {busy} & {busy}; sleep 3600"]
             print("== RunPodSandbox/CreateContainer/StartContainer through koordnode: LS pod 'web', BE pod 'batch'")
             ls_sb = sandbox_config(bed, "web", qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
             ls_sid = run_pod(cri, ls_sb)
             pods.append(ls_sid)
             ls_cid = start_container(cri, ls_sid, ls_sb, container_config(
-                bed, "web", ls_cmd, resources={"cpu_shares": 2048}))
+                bed, "web", ["sleep", "3600"], resources={"cpu_shares": 1024 * ncpu}))
             be_sb = sandbox_config(bed, "batch", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
             be_sid = run_pod(cri, be_sb)
             pods.append(be_sid)
-            be_cid = start_container(cri, be_sid, be_sb, container_config(
-                bed, "batch", busy_be + [], resources={"cpu_shares": 2}))
-            ls_cg = f"{ls_sb.linux.cgroup_parent}/{ls_cid}"
-            be_cg = f"{be_sb.linux.cgroup_parent}/{be_cid}"
-            be_tier = be_sb.linux.cgroup_parent.rsplit("/", 1)[0]
+            # One busy loop per CPU: a batch job that takes the whole node when it may.
+            start_container(cri, be_sid, be_sb, container_config(
+                bed, "batch", ["sh", "-c", f"{f'sh -c {BUSY_LOOP!r} & ' * ncpu} wait"]))
+            where = Placement(kn)
+            where.wait([ls_sid, be_sid], be_sid)
+            print(f"== koordnode put LS 'web' in {where.pod_cgroups[ls_sid]}")
+            print(f"== koordnode put BE 'batch' in {where.pod_cgroups[be_sid]} (kubelet asked for "
+                  f"{be_sb.linux.cgroup_parent}); the BE budget goes on {where.be_tier}")
+            print(f"== watch it live from another terminal: cd {REPO} && python3 -m koordnode top "
+                  f"--config {kn.config_path}")
             tail = Tail(kn.log_path)
-            print(f"== live view for {args.seconds} s (the LS load steps up at {step_at} s and stops at {2 * step_at} s)")
-            print(f"{'t':>3}  {'LS cpu':>7}  {'BE cpu':>7}  {'PSI cpu some avg10':>18}  {'BE tier quota':>13}")
-            last = (cpu_usage_ns(ls_cg), cpu_usage_ns(be_cg), time.monotonic())
-            for t in range(1, args.seconds + 1):
+            busy_from = max(seconds // 3, 2)
+            busy_until = max(2 * seconds // 3, busy_from + 1)
+            print(f"== live view for {seconds} s: LS quiet, busy on {ncpu} CPUs from {busy_from} s to "
+                  f"{busy_until} s, then quiet again; BE busy on {ncpu} CPUs throughout")
+            print(f"{'t':>3}  {'phase':8}  {'LS cpus':>7}  {'BE cpus':>7}  {'other cpus':>10}  {'PSI cpu some avg10':>18}  "
+                  f"{'BE quota µs':>12}")
+
+            def usage() -> tuple[int | None, int | None, int | None, float]:
+                return (cpu_usage_ns(where.pod_cgroups.get(ls_sid, "")),
+                        cpu_usage_ns(where.pod_cgroups.get(be_sid, "")), node_busy_ns(), time.monotonic())
+
+            def rate(now: int | None, before: int | None, dt: float) -> float | None:
+                return (now - before) / 1e9 / dt if now is not None and before is not None else None
+
+            last = usage()
+            for t in range(1, seconds + 1):
                 if stop:
                     break
-                time.sleep(1)
-                now = (cpu_usage_ns(ls_cg), cpu_usage_ns(be_cg), time.monotonic())
-                dt = now[2] - last[2]
-                ls_pct = (now[0] - last[0]) / 1e9 / dt * 100
-                be_pct = (now[1] - last[1]) / 1e9 / dt * 100
+                if t == busy_from + 1:
+                    start_ls_load(cri, ls_cid, busy_until - busy_from, ncpu)
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - last[3])))
+                where.refresh()  # follow the pods wherever koordnode has them now
+                now = usage()
+                dt = now[3] - last[3]
+                ls, be, node = (rate(now[i], last[i], dt) for i in range(3))
                 last = now
-                quota = read(CG / "cpu" / be_tier.lstrip("/") / "cpu.cfs_quota_us")
-                print(f"{t:>3}  {ls_pct:6.1f}%  {be_pct:6.1f}%  {psi_cpu():>18}  {quota:>13}")
+                # Everything else the node ran: koordnode, containerd, and whatever runs beside the demo.
+                other = node - (ls or 0.0) - (be or 0.0) if node is not None else None
+                phase = BUSY if busy_from < t <= busy_until else QUIET
+                quota = cfs_quota_us(where.be_tier)
+                pressure = psi_cpu()
+                print(f"{t:>3}  {phase:8}  {_cpus(ls):>7}  {_cpus(be):>7}  {_cpus(other):>10}  {pressure:>18}  {quota:>12}")
+                if record is not None:
+                    record.write(json.dumps({"t": t, "phase": phase, "ls_cpus": ls, "be_cpus": be, "other_cpus": other,
+                                             "psi_cpu_some_avg10": pressure, "be_quota_us": quota,
+                                             "be_quota_cgroup": where.be_tier,
+                                             "ls_cgroup": where.pod_cgroups.get(ls_sid),
+                                             "be_cgroup": where.pod_cgroups.get(be_sid)}) + "\n")
+                    record.flush()
                 for change in tail.writes():
                     print(f"       koordnode: {change}")
             print("== koordnode status (what it applied and why):")
@@ -148,12 +255,18 @@ def main() -> int:
                     print(f"   (remove {sid[:12]}: {exc})")
             cri.close()
             kn.stop()
+            if record is not None:
+                record.close()
     if args.keep_logs:
         print(f"== logs kept under {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
     print("== done: no pods, cgroups, sockets or processes left")
     return 0
+
+
+def _cpus(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

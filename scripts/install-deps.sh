@@ -13,6 +13,8 @@ APT_PACKAGES=(
     qemu-system-x86 debootstrap e2fsprogs                       # the VM lane (tests/vm): Debian 13 guest
     gcc libc6-dev                                               # bench/ls_latency.py builds its static probe
     openssl                                                     # the real-node bed: the API server's service-account key
+    tmux                                                        # tests/test_top.py drives `koordnode top` in a real terminal
+    prometheus                                                  # promtool: tests/test_monitoring.py checks the rules and /metrics
 )
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)                                  # the foreign (grpc-js) CRI client
@@ -41,6 +43,8 @@ fi
 # (Harmless no-op when systemd is not PID 1.)
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now containerd.service >/dev/null 2>&1 || true
+    # Only promtool is wanted from the prometheus package, not a Prometheus server.
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
 fi
 
 # A Debian-managed python3 refuses pip installs without this; other Pythons ignore it.

@@ -29,3 +29,6 @@ def cri_proxy(koordnode):
     cri = Cri(koordnode.listen)
     yield cri
     cri.close()
+
+
+from kube_cluster_support import plane  # noqa: E402,F401  (the [kubernetes] tests' control plane)

@@ -82,6 +82,23 @@ def container_cgroup(pod_cgroup: str, container_id: str) -> str:
     return f"{pod_cgroup}/{container_id.removeprefix('containerd://')}"
 
 
+# A klog line: severity letter, date, time, thread id, file:line] message.
+_KLOG = re.compile(r"^(?P<severity>[IWEF])\d{4} [\d:.]+\s+\d+ (?P<source>[\w.-]+:\d+)\] (?P<message>.*)$")
+_RUNTIME_WORDS = re.compile(r"rpc error|runtime|CRI|sandbox|container", re.IGNORECASE)
+_VOLATILE = re.compile(r"koordnode-test-[0-9a-f]+|kn-node-[a-z]|[0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\d+(\.\d+)?")
+
+
+def runtime_errors(kubelet_log: str) -> list[str]:
+    """kubelet's error lines about the runtime (CRI calls, sandboxes, containers), with ids,
+    uids and numbers blanked so that the same error of two runs compares equal."""
+    found = []
+    for line in kubelet_log.splitlines():
+        match = _KLOG.match(line)
+        if match and match["severity"] in "EF" and _RUNTIME_WORDS.search(match["message"]):
+            found.append(f"{match['source']}] " + _VOLATILE.sub("#", match["message"]))
+    return list(dict.fromkeys(found))
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver for the whole session, with node identities for ``NODE_NAMES``."""

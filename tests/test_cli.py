@@ -78,7 +78,7 @@ def test_python_dash_m_koordnode_works() -> None:
 def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("run", "check-config", "status", "version"):
+    for command in ("run", "check-config", "status", "top", "version"):
         assert f"    {command}" in out
     assert "/etc/koordnode/koordnode.toml" in out
     assert "exit codes" in out
@@ -227,6 +227,38 @@ def test_status_calls_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "koordnode.admin.client", module)
     assert cli.main(["status", "--json"]) == 0
     assert calls == [(Config(), True)]
+
+
+def test_top_hands_the_configured_socket_and_roots_to_the_view(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from koordnode.admin import top
+
+    calls: list[dict[str, Any]] = []
+
+    def top_command(admin_socket: str, cgroup_root: str, procfs_root: str, **kwargs: Any) -> int:
+        calls.append(dict(admin_socket=admin_socket, cgroup_root=cgroup_root, procfs_root=procfs_root, **kwargs))
+        return 0
+
+    monkeypatch.setattr(top, "top_command", top_command)
+    config = tmp_path / "koordnode.toml"
+    config.write_text(f'[admin]\nsocket = "{tmp_path}/a.sock"\n[cgroup]\nroot = "{tmp_path}"\n')
+    assert cli.main(["top", "--config", str(config), "--once", "--sort", "memory", "--class", "BE"]) == 0
+    (call,) = calls
+    assert (call["admin_socket"], call["cgroup_root"], call["procfs_root"]) == (f"{tmp_path}/a.sock", str(tmp_path), "/proc")
+    assert call["once"] is True and call["interval_s"] == 1.0
+    assert (call["view"].sort, call["view"].qos_class) == ("memory", "BE")
+    assert cli.main(["top", "--config", str(config), "--socket", "/run/x.sock"]) == 0
+    assert calls[-1]["admin_socket"] == "/run/x.sock"
+
+
+def test_top_refuses_a_bad_interval_and_a_bad_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["top", "--interval", "0"]) == 2
+    assert "--interval: expected seconds in [0.1, 60]" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[proxy]\nlistn = 1\n")
+    assert cli.main(["top", "--config", str(bad)]) == 2
+    assert "proxy.listn: unknown key" in capsys.readouterr().err
 
 
 def test_an_import_error_inside_an_existing_module_is_not_hidden(

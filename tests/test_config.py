@@ -174,6 +174,40 @@ def test_error_names_its_key_path(text: str, error: str) -> None:
     assert errors_of(text) == [error]
 
 
+# ---------------------------------------------------------------------------------------------
+# [kubernetes]
+
+
+def test_kubernetes_is_off_by_default() -> None:
+    kube = Config().kubernetes
+    assert kube.enable is False
+    assert (kube.kubeconfig, kube.node_name) == ("", "")
+    assert kube.service_account_dir == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert (kube.evictions_per_window, kube.eviction_window_s) == (3, 60.0)
+    assert (kube.nodeslo, kube.pod_facts, kube.node_metric) == (True, True, True)
+
+
+def test_kubernetes_accepts_a_kubeconfig_and_a_node_name() -> None:
+    kube = parse_config('[kubernetes]\nenable = true\nkubeconfig = "/etc/koordnode/kubeconfig"\n'
+                        'node_name = "worker-1.example"\nevictions_per_window = 10').kubernetes
+    assert kube.enable and kube.kubeconfig == "/etc/koordnode/kubeconfig"
+    assert (kube.node_name, kube.evictions_per_window) == ("worker-1.example", 10)
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('[kubernetes]\nnode_name = "Worker_1"',
+     "kubernetes.node_name: expected a node name (lower-case DNS subdomain, at most 253 characters) "
+     "or \"\", got 'Worker_1'"),
+    ('[kubernetes]\nkubeconfig = "kubeconfig"',
+     "kubernetes.kubeconfig: expected an absolute path or \"\", got 'kubeconfig'"),
+    ("[kubernetes]\nevictions_per_window = 0",
+     "kubernetes.evictions_per_window: expected an integer in [1, 1000], got 0"),
+    ('[kubernetes]\nenable = "yes"', 'kubernetes.enable: expected true or false, got "yes"'),
+])
+def test_kubernetes_rejects(text: str, error: str) -> None:
+    assert errors_of(text) == [error]
+
+
 def test_all_errors_are_reported_together() -> None:
     text = """
 unknown_top = 1

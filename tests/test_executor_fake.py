@@ -327,6 +327,26 @@ def test_overwrite_by_another_writer_is_noticed_counted_and_restored(tmp_path: P
     assert sum(ex.overwrites.values()) == 2
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_kernel_resetting_the_weight_of_a_group_leaving_idle_is_not_an_overwrite(
+        tmp_path: Path, version: str) -> None:
+    root = tree(tmp_path, version)
+    weight_file, default, other = ("cpu.shares", "1024", "512") if version == "v1" else ("cpu.weight", "100", "50")
+    ex = CgroupExecutor(root)
+    assert ex.apply([W(POD, "cpu.shares", 2)])[0].status is WriteStatus.WRITTEN
+    ex.apply([W(POD, "cpu.idle", 1)])
+    ex.apply([W(POD, "cpu.idle", 0)])
+    # What the kernel does on cpu.idle 1 -> 0: the group is back at the default weight.
+    write_cgroup_file(root, POD, weight_file, default)
+    result = ex.apply([W(POD, "cpu.shares", 2)])[0]
+    assert (result.status, result.overwritten) == (WriteStatus.WRITTEN, False)
+    assert ex.overwrites == {}
+    # Once koordnode owns the weight again, another writer changing it is noticed.
+    write_cgroup_file(root, POD, weight_file, other)
+    assert ex.apply([W(POD, "cpu.shares", 2)])[0].overwritten
+    assert ex.overwrites == {"cpu.shares": 1}
+
+
 def test_recreated_cgroup_is_not_an_overwrite(tmp_path: Path) -> None:
     root = tree(tmp_path, "v2")
     ex = CgroupExecutor(root)

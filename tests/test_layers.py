@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "koordnode.policy": 2,
     "koordnode.executor": 3,
     "koordnode.cri": 4,
+    "koordnode.kube": 4,
     "koordnode.metrics": 5,
     "koordnode.observe": 5,
     "koordnode.hooks": 6,

@@ -149,6 +149,18 @@ def test_cri_calls_by_method_and_code(metrics: Metrics) -> None:
     assert value(metrics, hist + "_sum", method="CreateContainer") == pytest.approx(0.204)
 
 
+def test_hook_delay_is_the_latency_koordnode_adds_per_method(metrics: Metrics) -> None:
+    metrics.observe_hook_delay("CreateContainer", 0.0004)
+    metrics.observe_hook_delay("CreateContainer", 0.03)
+    metrics.observe_hook_delay("/evil/path", 0.001)
+    metrics.observe_hook_delay("RunPodSandbox", -1.0)  # a clock step backwards is not a latency
+    hist = "koordnode_cri_hook_delay_seconds"
+    assert value(metrics, hist + "_count", method="CreateContainer") == 2
+    assert value(metrics, hist + "_bucket", method="CreateContainer", le="0.0005") == 1
+    assert value(metrics, hist + "_count", method="other") == 1
+    assert value(metrics, hist + "_count", method="RunPodSandbox") is None
+
+
 def test_method_and_code_labels_stay_bounded_whatever_the_client_sends(metrics: Metrics) -> None:
     # The method comes from the client's :path: made-up names must not each make a series.
     for i in range(500):

@@ -194,6 +194,7 @@ def test_deb_contents(packages: Packages, tmp_path: Path) -> None:
         CONF: "-rw-r--r--",
         "/usr/share/man/man8/koordnode.8.gz": "-rw-r--r--",
         "/usr/share/doc/koordnode/copyright": "-rw-r--r--",
+        "/usr/share/doc/koordnode/koordnode-rbac.yaml": "-rw-r--r--",
     }.items():
         assert files[path].startswith(mode), path
     assert all(" root/root" in entry for entry in files.values())

@@ -39,6 +39,29 @@ def render_status(status: dict[str, Any]) -> str:
     ]
     for error in reload.get("errors", []) or []:
         lines.append(f"  reload error: {error}")
+    keys = config.get("keys") or {}
+    # Keys not at their default, with where the value came from (--json lists every key).
+    for key, entry in sorted(keys.items()):
+        if isinstance(entry, dict) and entry.get("source") in ("toml", "nodeslo") and not key.startswith(
+                ("proxy.", "admin.", "metrics.", "log.", "qos_manager.kubepods_cgroup", "kubernetes.")):
+            lines.append(f"  {key} = {json.dumps(entry.get('value'))}  source: {entry['source']}")
+    kube = status.get("kubernetes") or {}
+    if kube.get("node_name"):
+        slo = kube.get("nodeslo") or {}
+        lines.append(f"cluster {kube.get('server')} as node {kube['node_name']}: api server {kube.get('api_server')}")
+        lines.append(f"  nodeslo {slo.get('state', '?')} (version {slo.get('resource_version')}); "
+                     f"refused {slo.get('refused_total', 0)}")
+        for error in (slo.get("last_refused") or {}).get("errors", [])[:5]:
+            lines.append(f"  nodeslo refused: {error}")
+        evictions = (kube.get("evictions") or {}).get("counts") or {}
+        lines.append(f"  pod facts {(kube.get('pod_facts') or {}).get('pods', 0)} pods; evictions "
+                     + (", ".join(f"{k} {v}" for k, v in sorted(evictions.items())) or "none")
+                     + f"; node metric {(kube.get('node_metric') or {}).get('state', '?')}")
+    elif kube.get("error"):
+        lines.append(f"cluster {kube['error']}")
+    batch = status.get("batch_allocatable") or {}
+    if "cpu_cores" in batch:
+        lines.append(f"batch allocatable  cpu {batch['cpu_cores']} cores, memory {batch['memory_bytes']} bytes")
     nri = status.get("nri")
     if nri:
         lines = [line for line in lines if not line.startswith("listen  ")]  # no CRI socket served

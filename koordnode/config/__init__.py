@@ -8,7 +8,7 @@ One module per part of the file, each component is handed its own section:
     node          [node]                        classes      [qos.<CLASS>], [qos_mapping]
     resctrl       [resctrl], [qos.<CLASS>.resctrl]           netqos       [net]
     metrics       [metrics]                     qos_manager  [qos_manager]
-    strategies    [strategy.<name>]
+    strategies    [strategy.<name>]             kubernetes   [kubernetes]
     components    EngineSettings, ManagerSettings: the sections the QoS engine / manager read
     root          Config: one field per section, checks across sections
     loader        parse / load / reload, errors with key paths, TOML output, key descriptions
@@ -29,12 +29,15 @@ from koordnode.config.loader import (
     Setting,
     describe_settings,
     from_dict,
+    key_sources,
     load_config,
     parse_config,
     reload_config,
     to_dict,
     to_toml,
+    with_nodeslo,
 )
+from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.metrics import MetricsConfig
 from koordnode.config.netqos import NetQoSConfig
 from koordnode.config.node import NodeConfig
@@ -57,6 +60,7 @@ __all__ = [
     "EngineSettings",
     "FailurePolicy",
     "KubeQoSMapping",
+    "KubernetesConfig",
     "LogConfig",
     "LogFormat",
     "LogLevel",
@@ -79,6 +83,7 @@ __all__ = [
     "SysfsConfig",
     "describe_settings",
     "from_dict",
+    "key_sources",
     "load_config",
     "parse_config",
     "reload_config",
@@ -87,4 +92,5 @@ __all__ = [
     "to_dict",
     "to_toml",
     "unix_socket_path",
+    "with_nodeslo",
 ]

@@ -47,11 +47,13 @@ __all__ = [
     "Setting",
     "describe_settings",
     "from_dict",
+    "key_sources",
     "load_config",
     "parse_config",
     "reload_config",
     "to_dict",
     "to_toml",
+    "with_nodeslo",
 ]
 
 _T = TypeVar("_T")
@@ -127,8 +129,39 @@ def from_dict(cls: type[_T], data: Mapping[str, Any], source: str = "<dict>") ->
 
 
 def reload_config(current: Config) -> Config:
-    """Read the configuration again the way ``current`` was loaded (same path and overrides)."""
-    return load_config(current.path, overrides=current.overrides)
+    """Read the configuration again the way ``current`` was loaded (same path and overrides,
+    the same NodeSLO table below the file)."""
+    config = load_config(current.path, overrides=current.overrides)
+    return with_nodeslo(config, current.nodeslo) if current.nodeslo is not None else config
+
+
+def with_nodeslo(config: Config, nodeslo: Mapping[str, Any] | None) -> Config:
+    """`config` with a NodeSLO's table (koordnode.kube.nodeslo) below its local file: a key the
+    file (or an override) sets wins, the NodeSLO's next, then the built-in default. ConfigError
+    when the NodeSLO's values, alone or merged, do not validate (nothing of it is applied then)."""
+    local = _thaw(config.local) if config.local is not None else {}
+    if nodeslo is None:
+        merged = from_dict(Config, local, config.source)
+    else:
+        from_dict(Config, nodeslo, "NodeSLO")  # its own values first: the errors name its keys alone
+        merged = from_dict(Config, _merge(_thaw(nodeslo), local), f"{config.source} over NodeSLO")
+    return dataclasses.replace(merged, source=config.source, path=config.path, overrides=config.overrides,
+                               local=config.local, nodeslo=_freeze(nodeslo) if nodeslo is not None else None)
+
+
+def key_sources(config: Config) -> dict[str, str]:
+    """Per key (as describe_settings names it): "toml" (the local file or a command-line
+    override), "nodeslo" (the NodeSLO applied below it) or "default"."""
+    def has(table: Mapping[str, Any] | None, key: str) -> bool:
+        value: Any = table
+        for part in key.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                return False
+            value = value[part]
+        return True
+
+    return {item.key: "toml" if has(config.local, item.key) else "nodeslo" if has(config.nodeslo, item.key)
+            else "default" for item in describe_settings()}
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -172,7 +205,7 @@ def _build_config(
         raw = _merge(raw, overrides)
     config = from_dict(Config, raw, source)
     return dataclasses.replace(
-        config, source=source, overrides=_freeze(overrides) if overrides else None
+        config, source=source, overrides=_freeze(overrides) if overrides else None, local=_freeze(raw)
     )
 
 
@@ -188,6 +221,12 @@ def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    return value
 
 
 def _freeze(value: Any) -> Any:

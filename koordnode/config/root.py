@@ -14,6 +14,7 @@ from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
 from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig
 from koordnode.config.fields import internal, section
+from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.metrics import MetricsConfig
 from koordnode.config.netqos import NetQoSConfig
 from koordnode.config.node import NodeConfig
@@ -50,12 +51,19 @@ class Config:
     net: NetQoSConfig = section(NetQoSConfig, doc="egress shaping per class (tc HTB + nftables)")
     qos_manager: QoSManagerConfig = section(QoSManagerConfig, doc="the QoS manager loop: ticks and PSI wake-ups")
     strategy: StrategyConfig = section(StrategyConfig, doc="QoS manager strategies, [strategy.<name>]")
+    kubernetes: KubernetesConfig = section(
+        KubernetesConfig, doc="in a cluster: NodeSLO, pod facts, evictions and NodeMetric through the API server"
+    )
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = internal(DEFAULTS_SOURCE)
     # What load_config was called with, so reload_config can repeat it.
     path: str | None = internal(None)
     overrides: Mapping[str, Any] | None = internal(None)
+    # The local file's table with the overrides merged in (what "source: toml" means), and the
+    # NodeSLO's table below it ([kubernetes]; None: none applied). The values above are both merged.
+    local: Mapping[str, Any] | None = internal(None)
+    nodeslo: Mapping[str, Any] | None = internal(None)
 
     @property
     def uses_defaults(self) -> bool:

@@ -42,6 +42,9 @@ from koordnode.executor.resources import (
 )
 
 
+# What the kernel changes by itself when a cgroup's cpu.idle changes.
+_WEIGHT_FILES = ("cpu.shares", "cpu.weight", "cpu.weight.nice")
+
 class WriteStatus(str, enum.Enum):
     WRITTEN = "written"  # the file now holds the value (changed, or re-written when forced)
     UNCHANGED = "unchanged"  # the file already held the value; nothing written
@@ -272,6 +275,11 @@ class _Converger:
             detail = f"read back {back.strip()!r} after writing {text!r}"
             return self._failed(write, path, old, text, detail, read_back=back.strip())
         self._remember(target)
+        if path.name == "cpu.idle":
+            # The kernel resets a group's weight when its idle flag changes: the weight file
+            # then differs from what koordnode wrote, but no other writer changed it.
+            for weight in _WEIGHT_FILES:
+                self._owned.pop(path.with_name(weight), None)
         if overwritten:
             self._last_overwrite[self._resource_name(write)]["restored"] = text
             self._log.info(f"{self._event}_restored", path=str(path), old=old, new=text, **fields)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
+from koordnode.metrics import METRICS
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class ChainInterceptor:
             await self._chain.run_pre(call)
         except HookFailed as exc:
             return Interception(request=request, failure=str(exc), token=call, log_fields=call_ids(call))
+        finally:
+            METRICS.observe_hook_delay(method, time.monotonic() - call.started)
         return Interception(request=call.request, token=call, log_fields=call_ids(call))
 
     def after(self, token: Any, sent_request: Any, response: Any, grpc_status: int | None,

@@ -64,6 +64,7 @@ from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
 from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
+from koordnode.model.pod_facts import PodFacts
 
 log = structlog.get_logger("koordnode.qos")
 
@@ -231,6 +232,7 @@ class _PlanKey(NamedTuple):
     be_cpus: frozenset[int] | None
     pod_resources: Any
     containers: tuple[Any, ...]
+    facts: PodFacts | None  # from the API server: a pod is planned again when they arrive or change
 
 
 @dataclasses.dataclass
@@ -327,6 +329,8 @@ class QoSEngine:
         # NRI mode: pool changes of running containers go to the runtime as container updates
         # (container id -> cpuset) instead of being written to their cgroups here.
         self.pool_updates = pool_updates
+        # [kubernetes] pod_facts: a pod's facts from the API server by UID (None: CRI alone).
+        self.pod_facts: Callable[[str], PodFacts | None] | None = None
         self.container_records: dict[str, Record] = {}
         # LSE/LSR containers whose recorded allocation was refused at restore: they ask again.
         self.reallocate: set[str] = set()
@@ -391,16 +395,21 @@ class QoSEngine:
     def classify(self, labels: Mapping[str, str], cgroup_parent: str) -> ClassDecision:
         return resolve_qos_class(labels, cgroup_parent, self.mapping)
 
-    @staticmethod
-    def pod_input(cfg: pb.PodSandboxConfig) -> PodInput:
+    def _memory_requests(self, uid: str) -> Mapping[str, int] | None:
+        """The API's memory requests of a pod's containers ([kubernetes] pod_facts); None: not known."""
+        facts = self.pod_facts(uid) if self.pod_facts is not None and uid else None
+        return facts.memory_requests if facts is not None else None
+
+    def pod_input(self, cfg: pb.PodSandboxConfig) -> PodInput:
         return PodInput(uid=cfg.metadata.uid, name=cfg.metadata.name, namespace=cfg.metadata.namespace,
                         labels=dict(cfg.labels), annotations=dict(cfg.annotations),
-                        cgroup_parent=cfg.linux.cgroup_parent)
+                        cgroup_parent=cfg.linux.cgroup_parent,
+                        memory_requests=self._memory_requests(cfg.metadata.uid))
 
-    @staticmethod
-    def pod_input_from_record(pod: PodRecord) -> PodInput:
+    def pod_input_from_record(self, pod: PodRecord) -> PodInput:
         return PodInput(uid=pod.uid, name=pod.name, namespace=pod.namespace, labels=pod.labels,
-                        annotations=pod.annotations, cgroup_parent=pod.cgroup_parent)
+                        annotations=pod.annotations, cgroup_parent=pod.cgroup_parent,
+                        memory_requests=self._memory_requests(pod.uid))
 
     def _driver(self) -> str:
         return self.settings.cgroup.driver
@@ -818,7 +827,10 @@ class QoSEngine:
             return None
         allocator = self.allocator
         return _PlanKey(pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
-                        self.pod_resources.get(pod.sandbox_id), containers)
+                        self.pod_resources.get(pod.sandbox_id), containers, self._facts_of(pod.uid))
+
+    def _facts_of(self, uid: str) -> PodFacts | None:
+        return self.pod_facts(uid) if self.pod_facts is not None and uid else None
 
     def _containers_key(self, running: list[Any]) -> tuple[Any, ...] | None:
         parts = []
@@ -838,7 +850,7 @@ class QoSEngine:
         key = entry.key
         return (key is not None and key.pod is pod and key.pod_in is None and key.settings is self.settings
                 and key.features == self.features and key.pod_resources is self.pod_resources.get(pod.sandbox_id)
-                and key.containers == self._containers_key(running))
+                and key.containers == self._containers_key(running) and key.facts is self._facts_of(pod.uid))
 
     def _be_cpus(self) -> frozenset[int] | None:
         cpus = self.be_cpuset_override() if self.be_cpuset_override is not None else None
@@ -1333,6 +1345,11 @@ class QoSEngine:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
         published = self._published
         for pod in snapshot.get("pods", []):
+            # Where the pod is: the cgroup this engine writes (`koordnode top` reads it there).
+            try:
+                pod["cgroup"] = self._pod_cgroup(pod.get("cgroup_parent") or "")
+            except UnsafePathError:
+                pod["cgroup"] = None
             rec = published.pod_records.get(pod["sandbox_id"])
             if rec is not None:
                 pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),

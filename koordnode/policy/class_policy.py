@@ -67,6 +67,8 @@ class PodInput:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     cgroup_parent: str = ""
+    # container name -> memory request from the API server's pod spec; None: not known
+    memory_requests: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,7 @@ def _memory_request(
     resources: ContainerResources,
     limit: int,
     batch: BatchResources | None,
+    api_request: int | None = None,
 ) -> tuple[int | None, str]:
     """The container's memory request (not in CRI), and where it came from."""
     if decision.kube_qos is KubeQoS.GUARANTEED and limit > 0:
@@ -289,9 +292,12 @@ def _memory_request(
             value = -1
         if value > 0:
             return value, f"request from kubelet's unified {key}"
+    if api_request is not None and api_request > 0:
+        return api_request, "request from the pod spec (API server)"
     if batch is not None and batch.memory_request_bytes is not None:
         return batch.memory_request_bytes, "request from the batch-memory request annotation"
-    sources = [f"{decision.kube_qos.value}", "no memory.min/low in unified", "no annotation"]
+    sources = [f"{decision.kube_qos.value}", "no memory.min/low in unified", "no annotation",
+               "not known to the API server" if api_request is None else "no request in the pod spec"]
     return None, "no memory request known (" + ", ".join(sources) + ")"
 
 
@@ -406,7 +412,8 @@ def plan_container(
     if not numbers.enabled:
         notes.append(numbers.why_disabled)
     else:
-        request, request_source = _memory_request(decision, resources, limit, batch)
+        api_request = pod.memory_requests.get(container.name, 0) if pod.memory_requests is not None else None
+        request, request_source = _memory_request(decision, resources, limit, batch, api_request)
         memory = _memory_protection(numbers, request, limit)
         if request is None and (numbers.min_percent or numbers.low_percent):
             notes.append(f"memory protection 0: {request_source}")

@@ -35,7 +35,7 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
 from koordnode.model.cpu_topology import CpuTopology
-from koordnode.policy.strategies.base import Inventory, Strategy
+from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
@@ -115,6 +115,7 @@ class QoSManager:
         self._runner = StrategyRunner(strategies, settings.strategy, executor, self._procfs, self.collector, self._book)
         self._tick_lock = threading.Lock()
         self.last_node: Any = None  # the NodeSample of the last tick
+        self.last_snapshot: TickSnapshot | None = None
         self.on_tick = on_tick
 
         # Loop side.
@@ -244,7 +245,9 @@ class QoSManager:
         if self._pressure_watch_note:
             watch["note"] = self._pressure_watch_note
         history = self.history
-        node_series = [n for n in history.names() if n.startswith("node/") or n.startswith("tier/")]
+        names = history.names()
+        node_series = [n for n in names if n.startswith("node/") or n.startswith("tier/")]
+        pod_series = [n for n in names if n.startswith("pod/") and n.endswith("/cpu")]
         return {
             "trigger_mode": watch["mode"],
             "pressure_watch": watch,
@@ -254,6 +257,9 @@ class QoSManager:
             "ticks": self._book.ticks_status(self._settings.tick_ms),
             "strategies": self._runner.status(),
             "node": history.summaries(node_series),
+            # CPUs each pod used over the last tick, by sandbox id (what the strategies saw).
+            "pod_cpu": {name.split("/")[1]: summary.get("last")
+                        for name, summary in history.summaries(pod_series).items()},
             "collector": {
                 "errors": self.collector.errors,
                 "last_error": self.collector.last_error,
@@ -465,6 +471,7 @@ class QoSManager:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
         self.last_node = measured.node
+        self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies
             collector, targets = self.collector, measured.watch_targets
             report.usage_targets = {name: path for name, path in

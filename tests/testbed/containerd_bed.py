@@ -38,11 +38,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 import grpc
 
-from .images import BUSYBOX_IMAGE_REF, PAUSE_IMAGE_REF, build_test_images
+from .images import BUSYBOX_IMAGE_REF, PAUSE_IMAGE_REF, BuiltImage, build_test_images
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CGROUP_FS_ROOT = Path("/sys/fs/cgroup")
@@ -52,7 +52,9 @@ REQUIRED_CNI_PLUGINS = ("bridge", "host-local", "portmap")
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CNI_RESULT_CACHE = Path("/var/lib/cni/results")
 _HARDCODED_HOST_DIRS = (SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent, CNI_RESULT_CACHE, CNI_RESULT_CACHE.parent)
-_MAX_UNIX_SOCKET_PATH = 100  # sun_path is 108 bytes; keep room for ".ttrpc"
+# containerd refuses socket paths over 104 bytes (its limit, below sun_path's 108), and its
+# ttrpc socket is the main one plus ".ttrpc".
+_MAX_UNIX_SOCKET_PATH = 104 - len(".ttrpc")
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _LOG_RUN_MARKER = "===== koordnode test bed"
@@ -354,12 +356,17 @@ class ContainerdBed:
         bin_dir: Path | str | None = None,
         nri_socket: Path | str | None = None,
         systemd_cgroup: bool = False,
+        extra_images: Callable[[Path], Sequence[BuiltImage]] | None = None,
+        pause_image: str | None = None,
     ) -> None:
         """``bin_dir``: where ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` come from
         (e.g. ``containerd_dist.containerd_bin_dir("forky")``); default: the host's PATH.
         ``nri_socket``: enable containerd's NRI plugin on this socket (otherwise NRI is off,
         also on 2.x where it defaults to on with a host-wide socket).
         ``systemd_cgroup``: runc's systemd cgroup driver (``SystemdCgroup = true``).
+        ``extra_images``: builds more image archives (in the directory it is given) to import at
+        start, next to the bed's pause and busybox; ``pause_image``: the sandbox image, when it
+        is not the bed's pause (then one of ``extra_images``).
         """
         self.id = secrets.token_hex(3)
         self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else None
@@ -381,7 +388,8 @@ class ContainerdBed:
             self.socket = self._socket_dir / "containerd.sock"
         self.address = f"unix://{self.socket}"
         self.namespace = CRI_NAMESPACE
-        self.pause_image = PAUSE_IMAGE_REF
+        self.pause_image = pause_image or PAUSE_IMAGE_REF
+        self._extra_images = extra_images
         self.busybox_image = BUSYBOX_IMAGE_REF
         self.network_name = f"koordnode-test-{self.id}"
         self.bridge_name = f"knbr{self.id}"
@@ -430,7 +438,8 @@ class ContainerdBed:
         # Hard-coded host dirs containerd/libcni may create; removed again at stop if empty.
         self._host_dirs_created = [d for d in _HARDCODED_HOST_DIRS if not d.exists()]
 
-        images = build_test_images(self.image_dir)
+        images = [*build_test_images(self.image_dir),
+                  *(self._extra_images(self.image_dir) if self._extra_images is not None else ())]
         self.timings.images_built = time.monotonic() - began
 
         self.snapshotter = self._requested_snapshotter or (
@@ -452,7 +461,7 @@ class ContainerdBed:
             self.timings.containerd_ready = time.monotonic() - began
             for image in images:
                 self.ctr("images", "import", "--snapshotter", self.snapshotter, str(image.archive))
-            self._wait_images_visible([self.pause_image, self.busybox_image])
+            self._wait_images_visible(sorted({self.pause_image, self.busybox_image, *(i.ref for i in images)}))
             self.timings.images_imported = time.monotonic() - began
         except BaseException:
             self.stop()
@@ -488,6 +497,14 @@ class ContainerdBed:
                 directory.rmdir()  # only when empty: another bed may still use it
 
     # ----- CRI / ctr access ---------------------------------------------
+
+    def restart_containerd(self) -> None:
+        """Stop containerd (SIGTERM) and start it again on the same state; shims and the
+        containers they run stay up, as on a node whose containerd service restarts."""
+        self._close_channel()
+        self._terminate_containerd()
+        self._launch()
+        self._wait_ready()
 
     def channel(self) -> grpc.Channel:
         """A shared gRPC channel to the bed's containerd socket."""

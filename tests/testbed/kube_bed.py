@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -32,6 +33,7 @@ from typing import Any
 
 from .containerd_bed import BedError, _mount_points, _unmount
 from .k8s_dist import component_bin
+from .kube_client import KubeClient
 
 CGROUP_V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "systemd")
 _SERVICE_CIDR = "10.96.0.0/24"  # never routed: kubelet and the API server only need a range to name
@@ -177,6 +179,7 @@ class ControlPlane:
             [str(component_bin("kubernetes") / "kube-apiserver"),
              f"--etcd-servers={self.etcd_url}", f"--etcd-prefix=/registry-{self.id}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+             "--endpoint-reconciler-type=none",  # a loopback advertise address needs no kubernetes endpoint
              f"--cert-dir={self.cert_dir}", f"--token-auth-file={self.cert_dir / 'tokens.csv'}",
              "--authorization-mode=Node,RBAC", "--allow-privileged=true",
              f"--service-account-key-file={key.with_suffix('.pub')}",
@@ -184,22 +187,20 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--service-cluster-ip-range={_SERVICE_CIDR}",
              "--disable-admission-plugins=ServiceAccount",
-             "--enable-priority-and-fairness=false", "--v=1"],
+             "--enable-priority-and-fairness=false", "--v=1",
+             # Never resolve node names through DNS: this bed's nodes exist on loopback only.
+             "--kubelet-preferred-address-types=InternalIP"],
             stdin=subprocess.DEVNULL, stdout=self._open_log(self.log_path), stderr=subprocess.STDOUT,
             start_new_session=True)
         _wait("kube-apiserver", self._ready, 120, self._apiserver, self.log_path)
 
     def _ready(self) -> bool:
-        from support.kube import KubeClient
-
         if not self.ca_file.exists():
             return False
         client = KubeClient(self.host, self.port, self.tokens["admin"], str(self.ca_file), timeout=5)
         return client.raw("GET", "/readyz") == "ok"
 
-    def client(self, user: str = "admin"):
-        from support.kube import KubeClient
-
+    def client(self, user: str = "admin") -> KubeClient:
         return KubeClient(self.host, self.port, self.tokens[user], str(self.ca_file))
 
     def kubeconfig(self, path: Path, token: str) -> Path:
@@ -345,6 +346,27 @@ class Kubelet:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str, timeout: float = 30.0) -> Any:
+        """GET from kubelet's own API (``/stats/summary``, ``/pods``, ``/metrics``...), JSON decoded when it is JSON.
+
+        kubelet serves it with its self-signed certificate (``pki/kubelet.crt``), made for its node name."""
+        tls = ssl.create_default_context(cafile=str(self.workdir / "pki" / "kubelet.crt"))
+        tls.check_hostname = False  # the certificate names the node, and we dial 127.0.0.1
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.port}{path}", timeout=timeout, context=tls) as response:
+            body = response.read().decode()
+        return json.loads(body) if body.lstrip().startswith(("{", "[")) else body
+
+    def container_log(self, pod: str, container: str, namespace: str = "default") -> str:
+        """What a container printed, from the log files kubelet keeps (the API server would have to
+        dial kubelet by the node's address, which this bed does not serve on)."""
+        text = ""
+        for path in sorted((self.workdir / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            text += path.read_text(errors="replace")
+        return text
+
+    def stats_summary(self) -> dict[str, Any]:
+        return self.get("/stats/summary")
 
     def add_static_pod(self, name: str, pod: dict[str, Any]) -> Path:
         self.static_pod_dir.mkdir(parents=True, exist_ok=True)

@@ -17,11 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from support.koordnode_runner import KoordnodeProcess, short_socket_dir
+from koordnode.cri import api_pb2 as pb
+
+try:  # pytest puts tests/ on sys.path; the benchmarks import this as tests.testbed
+    from support.cri import Cri
+    from support.koordnode_runner import KoordnodeProcess, short_socket_dir
+except ImportError:
+    from tests.support.cri import Cri
+    from tests.support.koordnode_runner import KoordnodeProcess, short_socket_dir
 
 from .containerd_bed import ContainerdBed
 from .k8s_dist import component_bin
 from .kube_bed import ControlPlane, Kubelet
+from .kube_client import KubeClient
 
 Mode = Literal["proxy", "nri", "direct"]
 NODE_NAMES = ("kn-node-a", "kn-node-b", "kn-node-c", "kn-node-d")  # tokens exist for these names only
@@ -34,6 +42,7 @@ class RealNode:
     koordnode: KoordnodeProcess | None
     kubelet: Kubelet
     control_plane: ControlPlane | None
+    namespace: str = "default"  # where this node's pods are created: nodes sharing an API server use their own
 
     @property
     def name(self) -> str:
@@ -43,25 +52,39 @@ class RealNode:
     def kubepods(self) -> str:
         return self.kubelet.kubepods
 
-    def client(self):
+    def client(self) -> KubeClient:
         if self.control_plane is None:
             raise RuntimeError("a standalone node has no API server")
         return self.control_plane.client()
 
-    def create_pod(self, pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
-        """Create ``pod`` bound to this node (no scheduler runs here)."""
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Create ``pod`` in the node's namespace, bound to this node (no scheduler runs here)."""
         pod = dict(pod)
         pod["spec"] = dict(pod["spec"], nodeName=self.name)
-        return self.client().create(f"/api/v1/namespaces/{namespace}/pods", pod)
+        return self.client().create(f"/api/v1/namespaces/{self.namespace}/pods", pod)
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.client().pod(name, self.namespace)
+
+    def pod_path(self, name: str) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+
+    def wait_running(self, name: str, timeout: float = 120.0) -> dict[str, Any]:
+        return self.client().wait_pod_phase(name, "Running", self.namespace, timeout)
 
     def node_ready(self) -> bool:
         node = self.client().get(f"/api/v1/nodes/{self.name}")
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 
-    def restart_koordnode(self) -> None:
-        assert self.koordnode is not None
-        self.koordnode.stop()
-        self.koordnode.start()
+    def containerd_pods(self) -> list[dict[str, Any]]:
+        """Every sandbox containerd has (``id``, ``uid``, ``name``, ``state``), asked directly, not through koordnode."""
+        cri = Cri(self.containerd.address)
+        try:
+            return [{"id": s.id, "uid": s.metadata.uid, "name": s.metadata.name,
+                     "state": pb.PodSandboxState.Name(s.state)}
+                    for s in cri.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items]
+        finally:
+            cri.close()
 
 
 def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
@@ -78,7 +101,7 @@ def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlane | None = None,
-              node_name: str = NODE_NAMES[0], koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
+              node_name: str = NODE_NAMES[0], namespace: str = "default", koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
               feature_gates: dict[str, bool] | None = None) -> Iterator[RealNode]:
     workdir = Path(workdir)
     nri_socket = short_socket_dir() / "nri.sock" if mode == "nri" else None
@@ -99,7 +122,12 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
                 endpoint = f"unix://{koordnode.listen}"
         kubelet = Kubelet(workdir / "kubelet", endpoint, containerd.cgroup_prefix, node_name=node_name,
                           control_plane=control_plane, config=kubelet_config, feature_gates=feature_gates)
-        node = RealNode(mode, containerd, koordnode, kubelet, control_plane)
+        node = RealNode(mode, containerd, koordnode, kubelet, control_plane, namespace)
+        if control_plane is not None and namespace != "default":
+            client = control_plane.client()
+            if not client.exists(f"/api/v1/namespaces/{namespace}"):
+                client.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": namespace}})
         kubelet.start()
         if control_plane is not None:
             control_plane.client().wait_for(f"node {node_name} Ready", node.node_ready, timeout=120)

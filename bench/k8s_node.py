@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""koordnode under a real kubelet: pod start latency, its CPU and memory under kubelet's own
+call load, and kubelet's CRI call rate by method.
+
+Uses the real-node test bed (``scripts/k8s-bed.sh`` builds kubelet, kube-apiserver, etcd and
+containerd 2.x from their Go modules): one etcd + kube-apiserver, then one node per mode, each
+with its own containerd and kubelet:
+
+* **pod start**: ``--pods`` pods (30) created one after another through the API, each timed from
+  the create call to the API reporting it Running, for kubelet → containerd direct, through
+  koordnode's proxy, and with koordnode as containerd's NRI plugin;
+* **load**: on the proxy node, ``--load-pods`` (20, then 100) pods running, koordnode's CPU time
+  and RSS over ``--window`` seconds (60) of kubelet's own calls (PLEG relists, stats, status),
+  and the calls by method from koordnode's counters.
+
+    sudo python3 -m bench.k8s_node [--pods 30] [--load-pods 20,100] [--window 60] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CLK_TCK = 100  # USER_HZ on Linux
+PAGE = 4096
+
+
+def _pod(name: str) -> dict[str, Any]:
+    from tests.testbed.images import BUSYBOX_IMAGE_REF
+
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"koordinator.sh/qosClass": "LS"}},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [
+                {"name": "app", "image": BUSYBOX_IMAGE_REF, "imagePullPolicy": "Never",
+                 "command": ["/bin/sleep", "3600"],
+                 "resources": {"requests": {"cpu": "10m", "memory": "8Mi"}}}]}}
+
+
+def _running(node, name: str) -> bool:
+    return node.pod(name).get("status", {}).get("phase") == "Running"
+
+
+def pod_start_latencies(node, count: int, prefix: str) -> list[float]:
+    latencies = []
+    for i in range(count):
+        name = f"{prefix}-{i}"
+        began = time.monotonic()
+        node.create_pod(_pod(name))
+        while not _running(node, name):
+            if time.monotonic() - began > 120:
+                raise TimeoutError(f"pod {name} not Running after 120 s")
+            time.sleep(0.02)
+        latencies.append(time.monotonic() - began)
+    return latencies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
+
+
+def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
+    """With ``pods`` pods running: koordnode's CPU and RSS over the window, kubelet's calls by method."""
+    client = node.client()
+    have = len(client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"])
+    for i in range(have, pods):
+        node.create_pod(_pod(f"load-{i}"))
+    client.wait_for(f"{pods} pods Running", lambda: sum(
+        p["status"].get("phase") == "Running"
+        for p in client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) >= pods,
+        timeout=60 + 3 * pods, interval=2)
+    time.sleep(15)  # let the creations' work settle
+    pid = node.koordnode.proc.pid
+    calls_before = node.koordnode.status()["proxy"]["calls_by_method"]
+    cpu_before, began = _cpu_seconds(pid), time.monotonic()
+    time.sleep(window_s)
+    cpu_after, ended = _cpu_seconds(pid), time.monotonic()
+    calls_after = node.koordnode.status()["proxy"]["calls_by_method"]
+    seconds = ended - began
+    rates = {m: round((calls_after.get(m, 0) - calls_before.get(m, 0)) / seconds, 3)
+             for m in sorted(calls_after) if calls_after.get(m, 0) > calls_before.get(m, 0)}
+    return {"pods": pods, "window_s": round(seconds, 1),
+            "koordnode_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
+            "koordnode_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", type=int, default=30, help="pods started one by one per mode (30)")
+    parser.add_argument("--load-pods", default="20,100", help="pod counts of the load windows (20,100)")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of each load window (60)")
+    parser.add_argument("--modes", default="direct,proxy,nri")
+    parser.add_argument("--json", help="also write the results there")
+    args = parser.parse_args(argv)
+
+    from tests.testbed.kube_bed import ControlPlane
+    from tests.testbed.real_node import NODE_NAMES, real_node
+
+    feature_gates = {"PodAndContainerStatsFromCRI": True}
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "start": {}}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
+    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane:
+        for i, mode in enumerate(args.modes.split(",")):
+            with real_node(workdir / mode, mode=mode, control_plane=plane, node_name=NODE_NAMES[i],
+                           namespace=f"bench-{mode}", feature_gates=feature_gates) as node:
+                latencies = pod_start_latencies(node, args.pods, f"start-{mode}")
+                results["start"][mode] = {"p50_s": round(statistics.median(latencies), 3),
+                                          "p99_s": round(_percentile(latencies, 0.99), 3),
+                                          "all_s": [round(x, 3) for x in latencies]}
+                print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
+                      f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
+                if mode == "proxy":
+                    for stale in range(args.pods):  # the load windows count their own pods
+                        node.client().delete(node.pod_path(f"start-proxy-{stale}"), grace_seconds=0)
+                    results["load"] = []
+                    for pods in (int(n) for n in args.load_pods.split(",")):
+                        window = load_window(node, pods, args.window)
+                        results["load"].append(window)
+                        print(f"load {pods} pods: koordnode {window['koordnode_cpu_percent_of_a_core']}% of a core, "
+                              f"RSS {window['koordnode_rss_mb']} MB; kubelet's calls/s {window['kubelet_calls_per_s']}",
+                              flush=True)
+    direct = results["start"].get("direct")
+    for mode in ("proxy", "nri"):
+        if direct and mode in results["start"]:
+            results["start"][mode]["p50_vs_direct"] = round(results["start"][mode]["p50_s"] / direct["p50_s"], 3)
+            results["start"][mode]["p99_vs_direct"] = round(results["start"][mode]["p99_s"] / direct["p99_s"], 3)
+    print(json.dumps({k: v for k, v in results.items()}, indent=1, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""The control plane of the [kubernetes] tests (tests/test_kube_apiserver.py, test_kube_daemon.py):
+a real etcd + kube-apiserver with Koordinator's own CRDs for NodeSLO and NodeMetric
+(tests/data/koordinator_crds, from github.com/koordinator-sh/koordinator v1.6.0,
+config/crd/bases), the shipped RBAC manifest, and koord-manager's NodeSLO rendering as a test
+double (cluster strategy, then the first node strategy whose selector matches the node).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s_support import require_component
+from testbed.kube_client import ApiError as AdminApiError
+from testbed.kube_client import KubeClient as AdminClient
+from testbed.kube_bed import ControlPlane
+from testbed.real_node import NODE_NAMES
+
+from koordnode.kube.agent import NODESLOS
+
+REPO = Path(__file__).resolve().parent.parent
+CRDS = Path(__file__).with_name("data") / "koordinator_crds"
+RBAC = REPO / "packaging" / "koordnode-rbac.yaml"
+NS = "koordinator-system"
+NODES = ("kn-a", "kn-b")
+
+
+# ---------------------------------------------------------------------------------------------
+# the control plane, CRDs, RBAC
+
+
+@pytest.fixture(scope="session")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of these tests' own (tests stop and restart its API server), with
+    Koordinator's CRDs, the shipped RBAC and two nodes."""
+    require_component("kubernetes")
+    require_component("etcd")
+    cp = ControlPlane(tmp_path_factory.mktemp("kube-cluster-mode"), node_names=NODE_NAMES).start()  # kubelets too
+    try:
+        admin = cp.client()
+        for crd in sorted(CRDS.glob("*.yaml")):
+            doc = yaml.safe_load(crd.read_text())
+            admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+            name = doc["metadata"]["name"]
+
+            def established(name: str = name) -> bool:
+                crd_now = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                return any(c["type"] == "Established" and c["status"] == "True"
+                           for c in (crd_now.get("status") or {}).get("conditions") or [])
+            admin.wait_for(f"CRD {name} established", established, timeout=60)
+        admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        for doc in yaml.safe_load_all(RBAC.read_text()):
+            kind = doc["kind"]
+            collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
+                          "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                          "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
+            admin.create(collection, doc)
+        # The bed's plain user "koordnode" gets exactly the shipped ClusterRole.
+        admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "metadata": {"name": "koordnode-user"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
+        for node in NODES:
+            admin.create("/api/v1/nodes", {"metadata": {"name": node, "labels": {"pool": node[-1]}}})
+        admin.wait_for("RBAC for koordnode", lambda: _can_list_nodeslos(cp), timeout=30)
+        yield cp
+    finally:
+        cp.stop()
+
+
+def _can_list_nodeslos(cp: ControlPlane) -> bool:
+    try:
+        cp.client("koordnode").get(NODESLOS)
+        return True
+    except AdminApiError:
+        return False
+
+
+def kubeconfig_for(cp: ControlPlane, directory: Path, token: str) -> Path:
+    """In YAML, with a tokenFile, as an operator would write it (koordnode's YAML subset)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    token_file = directory / "token"
+    token_file.write_text(token + "\n")
+    path = directory / "kubeconfig"
+    path.write_text(textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Config
+        clusters:
+        - name: bed
+          cluster:
+            server: {cp.url}
+            certificate-authority: {cp.ca_file}
+        users:
+        - name: koordnode
+          user:
+            tokenFile: token
+        contexts:
+        - name: koordnode@bed
+          context:
+            cluster: bed
+            user: koordnode
+        current-context: koordnode@bed
+        """))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# koord-manager's rendering, as a test double: ConfigMap -> one NodeSLO per node
+
+
+def configmap(cluster_threshold: int, pool_b_threshold: int, ls_min: int) -> dict[str, Any]:
+    return {"metadata": {"name": "slo-controller-config", "namespace": NS}, "data": {
+        "resource-threshold-config": json.dumps({
+            "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": cluster_threshold,
+                                "cpuSuppressPolicy": "cfsQuota"},
+            "nodeStrategies": [{"name": "pool-b", "nodeSelector": {"matchLabels": {"pool": "b"}},
+                                "cpuSuppressThresholdPercent": pool_b_threshold}]}),
+        "resource-qos-config": json.dumps({
+            "clusterStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": ls_min,
+                                                          "lowLimitPercent": 70}}}}),
+    }}
+
+
+def render_nodeslos(admin: AdminClient) -> None:
+    cm = admin.get(f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config")["data"]
+    threshold = json.loads(cm["resource-threshold-config"])
+    qos = json.loads(cm["resource-qos-config"])
+    for node in admin.get("/api/v1/nodes")["items"]:
+        labels = node["metadata"].get("labels", {})
+        used = dict(threshold["clusterStrategy"])
+        for strategy in threshold.get("nodeStrategies", []):
+            selector = strategy["nodeSelector"]["matchLabels"]
+            if all(labels.get(k) == v for k, v in selector.items()):
+                used.update({k: v for k, v in strategy.items() if k not in ("name", "nodeSelector")})
+                break
+        name = node["metadata"]["name"]
+        spec = {"resourceUsedThresholdWithBE": used, "resourceQOSStrategy": qos["clusterStrategy"]}
+        path = f"{NODESLOS}/{name}"
+        if admin.exists(path):
+            current = admin.get(path)
+            current["spec"] = spec
+            admin.request("PUT", path, current)
+        else:
+            admin.create(NODESLOS, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+                                    "metadata": {"name": name}, "spec": spec})
+
+
+def set_configmap(admin: AdminClient, cm: dict[str, Any]) -> None:
+    path = f"/api/v1/namespaces/{NS}/configmaps/slo-controller-config"
+    if admin.exists(path):
+        admin.request("PUT", path, cm)
+    else:
+        admin.create(f"/api/v1/namespaces/{NS}/configmaps", cm)
+    render_nodeslos(admin)

@@ -1,0 +1,89 @@
+"""The real kubelet in koordnode's other set-ups: standalone (no API server, static pods, kubelet's
+default feature gates) and with koordnode as containerd's NRI plugin instead of a proxy.
+tests/test_k8s_node.py has the proxy mode with an API server in full."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from k8s_support import control_plane, example_pods, find_pod_cgroup, require_component  # noqa: F401
+from koordnode.cri.kubelet_calls import STATS_GATE
+from test_k8s_node import (
+    FIRST_ROUND,
+    STATS_FROM_CRI,
+    _resize,
+    _resize_done,
+    _pod_cgroups,
+    applied_values_hold,
+    check_class_values,
+    cg_read,
+)
+from testbed.real_node import NODE_NAMES, real_node
+
+pytestmark = pytest.mark.e2e
+
+
+def test_standalone_kubelet_runs_static_pods_with_their_class_values(tmp_path):
+    """kubelet without an API server (static pods) behind koordnode, with kubelet's default
+    feature gates: the pods get their class values, and koordnode's status warns that kubelet
+    takes pod stats from cadvisor while BE pods live in koordnode's group."""
+    require_component("kubernetes")
+    require_component("containerd")
+    pods = example_pods()
+    with real_node(tmp_path, node_name=NODE_NAMES[3]) as node:
+        for cls in ("SYSTEM", "LS", "BE"):
+            node.kubelet.add_static_pod(cls.lower(), pods[cls])
+
+        def running():
+            items = node.kubelet.get("/pods")["items"]
+            phases = {p["metadata"]["labels"]["koordinator.sh/qosClass"]: p.get("status", {}).get("phase")
+                      for p in items}
+            return items if phases == {"SYSTEM": "Running", "LS": "Running", "BE": "Running"} else None
+        items = node.kubelet.get("/pods")["items"]
+        deadline = time.monotonic() + 120
+        while not running() and time.monotonic() < deadline:
+            time.sleep(1)
+        items = running()
+        assert items, node.kubelet.get("/pods")
+        for pod in items:
+            cls = pod["metadata"]["labels"]["koordinator.sh/qosClass"]
+            uid = pod["metadata"]["uid"]
+            assert ("/koordnode_be/" in find_pod_cgroup(node.kubepods, uid)) == (cls == "BE")
+            assert not applied_values_hold(node, uid), cls
+        node.kubelet.stats_summary()  # kubelet's stats calls, as its eviction manager makes them
+        view = node.koordnode.status()["kubelet"]
+        assert view["pod_stats_from"] == "cadvisor"
+        assert STATS_GATE in view["note"]
+
+
+@pytest.fixture(scope="module")
+def nri_node(control_plane, tmp_path_factory):  # noqa: F811
+    require_component("containerd")
+    with real_node(tmp_path_factory.mktemp("k8s-nri"), mode="nri", control_plane=control_plane,
+                   node_name=NODE_NAMES[3], namespace="nri", feature_gates=STATS_FROM_CRI) as node:
+        yield node
+
+
+def test_nri_mode_behind_the_real_kubelet_gives_the_same_class_values(nri_node):
+    pods = example_pods()
+    for cls in FIRST_ROUND:
+        nri_node.create_pod(pods[cls])
+    for cls in FIRST_ROUND:
+        nri_node.wait_running(pods[cls]["metadata"]["name"], timeout=120)
+    check_class_values(nri_node, FIRST_ROUND)
+    assert nri_node.koordnode.status()["kubelet"] is None  # kubelet's calls do not pass through koordnode
+
+
+def test_nri_mode_resize_through_the_api(nri_node):
+    ls = example_pods()["LS"]
+    name, container = ls["metadata"]["name"], ls["spec"]["containers"][0]["name"]
+    _resize(nri_node, name, {"containers": [{"name": container, "resources": {
+        "requests": {"cpu": "700m"}, "limits": {"cpu": "700m"}}}]})
+    pod = _resize_done(nri_node, name, "700m")
+    _pod_cg, ctr_cg = _pod_cgroups(nri_node, pod)
+    assert cg_read("cpu", ctr_cg, "cpu.cfs_quota_us") == "70000"
+    assert int(cg_read("cpu", ctr_cg, "cpu.shares")) == 700 * 1024 // 1000
+    time.sleep(12)  # a reconcile pass keeps the new size
+    check_class_values(nri_node, FIRST_ROUND)
