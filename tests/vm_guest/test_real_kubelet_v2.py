@@ -218,8 +218,9 @@ def node(tmp_path_factory):
             # hook_timeout_ms: the hooks' 200 ms bound is for real machines; under TCG, with kubelet
             # starting four pods at once, a RunPodSandbox pre ran over it and (fail-open, as
             # designed) the BE pod stayed in kubelet's slice.
-            extra_toml=f'[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n'
-                       f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n')
+            extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n')
+        kn.config_path.write_text(kn.config_path.read_text().replace(
+            "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
         kn.metrics_port = port
         kn.start()
         # kubelet from the guest's own disk: re-reading 90 MB over 9p under TCG (after the page
