@@ -83,7 +83,7 @@ def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
         p["status"].get("phase") == "Running"
         for p in client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) >= pods,
         timeout=60 + 3 * pods, interval=2)
-    time.sleep(15)  # let the creations' work settle
+    time.sleep(30)  # let the creations' work settle (and kubelet's clean-up of the ones before)
     pid = node.koordnode.proc.pid
     calls_before = node.koordnode.status()["proxy"]["calls_by_method"]
     cpu_before, began = _cpu_seconds(pid), time.monotonic()
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "proxy":
                     for stale in range(args.pods):  # the load windows count their own pods
                         node.client().delete(node.pod_path(f"start-proxy-{stale}"), grace_seconds=0)
+                    node.client().wait_for("the start pods gone", lambda: not node.client().get(
+                        "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"], timeout=180, interval=2)
                     results["load"] = []
                     for pods in (int(n) for n in args.load_pods.split(",")):
                         window = load_window(node, pods, args.window)

@@ -134,7 +134,7 @@ def kubelet_settings(config_path: str, flag_files: tuple[str, ...]) -> dict[str,
     """kubelet's cgroup driver and runtime endpoint from its config file (top-level keys of
     the KubeletConfiguration YAML) and its flags files (flags win, as in kubelet)."""
     settings: dict[str, Any] = {"config": None, "flags_file": None, "cgroup_driver": None,
-                                "runtime_endpoint": None}
+                                "runtime_endpoint": None, "cpu_manager_policy": None, "full_pcpus_only": False}
     try:
         text = Path(config_path).read_text()
         settings["config"] = config_path
@@ -147,6 +147,10 @@ def kubelet_settings(config_path: str, flag_files: tuple[str, ...]) -> dict[str,
                 settings["cgroup_driver"] = value
             elif key == "containerRuntimeEndpoint":
                 settings["runtime_endpoint"] = value
+            elif key == "cpuManagerPolicy":
+                settings["cpu_manager_policy"] = value
+        # cpuManagerPolicyOptions is a map: its full-pcpus-only entry, in either YAML style.
+        settings["full_pcpus_only"] = bool(re.search(r"full-pcpus-only['\"]?\s*:\s*['\"]?true", text))
     except (OSError, UnicodeDecodeError):
         pass
     for flags_path in flag_files:
@@ -156,7 +160,8 @@ def kubelet_settings(config_path: str, flag_files: tuple[str, ...]) -> dict[str,
             continue
         settings["flags_file"] = flags_path
         for name, key in (("cgroup-driver", "cgroup_driver"),
-                          ("container-runtime-endpoint", "runtime_endpoint")):
+                          ("container-runtime-endpoint", "runtime_endpoint"),
+                          ("cpu-manager-policy", "cpu_manager_policy")):
             match = re.search(rf"--{name}[= ]([^\s\"']+)", text)
             if match:
                 settings[key] = match.group(1)
@@ -186,6 +191,7 @@ def run_doctor(config: Any, paths: DoctorPaths | None = None, *, cri_timeout_s: 
     _check_drivers(report, config, paths, version)
     runtime = _check_runtime(report, config, cri_timeout_s)
     _check_kubelet_endpoint(report, config, paths, runtime)
+    _check_cpu_owner(report)
     _check_nri(report, paths, runtime)
     _check_psi(report, paths, version)
     _check_cgroup_files(report, paths, version)
@@ -381,6 +387,27 @@ def _check_kubelet_endpoint(report: Report, config: Any, paths: DoctorPaths,
     else:
         report.add("kubelet endpoint", WARN, f"kubelet's endpoint is {endpoint or 'not set'} "
                    f"({source}), not koordnode's {wanted}", f"set it to {wanted}")
+
+
+def _check_cpu_owner(report: Report) -> None:
+    """Who hands out exclusive CPUs: kubelet's static CPU manager when it is on (koordnode then
+    keeps kubelet's cpusets), else koordnode's allocator (README, "Who owns the CPUs")."""
+    kubelet = report.facts["kubelet"]
+    if kubelet["config"] is None and kubelet["flags_file"] is None:
+        return  # said by the endpoint check already
+    policy = (kubelet["cpu_manager_policy"] or "none").lower()
+    if policy != "static":
+        report.add("CPU owner", OK, f"kubelet's CPU manager policy is {policy}: koordnode's allocator gives"
+                   " LSE/LSR their CPUs and the other classes their pools")
+    elif kubelet["full_pcpus_only"]:
+        report.add("CPU owner", OK, "kubelet's CPU manager policy is static (full-pcpus-only): kubelet owns"
+                   " the cpusets, koordnode keeps them and applies the classes' other values")
+    else:
+        report.add("CPU owner", WARN, "kubelet's CPU manager policy is static: kubelet owns the cpusets"
+                   " (koordnode keeps them), and without full-pcpus-only it may give an LSE container one"
+                   " SMT sibling of a core whose other sibling runs other pods",
+                   'set cpuManagerPolicyOptions: {full-pcpus-only: "true"} in kubelet\'s config (LSE: whole'
+                   " cores), or accept shared cores")
 
 
 def _check_nri(report: Report, paths: DoctorPaths, runtime: dict[str, str] | None) -> None:

@@ -213,3 +213,25 @@ def test_exit_code_is_the_worst_line() -> None:
     report.add("c", "FAIL", "no", "do y")
     assert report.exit_code == 2
     assert "-> do y" in doctor.render_text(report)
+
+
+@pytest.mark.parametrize("config_text, flags, status, says", [
+    ("cgroupDriver: systemd\n", "", "OK", "policy is none: koordnode's allocator"),
+    ('cpuManagerPolicy: static\ncpuManagerPolicyOptions:\n  full-pcpus-only: "true"\n', "", "OK",
+     "static (full-pcpus-only): kubelet owns the cpusets"),
+    ("cpuManagerPolicy: none\n", "--cpu-manager-policy=static", "WARN", "kubelet owns the cpusets"),
+])
+def test_cpu_owner_from_kubelets_cpu_manager_policy(tmp_path: Path, config_text, flags, status, says) -> None:
+    """kubelet's static CPU manager owns the cpusets (README, "Who owns the CPUs"); without
+    full-pcpus-only it may split a core, which LSE promises not to."""
+    config = tmp_path / "kubelet-config.yaml"
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n" + config_text)
+    flags_file = tmp_path / "kubeadm-flags.env"
+    flags_file.write_text(f'KUBELET_KUBEADM_ARGS="{flags}"\n')
+    report = doctor.Report()
+    report.facts["kubelet"] = doctor.kubelet_settings(str(config), (str(flags_file),))
+    doctor._check_cpu_owner(report)
+    check = by_name(report.as_dict())["CPU owner"]
+    assert check["status"] == status and says in check["message"], check
+    if status == "WARN":
+        assert "full-pcpus-only" in check["fix"]

@@ -52,6 +52,10 @@ def tier_files(kubepods: str) -> dict[str, str]:
     return files
 
 
+def by_name_of(status: dict) -> dict[str, dict]:
+    return {p["name"]: p for p in status["pods"]}
+
+
 def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path):
     bed = containerd_bed
     kubepods = bed.kubepods_cgroup
@@ -107,10 +111,15 @@ def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path
         # --- decided and reported as in a real run, marked "would write" ------------------------
         assert status["dry_run"]["enabled"] is True
         assert status["dry_run"]["requests_forwarded_unchanged"] >= 2
-        # The last CreateContainer (the LSR pod) and what it would have become.
-        assert "config.linux.resources.cpu_shares: 1024 -> 65536" in \
-            status["dry_run"]["last_request_changes"]["CreateContainer"]
-        by_name = {p["name"]: p for p in status["pods"]}
+        # The last CreateContainer (the LSR pod) and what it would have become; the class weight
+        # is never part of a request (containerd reports it back to kubelet): a file write.
+        changes = status["dry_run"]["last_request_changes"]["CreateContainer"]
+        assert "config.linux.resources.oom_score_adj: -997 -> -700" in changes
+        assert not any(c.startswith("config.linux.resources.cpu_shares") for c in changes), changes
+        lsr_parent, lsr_cid, _ = created["svc"]
+        assert any(a.startswith(f"cpu.shares=65536 on {lsr_parent}/{lsr_cid} (") and "would_write" in a
+                   for a in by_name_of(status)["svc"]["containers"][0]["applied"])
+        by_name = by_name_of(status)
         assert by_name["batch"]["qos_class"] == "BE"
         assert by_name["svc"]["qos_class"] == "LSR"
         be_parent = created["batch"][0]
@@ -122,7 +131,7 @@ def test_dry_run_decides_everything_and_changes_nothing(containerd_bed, tmp_path
         log = koordnode.log_text()
         assert "cgroup_write_dry_run" in log and "would write" in log
         assert "the hooks would have changed it" in log
-        assert "config.linux.resources.cpu_shares: 512 -> 2" in log  # the BE pod's request
+        assert "config.linux.resources.oom_score_adj: 500 -> 1000" in log  # the BE pod's request
         assert '"event": "cgroup_write"' not in log  # not a single real write
 
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

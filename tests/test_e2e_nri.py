@@ -135,6 +135,7 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
         sb, sid, cid = pods.run(cls.lower(), **kwargs)
         created[cls] = (sb.linux.cgroup_parent, sid, cid)
     expect_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512, "BE": 2}
+    kubelet_shares = {"SYSTEM": 1024, "LSE": 1024, "LSR": 1024, "LS": 512, "BE": 2}
     expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "0"}  # [qos.BE] cpu_idle = 0
     expect_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
     # Pod-level values are written after PostStartContainer: give the last one a moment.
@@ -145,8 +146,15 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
     for cls, (parent, sid, cid) in created.items():
         ccg = f"{parent}/{cid}"
         spec = runtime_spec(cri, cid)
-        assert cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), cls
-        assert spec["linux"]["resources"]["cpu"]["shares"] == expect_shares[cls], cls  # via NRI, not behind it
+        # A pool move (an NRI update, when LSE and LSR took their CPUs) makes containerd write the
+        # whole spec to the cgroup, kubelet's shares too: the class value follows a moment later.
+        wait_for(lambda ccg=ccg, cls=cls: cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), 5,
+                 f"{cls} cpu.shares")
+        # What containerd reports back to kubelet (ContainerStatus, from the spec) stays
+        # kubelet's: the class weight is written to the cgroup, never adjusted into the spec.
+        assert spec["linux"]["resources"]["cpu"]["shares"] == kubelet_shares[cls], cls
+        reported = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status.resources.linux
+        assert reported.cpu_shares == kubelet_shares[cls], cls
         assert cg_read("cpu", parent, "cpu.idle") == expect_idle[cls], cls
         quota = cg_read("cpu", ccg, "cpu.cfs_quota_us")
         assert quota == ("100000" if cls in ("SYSTEM", "LSE", "LSR") else "-1"), cls
@@ -231,14 +239,18 @@ def test_a_kubelet_resize_keeps_the_class_values(nri_bed, cri, koordnode, pods):
     sb, _, cid = pods.run("lsr", qos="guaranteed", resources=GUARANTEED_1CPU)
     ccg = f"{sb.linux.cgroup_parent}/{cid}"
     assert cg_read("cpu", ccg, "cpu.shares") == "65536"
+    overwrites = koordnode.status()["qos"]["overwrites"]["counts"].get("cpu.shares", 0)
     # kubelet resizes the container to 2 CPUs: UpdateContainerResources straight to containerd.
     cri.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
         container_id=cid, linux=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000,
                                                             memory_limit_in_bytes=256 << 20)), timeout=30)
-    # NRI's UpdateContainer answer keeps the LSR scaling (2 x 65536) on top of kubelet's values.
-    assert cg_read("cpu", ccg, "cpu.shares") == "131072"
-    assert runtime_spec(cri, cid)["linux"]["resources"]["cpu"]["shares"] == 131072
+    # containerd applies kubelet's values (and reports them back); at PostUpdateContainer
+    # koordnode writes the LSR scaling (2 x 65536) to the cgroup again.
+    wait_for(lambda: cg_read("cpu", ccg, "cpu.shares") == "131072", 5, "LSR shares after the resize")
+    assert runtime_spec(cri, cid)["linux"]["resources"]["cpu"]["shares"] == 2048
     assert cg_read("cpu", ccg, "cpu.cfs_quota_us") == "200000"
+    # containerd's rewrite of kubelet's weight is not another writer's overwrite.
+    assert koordnode.status()["qos"]["overwrites"]["counts"].get("cpu.shares", 0) == overwrites
 
 
 def only_on_21(bed: ContainerdBed) -> None:
@@ -327,10 +339,10 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
 
         kn.start()
         kn.wait_synchronized()
-        # The Synchronize answer updated the gap pod's container through containerd ...
-        wait_for(lambda: runtime_spec(cri, lsr_cid)["linux"]["resources"]["cpu"]["shares"] == 65536, 5,
-                 "LSR shares in containerd's spec")
-        assert cg_read("cpu", lsr_cg, "cpu.shares") == "65536"
+        # The reconcile pass after Synchronize wrote the gap pod's container weight; containerd's
+        # spec (what it reports to kubelet) keeps kubelet's ...
+        wait_for(lambda: cg_read("cpu", lsr_cg, "cpu.shares") == "65536", 10, "gap LSR container cpu.shares")
+        assert runtime_spec(cri, lsr_cid)["linux"]["resources"]["cpu"]["shares"] == 1024
         # CPUs of its own are handed out at creation only, never to a running container: the
         # gap's LSR container shares the pool with the LS one (both told so by containerd).
         ls_cpus = parse_cpu_list(cg_read("cpuset", f"{ls_sb.linux.cgroup_parent}/{ls_cid}", "cpuset.cpus"))
@@ -344,12 +356,12 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         by_name = {p["name"]: p for p in kn.status()["pods"]}
         assert by_name["lsr-gap"]["qos_class"] == "LSR" and by_name["be-gap"]["qos_class"] == "BE"
 
-        # A second restart must not plan from koordnode's own values (65536 is not kubelet's).
+        # A second restart plans from kubelet's values again (65536 never becomes kubelet's).
         assert kn.stop() == 0
         kn.start()
         kn.wait_synchronized()
         time.sleep(0.5)
-        assert runtime_spec(cri, lsr_cid)["linux"]["resources"]["cpu"]["shares"] == 65536
+        assert runtime_spec(cri, lsr_cid)["linux"]["resources"]["cpu"]["shares"] == 1024
         assert cg_read("cpu", lsr_cg, "cpu.shares") == "65536"
     finally:
         pods.cleanup()

@@ -65,6 +65,10 @@ def test_each_class_gets_its_values_in_the_real_cgroups(containerd_bed, cri_prox
         parent = by_sid[sid]["cgroup_parent"]
         ccg = f"{parent}/{cid}"
         assert cg_read("cpu", ccg, "cpu.shares") == str(expect_shares[cls]), cls
+        # What containerd reports back, and kubelet makes the pod's status.containerStatuses[]
+        # .resources of, is what kubelet asked: the class weight is in the file only.
+        reported = cri_proxy.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status.resources.linux
+        assert reported.cpu_shares == cases[cls]["resources"]["cpu_shares"], cls
         assert cg_read("cpu", parent, "cpu.idle") == expect_idle[cls], cls
         if cls == "BE":  # not idle: the pod has BE's weight
             assert cg_read("cpu", parent, "cpu.shares") == "2"

@@ -107,8 +107,14 @@ def test_container_resize_survives_a_koordnode_restart(containerd_bed, tmp_path)
             container_id=cid,
             linux=pb.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000,
                                              memory_limit_in_bytes=128 << 20)), timeout=30)
-        assert cpu_file(cgroup, "cpu.shares") == 2 * 65536
+        # containerd wrote kubelet's 2048; the update's post hook writes the class value after it.
+        assert wait_value(lambda: cpu_file(cgroup, "cpu.shares"), 2 * 65536, 5) == 2 * 65536
         assert cpu_file(cgroup, "cpu.cfs_quota_us") == 200000
+        # containerd reports kubelet's values back (kubelet's pod status), and its rewrite of
+        # the weight is not counted as another writer's.
+        reported = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status.resources.linux
+        assert (reported.cpu_shares, reported.cpu_quota) == (2048, 200000)
+        assert "cpu.shares" not in kn.status()["qos"]["overwrites"]["counts"]
 
         assert kn.stop() == 0
         kn.start()

@@ -13,6 +13,7 @@ from koordnode.cri.kubelet_calls import STATS_GATE
 from test_k8s_node import (
     FIRST_ROUND,
     STATS_FROM_CRI,
+    _pods_by_class,
     _resize,
     _resize_done,
     _pod_cgroups,
@@ -87,3 +88,13 @@ def test_nri_mode_resize_through_the_api(nri_node):
     assert int(cg_read("cpu", ctr_cg, "cpu.shares")) == 700 * 1024 // 1000
     time.sleep(12)  # a reconcile pass keeps the new size
     check_class_values(nri_node, FIRST_ROUND)
+
+
+def test_nri_mode_kubelet_reports_the_resources_it_allocated(nri_node):
+    """What containerd reports in ContainerStatus (kubelet's status.containerStatuses[].resources)
+    comes from the spec, which NRI adjustments change: the class weights are never adjusted."""
+    for cls, pod in _pods_by_class(nri_node, FIRST_ROUND).items():
+        status = pod["status"]["containerStatuses"][0]
+        allocated = status.get("allocatedResources", {})
+        reported = status.get("resources", {}).get("requests", {})
+        assert {k: reported.get(k) for k in allocated} == allocated, (cls, reported, allocated)

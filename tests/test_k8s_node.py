@@ -217,9 +217,11 @@ def test_kubelet_reports_stats_of_every_pod_including_the_be_group(node):
         assert stats["memory"]["workingSetBytes"] > 0, (cls, "pod-level memory", stats["memory"])
         assert stats["cpu"]["usageCoreNanoSeconds"] > 0, (cls, "pod-level cpu", stats["cpu"])
     be = by_name[pods["BE"]["metadata"]["name"]]
-    # The BE pod burns a loop: kubelet must see it using CPU (not an empty cgroup in its tier).
-    assert be["cpu"]["usageNanoCores"] > 50_000_000, be["cpu"]
-    assert be["containers"][0]["cpu"]["usageNanoCores"] > 50_000_000, be["containers"][0]["cpu"]
+    # The BE pod burns a loop: kubelet must see the pod use at least what its container used (the
+    # empty kubelet-made cgroup in its tier reads 0). How much it gets depends on the rest of the
+    # machine (BE yields to everything), so no fixed rate.
+    assert be["cpu"]["usageNanoCores"] > 0, be["cpu"]
+    assert be["cpu"]["usageCoreNanoSeconds"] >= 0.9 * be["containers"][0]["cpu"]["usageCoreNanoSeconds"] > 0, be
 
 
 @pytest.fixture(scope="module")

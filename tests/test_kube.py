@@ -456,6 +456,50 @@ def test_a_terminating_fallback_is_skipped_not_returned() -> None:
     assert [p.split("/")[-2] for p in api.posts] == ["guarded"]  # the guarded pod was asked, the other skipped
 
 
+class SlowApi(FakeApi):
+    """Answers after a round trip, as a real API server does: concurrent evictions interleave."""
+
+    async def create(self, path: str, obj: dict[str, Any]) -> Any:
+        self.posts.append(path)
+        await asyncio.sleep(0.02)
+        answer = self.answers.get(path.split("/")[-2], {})
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # a pod already deleting is "evicted" again: the API server accepts it
+
+
+def test_a_rounds_concurrent_evictions_count_a_pod_once() -> None:
+    """One round picks both BE pods' containers; the QoS manager runs their evictions as
+    concurrent tasks, each with the other pod as its fallback. The guarded pod's task is refused
+    and falls back to the free pod, which the other task is evicting: asked and counted once."""
+    pdb = ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+    api = SlowApi({"guarded": pdb})
+    link = _link(api)
+    guarded, free = EvictTarget("n", "guarded", "u-g"), EvictTarget("n", "free", "u-f")
+
+    async def round_of_two() -> list[Any]:
+        return await asyncio.gather(link.evict([guarded, free], "memory"), link.evict([free, guarded], "memory"),
+                                    return_exceptions=True)
+
+    results = run(round_of_two())
+    assert results[0] == ("evicted", free) and results[1] == ("already terminating", free), results
+    assert link.eviction_counts == {"refused": 1, "evicted": 1, "already_terminating": 1}
+    assert [p.split("/")[-2] for p in api.posts] == ["guarded", "free"]
+
+
+def test_concurrent_evictions_respect_the_window() -> None:
+    link = _link(SlowApi({}), evictions_per_window=1, eviction_window_s=60)
+
+    async def two() -> list[Any]:
+        return await asyncio.gather(link.evict([EvictTarget("n", "a", "1")], "memory"),
+                                    link.evict([EvictTarget("n", "b", "2")], "memory"), return_exceptions=True)
+
+    results = run(two())
+    assert results[0] == ("evicted", EvictTarget("n", "a", "1"))
+    assert isinstance(results[1], EvictionRefused)
+    assert link.eviction_counts == {"evicted": 1, "rate_limited": 1}
+
+
 def test_every_candidate_refused_raises() -> None:
     pdb = ApiError(429, "TooManyRequests", "budget")
     link = _link(FakeApi({"a": pdb, "b": pdb}))

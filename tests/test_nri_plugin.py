@@ -302,6 +302,9 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
             from koordnode.cri import api_pb2 as cri
             return cri.LinuxContainerResources(cpu_shares=4096)
 
+        def containers_updated(self, ids):
+            pass
+
     async def main():
         h = Harness([], request_timeout_ms=500, engine=SlowPlanEngine())
         c = container()
@@ -336,5 +339,63 @@ def test_dry_run_answers_without_changes_and_records_what_the_runtime_has() -> N
                                         nri.CreateContainerRequest(pod=pod(), container=container("c2")),
                                         nri.CreateContainerResponse)
             assert resp.adjust.linux.resources.cpu.shares.value == 1024
+
+    run(main())
+
+
+def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
+    """UpdateContainer comes before the runtime applies kubelet's values (the hooks are told:
+    `runtime_applies_later`, so no cgroup write is made then); PostUpdateContainer comes after
+    it, and the engine writes the class values of what the runtime reports back again."""
+    seen: list[dict] = []
+
+    class Recorder(RuntimeHook):
+        name = "recorder"
+        methods = frozenset({"UpdateContainerResources"})
+
+        def post(self, call: CallContext) -> None:
+            seen.append(dict(call.scratch))
+
+    class Engine:
+        kubelet_resources: dict = {}
+
+        def __init__(self) -> None:
+            self.updated: list[str] = []
+
+        def classify(self, labels, parent):
+            from koordnode.model.qos_class import resolve_qos_class
+            return resolve_qos_class(labels, parent, {})
+
+        def forget_containers_except(self, live):
+            pass
+
+        def remember_kubelet_resources(self, cid, res):
+            pass
+
+        def adopt(self, view):
+            return {}
+
+        def planned_resources(self, cid):
+            return None
+
+        def container_updated(self, cid):
+            self.updated.append(cid)
+
+        def containers_updated(self, ids):
+            self.updated.extend(ids)
+
+    engine = Engine()
+
+    async def main():
+        async with Harness([Recorder()], engine=engine) as h:
+            assert h.runtime.configured[0].events & (1 << (nri.POST_UPDATE_CONTAINER - 1))
+            update = nri.UpdateContainerRequest(pod=pod(), container=container())
+            update.linux_resources.cpu.shares.value = 2048
+            resp = await h.runtime.call("UpdateContainer", update, nri.UpdateContainerResponse)
+            assert list(resp.update) == [] and engine.updated == []
+            assert seen and seen[0].get("runtime_applies_later") is True
+            await h.runtime.call("PostUpdateContainer", nri.PostUpdateContainerRequest(pod=pod(), container=container()),
+                                 nri.PostUpdateContainerResponse)
+            assert engine.updated == ["c1"]
 
     run(main())

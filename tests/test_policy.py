@@ -20,6 +20,7 @@ from koordnode.policy.class_policy import (
     CriOverrides,
     KernelFeatures,
     MemoryProtection,
+    REPORTED_BY_RUNTIME,
     PodInput,
     allocate_cpuset,
     batch_cpu_quota,
@@ -93,6 +94,16 @@ def by_resource(writes) -> dict[tuple[str, str], object]:
     return result
 
 
+def file_values(result) -> dict[str, object]:
+    """The class values of the fields kubelet reads back from the runtime (REPORTED_BY_RUNTIME):
+    written to the container's cgroup file, and never put into the CRI request."""
+    assert all(getattr(result.cri, f) is None for f in ("cpu_shares", "cpu_quota", "cpu_period",
+                                                        "memory_limit_in_bytes")), result.cri
+    assert not any(w.resource in REPORTED_BY_RUNTIME for w in result.cri_mirror)
+    return {resource: value for (cgroup, resource), value in by_resource(result.writes).items()
+            if resource in REPORTED_BY_RUNTIME and cgroup == CONTAINER_CGROUP}
+
+
 # Two requested CPUs (kubelet shares 2048), 1 GiB limit, Guaranteed: request = limit.
 TWO_CPUS_1G = ContainerResources(
     cpu_period=100000, cpu_quota=200000, cpu_shares=2048, memory_limit_in_bytes=GIB, oom_score_adj=-997
@@ -123,12 +134,11 @@ def test_container_values_per_class_and_cgroup_version(qos_class: QoSClass, vers
     result = plan(pod_of(qos_class), TWO_CPUS_1G, version, cpuset=cpuset)
 
     assert result.qos_class is qos_class
-    assert result.cri.cpu_shares == shares
+    # kubelet's quota and limit are left alone (no batch resources here).
+    assert file_values(result) == {"cpu.shares": shares}
     assert result.cri.oom_score_adj == oom
     assert result.cri.cpuset_cpus == cpuset.cpuset_cpus
     assert result.cri.cpuset_mems is None  # only with cpuset_mems_follow_cpus
-    # kubelet's quota and limit are left alone (no batch resources here).
-    assert result.cri.cpu_quota is None and result.cri.memory_limit_in_bytes is None
     if qos_class in (QoSClass.LSE, QoSClass.LSR):
         assert cpuset.exclusive and len(cpuset.cpus) == 2
     elif qos_class is QoSClass.BE:
@@ -138,7 +148,6 @@ def test_container_values_per_class_and_cgroup_version(qos_class: QoSClass, vers
 
     writes = by_resource(result.writes)
     mirror = by_resource(result.cri_mirror)
-    assert mirror[(CONTAINER_CGROUP, "cpu.shares")] == shares
     assert mirror[(CONTAINER_CGROUP, "cpuset.cpus")] == cpuset.cpuset_cpus
     memory = {"memory.min": memory_min, "memory.low": memory_low, "memory.high": memory_high}
     for resource, value in memory.items():
@@ -280,21 +289,17 @@ IDLE_BE = dataclasses.replace(QOS.BE, cpu_idle=1)  # the idle BE pod, no longer 
 def test_be_batch_container(version: str) -> None:
     result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), BE_RESOURCES, version)
     assert result.qos_class is QoSClass.BE
-    assert result.cri.cpu_shares == 1500 * 1024 // 1000
-    assert result.cri.cpu_quota == 200000 and result.cri.cpu_period == 100000
-    assert result.cri.memory_limit_in_bytes == 2 * GIB
+    assert file_values(result) == {"cpu.shares": 1500 * 1024 // 1000, "cpu.cfs_quota_us": 200000,
+                                   "cpu.cfs_period_us": 100000, "memory.limit_in_bytes": 2 * GIB}
     assert result.memory.high_bytes == 2 * GIB * 70 // 100
-    mirror = by_resource(result.cri_mirror)
-    assert mirror[(CONTAINER_CGROUP, "cpu.cfs_quota_us")] == 200000
-    assert mirror[(CONTAINER_CGROUP, "memory.limit_in_bytes")] == 2 * GIB
+    periods = [w.resource for w in result.writes if w.resource.startswith("cpu.cfs_")]
+    assert periods == ["cpu.cfs_period_us", "cpu.cfs_quota_us"]  # the period the quota is for first
 
 
 def test_be_batch_quota_floor_and_period() -> None:
     result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), ContainerResources(cpu_period=50000), name="side")
-    assert result.cri.cpu_shares == 512
-    assert result.cri.cpu_quota == 1000  # 5m x 50000 / 1000 = 250 -> floor 1000 µs
-    assert result.cri.cpu_period == 50000
-    assert result.cri.memory_limit_in_bytes is None  # no batch-memory limit
+    # 5m x 50000 / 1000 = 250 -> floor 1000 µs; no batch-memory limit
+    assert file_values(result) == {"cpu.shares": 512, "cpu.cfs_quota_us": 1000, "cpu.cfs_period_us": 50000}
 
 
 def test_be_batch_unlimited_and_formulas() -> None:
@@ -304,19 +309,19 @@ def test_be_batch_unlimited_and_formulas() -> None:
     assert batch_cpu_quota(10**18, 100000) == (1 << 44) - 1
     annotations = batch_annotation({"main": {"requests": {BATCH_CPU: "1M"}}})
     result = plan(pod_of(QoSClass.BE, BESTEFFORT_PARENT, annotations), BE_RESOURCES)
-    assert result.cri.cpu_quota == -1 and result.cri.cpu_period == 100000
-    assert result.cri.cpu_shares == 262144  # 1000 CPUs clamped
+    # 1000 CPUs clamped
+    assert file_values(result) == {"cpu.shares": 262144, "cpu.cfs_quota_us": -1, "cpu.cfs_period_us": 100000}
 
 
 def test_be_container_missing_from_spec_gets_fixed_shares() -> None:
     result = plan(pod_of(None, BESTEFFORT_PARENT, BATCH), BE_RESOURCES, name="other")
-    assert result.cri.cpu_shares == 2 and result.cri.cpu_quota is None
+    assert file_values(result) == {"cpu.shares": 2}
     assert any("no batch resources for container 'other'" in note for note in result.notes)
 
 
 def test_batch_annotation_ignored_for_non_be() -> None:
     result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT, BATCH), ContainerResources(cpu_shares=1024))
-    assert result.cri.cpu_shares == 1024 and result.cri.cpu_quota is None
+    assert file_values(result) == {"cpu.shares": 1024}
 
 
 def test_be_pod_sandbox_batch_sums() -> None:
@@ -575,7 +580,7 @@ def test_without_cpuset_decision_kubelet_cpuset_is_kept() -> None:
 def test_container_cgroup_unknown_defers_container_writes() -> None:
     result = plan(pod_of(QoSClass.LS), TWO_CPUS_1G, "v1", container_cgroup=None)
     assert result.writes == () and result.cri_mirror == ()
-    assert result.cri.cpu_shares == 2048
+    assert result.cri.cpu_shares is None  # kubelet's stays in the request; the class value is a file write
     assert any("deferred" in note for note in result.notes)
     # v2: memory still travels in the CRI request.
     assert plan(pod_of(QoSClass.LS), TWO_CPUS_1G, "v2", container_cgroup=None).cri.unified[
@@ -639,7 +644,7 @@ def test_hostile_inputs_never_raise(labels, annotations, parent, shares, limit, 
     pod = PodInput(labels=labels, annotations=annotations, cgroup_parent=parent)
     resources = ContainerResources(cpu_shares=shares, memory_limit_in_bytes=limit, unified=unified)
     result = plan(pod, resources, version)
-    assert 2 <= result.cri.cpu_shares <= 262144
+    assert 2 <= file_values(result)["cpu.shares"] <= 262144
     by_resource(result.writes)
     by_resource(result.cri_mirror)
     for write in result.writes + result.cri_mirror:
@@ -712,7 +717,7 @@ def test_any_batch_numbers_give_values_the_executor_accepts(
     result = plan(pod, ContainerResources(cpu_period=period), version)
     by_resource(result.writes)
     by_resource(result.cri_mirror)
-    assert 2 <= result.cri.cpu_shares <= 262144
+    assert 2 <= file_values(result)["cpu.shares"] <= 262144
     for group_identity in (False, True):
         decision = resolve_qos_class(pod.labels, pod.cgroup_parent)
         sandbox = plan_pod_sandbox(

@@ -165,7 +165,11 @@ class Node:
             pod = self.container_pod[req.container_id]
             if pod.cgroup:  # runc creates the container cgroup with the kernel's defaults
                 add_cgroup(self.root, pod.container_cgroup(req.container_id))
+                self._runc_writes(req.container_id, self.created[req.container_id].config.linux.resources)
             return pb.StartContainerResponse()
+        if method == "UpdateContainerResources":
+            self._runc_writes(req.container_id, req.linux)
+            return pb.UpdateContainerResourcesResponse()
         return {
             "StopContainer": pb.StopContainerResponse,
             "RemoveContainer": pb.RemoveContainerResponse,
@@ -174,6 +178,18 @@ class Node:
             "UpdateContainerResources": pb.UpdateContainerResourcesResponse,
             "UpdatePodSandboxResources": pb.UpdatePodSandboxResourcesResponse,
         }[method]()
+
+    def _runc_writes(self, cid: str, res: pb.LinuxContainerResources) -> None:
+        """The container's CPU weight as the runtime writes it from the request (at start and at
+        each UpdateContainerResources), which is also what it reports back to kubelet."""
+        pod = self.container_pod.get(cid)
+        if pod is None or not pod.cgroup or not res.cpu_shares:
+            return
+        cgroup = pod.container_cgroup(cid)
+        if self.engine.executor.version.value == "v2":
+            write_cgroup_file(self.root, cgroup, "cpu.weight", str(weight(res.cpu_shares)))
+        else:
+            write_cgroup_file(self.root, cgroup, "cpu.shares", str(res.cpu_shares))
 
     # --- kubelet's side ----------------------------------------------------------------------
 
@@ -349,14 +365,15 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
 
     expected_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "BE": 256}
     expected_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
-    for cls, shares in expected_shares.items():
+    # What the runtime reports back to kubelet (cpu shares, quota/period, memory limit) stays as
+    # kubelet asked: the class values of those go to the files (below), not into the request.
+    kubelet_shares = {"SYSTEM": 1024, "LSE": 2048, "LSR": 1024, "BE": 2}
+    for cls, shares in kubelet_shares.items():
         assert fwd(cls).cpu_shares == shares, cls
     assert (fwd("LS", 0).cpu_shares, fwd("LS", 1).cpu_shares) == (512, 256)
     for cls, oom in expected_oom.items():
         assert fwd(cls).oom_score_adj == oom, cls
-    # BE: quota/period and memory limit from the batch resources; others keep kubelet's quota.
-    assert (fwd("BE").cpu_quota, fwd("BE").cpu_period) == (200000, 100000)
-    assert fwd("BE").memory_limit_in_bytes == 1 << 30
+    assert (fwd("BE").cpu_quota, fwd("BE").memory_limit_in_bytes) == (0, 0)  # the batch ones: files only
     assert fwd("LSE").cpu_quota == 200000 and fwd("LS").cpu_quota == 0
     # cpusets from the allocator.
     lse = parse_cpu_list(fwd("LSE").cpuset_cpus)
@@ -380,7 +397,7 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     kubelet = json.loads(node.created[pods["LS"][1][0]].config.annotations[KUBELET_RESOURCES_ANNOTATION])
     assert kubelet["cpu_shares"] == 512 and kubelet["unified"] == {"memory.min": str(128 * MIB)}
 
-    # --- the files after StartContainer ---
+    # --- the files after StartContainer (the runtime wrote kubelet's weight, koordnode the class's) ---
     for cls, (_pod, cids, _) in pods.items():
         for i, cid in enumerate(cids):
             shares = {"LS": (512, 256)[i]}.get(cls, expected_shares.get(cls))
@@ -807,7 +824,7 @@ def test_restart_plans_from_kubelets_values_not_from_the_rewritten_request(make_
                 "lsr weight": str(weight(65536))}
     assert values() == expected
     rewritten = ls_ctx.request.config.linux.resources
-    assert rewritten.cpu_shares == 1024 and rewritten.unified["memory.min"] == str(64 * MIB)
+    assert rewritten.cpu_shares == 512 and rewritten.unified["memory.min"] == str(64 * MIB)  # kubelet's shares
     kubelet = json.loads(ls_ctx.request.config.annotations[KUBELET_RESOURCES_ANNOTATION])
     assert kubelet == {"cpu_period": 100000, "cpu_shares": 512, "memory_limit_in_bytes": 512 * MIB,
                        "unified": {"memory.min": str(128 * MIB)}}
@@ -820,10 +837,67 @@ def test_restart_plans_from_kubelets_values_not_from_the_rewritten_request(make_
         container_id=ls_cid, linux=pb.LinuxContainerResources(
             cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=512 * MIB,
             unified={"memory.min": str(128 * MIB)})))
-    assert ctx.request.linux.cpu_shares == 1024
+    assert ctx.request.linux.cpu_shares == 512  # kubelet's, as the runtime reports it back
     assert ctx.request.linux.unified["memory.min"] == str(64 * MIB)
+    assert values() == expected  # the class weight again over the runtime's rewrite
     again.engine.reconcile(force=True)
     assert values() == expected
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_what_kubelet_reads_back_reaches_the_runtime_as_kubelet_asked(make_node, version):
+    """kubelet turns the cpu_shares, quota/period and memory limit the runtime reports into the
+    pod's status.containerStatuses[].resources: the requests keep kubelet's values; the class
+    values are written to the files after StartContainer and after each update (the runtime
+    rewrote kubelet's values then: that is not counted as an overwrite)."""
+    node = make_node(version=version)
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr")
+    lsr_cid, ctx = node.create(lsr, "app", **GUARANTEED_1CPU)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe", annotations={EXTENDED_SPEC: BE_SPEC})
+    be_cid, be_ctx = node.create(be, "app", cpu_shares=2)
+    asked = {"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000, "memory_limit_in_bytes": 256 * MIB}
+    forwarded = ctx.request.config.linux.resources
+    assert {f: getattr(forwarded, f) for f in asked} == asked
+    be_forwarded = be_ctx.request.config.linux.resources
+    assert (be_forwarded.cpu_shares, be_forwarded.cpu_quota, be_forwarded.memory_limit_in_bytes) == (2, 0, 0)
+    shares_file = "cpu.weight" if version == "v2" else "cpu.shares"
+
+    def class_value(shares: int) -> str:
+        return str(weight(shares)) if version == "v2" else str(shares)
+
+    node.start(lsr_cid)
+    node.start(be_cid)
+    assert node.read(node.ccg(lsr_cid), shares_file) == class_value(65536)
+    assert node.read(node.ccg(be_cid), shares_file) == class_value(256)  # batch-cpu request 250m
+    if version == "v1":
+        assert node.read(node.ccg(be_cid), "cpu.cfs_quota_us") == "200000"
+        assert node.read(node.ccg(be_cid), "memory.limit_in_bytes") == str(1 << 30)
+    else:
+        assert node.read(node.ccg(be_cid), "cpu.max") == "200000 100000"
+        assert node.read(node.ccg(be_cid), "memory.max") == str(1 << 30)
+    lsr_line = f"cpu.shares=65536 on {node.ccg(lsr_cid)} "
+    assert any(line.startswith(lsr_line) for line in node.status_pod(lsr)["containers"][0]["applied"])
+
+    # An in-place resize: the runtime writes kubelet's new weight, koordnode the class's after it.
+    update = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=200000, cpu_shares=2048,
+                                        memory_limit_in_bytes=256 * MIB)
+    ctx = node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=lsr_cid,
+                                                                                  linux=update))
+    assert ctx.request.linux.cpu_shares == 2048 and ctx.request.linux.cpu_quota == 200000
+    assert node.read(node.ccg(lsr_cid), shares_file) == class_value(131072)
+    # kubelet re-sends the same values: the runtime rewrites kubelet's weight again, and it is put back.
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=lsr_cid, linux=update))
+    assert node.read(node.ccg(lsr_cid), shares_file) == class_value(131072)
+    node.engine.reconcile(force=False)
+    assert node.read(node.ccg(lsr_cid), shares_file) == class_value(131072)
+    assert "cpu.shares" not in node.engine.executor.overwrites  # the runtime's rewrites are no overwrites
+    if version == "v1":
+        assert node.engine.executor.overwrites == {}
+    # Another writer still is one.
+    write_cgroup_file(node.root, node.ccg(lsr_cid), shares_file, class_value(4096))
+    node.engine.reconcile(force=False)
+    assert node.read(node.ccg(lsr_cid), shares_file) == class_value(131072)
+    assert node.engine.executor.overwrites.get("cpu.shares") == 1
 
 
 @pytest.mark.parametrize("bad", ['{"cpu_shares": "x"}', '{"cpu_quota": true}', '{"cpuset_cpus": 3}',
@@ -935,7 +1009,7 @@ def test_hostile_cgroup_parent_writes_nothing_outside_the_root(make_node, versio
     expected_class = "LSR" if case == "slice-dotdot" else "BE"
     assert entry["qos_class"] == expected_class
     assert ctx.request.config.linux.resources.oom_score_adj == {"BE": 1000, "LSR": -700}[expected_class]
-    assert ctx.request.config.linux.resources.cpu_shares == {"BE": 256, "LSR": 128}[expected_class]
+    assert ctx.request.config.linux.resources.cpu_shares == 2  # kubelet's: the class value is a file write
 
 
 def test_skip_labelled_pod_stays_untouched_by_reconcile_and_pool_changes(make_node):
@@ -1495,12 +1569,14 @@ def test_a_state_change_or_a_reload_plans_again(make_node, counted):
     node.engine.reconcile(force=False)
     assert counted()["plan_container"] == 0
 
-    # kubelet resizes one container: that pod alone is planned again, with the new value.
+    # kubelet resizes one container: that pod alone is planned again, with the new value (by
+    # the update's hooks: its request, then the pod after the runtime applied it); the pass
+    # after reuses that plan.
     res = pb.LinuxContainerResources(cpu_period=100000, cpu_shares=768)
     node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=ls_cid, linux=res))
-    counted()
+    assert counted()["plan_container"] == 2
     node.engine.reconcile(force=False)
-    assert counted()["plan_container"] == 1
+    assert counted()["plan_container"] == 0
     assert node.read(node.ccg(ls_cid), "cpu.shares") == "768"
 
     # An LSE pod takes CPUs: the pools moved, the pods planned before are planned again (the
@@ -1541,12 +1617,13 @@ def test_the_memory_plan_reuses_the_passes_plans_and_gives_the_same_writes(make_
     ls_cid = next(c.container_id for c in node.state.containers.values() if c.name == "app"
                   and node.state.pods[c.sandbox_id].name == "ls")
     node.engine.reconcile(force=False)
+    counted()
     res = pb.LinuxContainerResources(cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=1024 * MIB,
                                      unified={"memory.min": str(256 * MIB)})
     node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=ls_cid, linux=res))
-    counted()
     after = node.engine.memory_plan()
-    assert counted()["plan_container"] == 2  # the LS pod's two containers
+    # The request's plan, then the LS pod's two containers after the update (reused here).
+    assert counted()["plan_container"] == 3
     assert after != reused
 
 
@@ -1587,3 +1664,109 @@ def test_a_be_group_at_the_lowest_weight_is_left_as_the_qos_manager_keeps_it(mak
     write_cgroup_file(node.root, group, "cpu.shares", "1024")
     node.engine.reconcile(force=False)
     assert read_cgroup_file(node.root, group, "cpu.idle") == "1"
+
+
+# --- kubelet's static CPU manager owns the cpusets --------------------------------------------
+# kubelet 1.37 cm/internal_container_lifecycle_linux.go puts the CPU manager's cpuset into every
+# CreateContainer (GetCPUAffinity: the container's exclusive CPUs, else the shared default set;
+# empty under the "none" policy), and its reconcile (cpumanager updateContainerCPUSet) sends
+# UpdateContainerResources with LinuxContainerResources{CpusetCpus} and nothing else.
+
+
+def cpu_manager_update(cid: str, cpus: str) -> pb.UpdateContainerResourcesRequest:
+    return pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources(cpuset_cpus=cpus))
+
+
+def test_kubelets_static_cpu_manager_owns_the_cpusets(make_node):
+    node = make_node(version="v1", topology=TWO, toml='[node]\nreserved_cpus = "1"\n')
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid, be_ctx = node.create(be, "app", cpu_shares=2, cpuset_cpus="0-1")
+    node.start(be_cid)
+    # kubelet's cpuset goes on, the class's other values with it; nothing allocated.
+    assert be_ctx.request.config.linux.resources.cpuset_cpus == "0-1"
+    assert be_ctx.request.config.linux.resources.oom_score_adj == 1000
+    cpus = node.engine.status()["cpus"]
+    assert cpus["owner"] == "kubelet (static CPU manager)"
+    assert "CreateContainer of default/be/app" in cpus["evidence"]
+    assert any("reserved_cpus not applied" in n for n in cpus["notes"]), cpus["notes"]
+
+    # An LSE pod: kubelet gives it CPU 1 exclusively, koordnode keeps that (its own allocator
+    # would have taken CPU 0, the only one outside its reserved CPU 1).
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    # kubelet lifts the CFS quota of a container with exclusive CPUs (DisableCPUQuotaWithExclusiveCPUs)
+    lse_cid, lse_ctx = node.create(lse, "app", **{**GUARANTEED_1CPU, "cpu_quota": -1}, cpuset_cpus="1")
+    node.start(lse_cid)
+    forwarded = lse_ctx.request.config.linux.resources
+    assert forwarded.cpuset_cpus == "1" and forwarded.oom_score_adj == -900
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert "koordnode.io/cpu-allocation" not in lse_ctx.request.config.annotations
+    assert node.engine.allocator.allocations() == {}
+    # kubelet's reconcile moves BE off CPU 1: only the cpuset changes, the class values stay
+    # (planned from kubelet's CreateContainer values, not from the zeros of the partial update).
+    ctx = node.call("UpdateContainerResources", cpu_manager_update(be_cid, "0"))
+    assert ctx.request.linux.cpuset_cpus == "0" and ctx.request.linux.oom_score_adj == 1000
+    ctx = node.call("UpdateContainerResources", cpu_manager_update(lse_cid, "1"))
+    assert ctx.request.linux.cpuset_cpus == "1" and ctx.request.linux.oom_score_adj == -900
+    assert ctx.request.linux.cpu_shares == 0  # kubelet sent none; the class weight goes to the cgroup file
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
+    # The passes write no cpuset: the files keep what the runtime made of kubelet's requests.
+    write_cgroup_file(node.root, node.ccg(be_cid), "cpuset.cpus", "0")
+    write_cgroup_file(node.root, node.ccg(lse_cid), "cpuset.cpus", "1")
+    for _ in range(2):
+        node.engine.reconcile(force=True)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "0"
+    assert node.read(node.ccg(lse_cid), "cpuset.cpus") == "1"
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+    assert node.read(node.ccg(be_cid), "cpu.shares") == "2"
+    cpus = node.engine.status()["cpus"]
+    assert cpus["kubelet"] == {"lse_lsr_containers": {"default/lse/app": {"class": "LSE", "cpus": [1], "exclusive": True}},
+                               "others_run_on": [0]}
+    notes = node.status_pod(lse)["containers"][0]["notes"]
+    assert "cpuset 1: kubelet's exclusive CPUs (static CPU manager); koordnode allocates none" in notes
+    applied = node.status_pod(lse)["containers"][0]["applied"]
+    assert not any(line.startswith("cpuset.") for line in applied), applied
+
+    # A restart: kubelet still owns them (the containers' records say kubelet gave cpusets).
+    again = node.restarted()
+    assert again.engine.status()["cpus"]["owner"] == "kubelet (static CPU manager)"
+    again.engine.reconcile(force=True)
+    assert node.read(node.ccg(lse_cid), "cpuset.cpus") == "1"
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "0"
+    assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
+
+
+def test_without_kubelets_cpuset_koordnode_allocates_and_a_foreign_client_does_not_take_the_cpus_back(make_node):
+    node = make_node(version="v1", topology=TWO)
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    cid, ctx = node.create(lse, "app", **GUARANTEED_1CPU)  # kubelet's "none" policy: no cpuset
+    assert ctx.request.config.linux.resources.cpuset_cpus  # koordnode's allocator decides
+    assert node.engine.status()["cpus"]["owner"] == "koordnode"
+    assert len(node.allocations()) == 1
+
+    # kubelet's static policy shows up (its CPU manager's first container): koordnode's
+    # allocations go, kubelet's cpusets stay from now on.
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid, ls_ctx = node.create(ls, "app", cpu_shares=512, cpuset_cpus="0-1")
+    assert ls_ctx.request.config.linux.resources.cpuset_cpus == "0-1"
+    assert node.engine.allocator.allocations() == {}
+    # A container created by another client (crictl) carries no cpuset: kubelet keeps them.
+    other = node.run_pod("other", parent="/kubepods/burstable/podother")
+    _, other_ctx = node.create(other, "app", cpu_shares=512)
+    assert other_ctx.request.config.linux.resources.cpuset_cpus == ""
+    cpus = node.engine.status()["cpus"]
+    assert cpus["owner"] == "kubelet (static CPU manager)"
+    assert any("default/other/app was created without a cpuset from kubelet" in n for n in cpus["notes"])
+
+
+def test_an_lse_pod_kubelet_shares_cpus_with_is_said_not_exclusive(make_node):
+    node = make_node(version="v1", topology=TWO)
+    lse = node.run_pod("lse", parent="/kubepods/burstable/podlse", labels={QOS_LABEL: "LSE"})
+    cid = node.run_container(lse, cpu_shares=512, cpu_quota=50000, cpuset_cpus="0-1")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    node.run_container(be, cpu_shares=2, cpuset_cpus="0-1")
+    notes = node.status_pod(lse)["containers"][0]["notes"]
+    assert any(n.startswith("cpuset 0-1: kubelet's shared pool, not exclusive") for n in notes), notes
+    view = node.engine.status()["cpus"]["kubelet"]["lse_lsr_containers"]
+    assert view == {"default/lse/app": {"class": "LSE", "cpus": [0, 1], "exclusive": False}}
+    assert node.engine.allocator.allocations() == {} and cid

@@ -442,6 +442,18 @@ class CgroupExecutor(_Converger):
                 self._apply_subset_ordered(plan, subset_ordered, results, force)
         return [result for result in results if result is not None]
 
+    def disown(self, writes: Iterable[CgroupWrite]) -> None:
+        """Forget the values koordnode last put in the files of `writes`: the next write there
+        is not counted as an overwrite. For files the container runtime has just rewritten
+        from kubelet's request (after UpdateContainerResources), which is no foreign writer."""
+        with self._lock:
+            for write in writes:
+                try:
+                    target = self._locate(write)
+                except _Outcome:
+                    continue
+                self._owned.pop(target.path, None)
+
     def read(self, cgroup: str, resource: str) -> str | None:
         """Raw content (stripped) of the file backing `resource` for `cgroup` on this kernel.
 

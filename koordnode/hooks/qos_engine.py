@@ -50,6 +50,7 @@ from koordnode.policy.class_policy import (
     ContainerPlan,
     ContainerResources,
     KernelFeatures,
+    REPORTED_BY_RUNTIME,
     PodInput,
     PodResourcesPlan,
     allocate_cpuset,
@@ -62,7 +63,7 @@ from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
-from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, QoSClass, resolve_qos_class
+from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, KubeQoS, QoSClass, resolve_qos_class
 from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
 from koordnode.model.pod_facts import PodFacts
 
@@ -117,6 +118,35 @@ def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozens
     if not isinstance(owner, str) or not owner or cls not in CPU_OWNING_CLASSES or not cpus:
         return None
     return owner, cls, cpus
+
+# `koordnode status` qos.cpus.owner: who decides the containers' cpusets.
+CPUS_OWNER_KOORDNODE = "koordnode"
+CPUS_OWNER_KUBELET = "kubelet (static CPU manager)"
+KUBELET_CPUS_NOTE = (
+    "kubelet's CPU manager policy is static: kubelet owns the containers' cpusets (exclusive CPUs for"
+    " Guaranteed containers with whole CPUs, its shared pool for the others, reconciled every"
+    " cpuManagerReconcilePeriod). koordnode keeps kubelet's cpuset in every CreateContainer and"
+    " UpdateContainerResources, allocates no CPUs for LSE/LSR and moves no container to a pool; every"
+    " other class value applies. LSE's whole cores (no SMT sibling shared) need kubelet's"
+    " cpuManagerPolicyOptions full-pcpus-only: \"true\"")
+
+
+def kubelet_cpuset_only(res: ContainerResources) -> bool:
+    """Whether an UpdateContainerResources carries nothing but a cpuset: kubelet's CPU manager
+    reconcile (cpumanager updateContainerCPUSet sends LinuxContainerResources{CpusetCpus} alone),
+    which changes the cpuset and nothing else. A resize always carries cpu_shares (>= 2)."""
+    return bool(res.cpuset_cpus) and not (res.cpu_shares or res.cpu_quota or res.cpu_period
+                                          or res.memory_limit_in_bytes or res.memory_swap_limit_in_bytes
+                                          or res.unified)
+
+
+def _whole_cpus(res: ContainerResources) -> bool:
+    """kubelet's static policy gives exclusive CPUs to Guaranteed containers with an integral
+    CPU limit (= request): quota a whole multiple of the period, or no quota at all (-1: kubelet
+    lifts the quota of containers with exclusive CPUs, feature DisableCPUQuotaWithExclusiveCPUs,
+    on by default)."""
+    return res.cpu_quota < 0 or (res.cpu_quota > 0 and res.cpu_period > 0 and res.cpu_quota % res.cpu_period == 0)
+
 
 # A pod cgroup in the BE group with no pod recorded is removed by the reconcile pass once older
 # than this: RunPodSandbox creates it before koordnode records the pod.
@@ -336,6 +366,13 @@ class QoSEngine:
         self.reallocate: set[str] = set()
         # LSE/LSR containers that got no CPUs at creation -> why (from their record annotation).
         self.fallback_reason: dict[str, str] = {}
+        # Who owns the cpusets: None while koordnode does; else why kubelet does (its static CPU
+        # manager puts a cpuset in every CreateContainer; under "none" it sends none). Sticky for
+        # the daemon's life (a client other than kubelet creating containers without a cpuset
+        # must not hand the CPUs back); rebuilt at restart from the containers' records.
+        self.kubelet_cpus: str | None = None
+        self._kubelet_cpus_notes: list[str] = []
+        self._kubelet_cpu_view: dict[str, Any] = {}
         self._published = PublishedStatus({}, {}, {})
         with self.lock:
             self._publish_status()
@@ -621,6 +658,21 @@ class QoSEngine:
         owner = self._owner_id(pod, container.name)
         reservation: CpuReservation | None = None
         with self.lock:
+            if kubelet.cpuset_cpus:
+                self._kubelet_owns_cpus(f"CreateContainer of {pod.namespace}/{pod.name}/{container.name}"
+                                        f" carried kubelet's cpuset {kubelet.cpuset_cpus}")
+            elif self.kubelet_cpus is not None:
+                self._note_no_kubelet_cpuset(f"{pod.namespace}/{pod.name}/{container.name}")
+            if self.kubelet_cpus is not None:
+                # kubelet's cpuset stays in the request: no allocation, no pool.
+                plan = plan_container(pod, container, decision=decision,
+                                      config=self.settings.qos.for_class(decision.qos_class),
+                                      features=self.features, cpuset=None, node=self.settings.node)
+                plan = dataclasses.replace(plan, notes=(*plan.notes, self._kubelet_cpuset_note(
+                    decision, kubelet)))
+                self._publish_status()
+                self._rewrite_create(req, plan, kubelet, owner, None, None, pod, container)
+                return plan, None
             cpuset = self._be_override(decision.qos_class) or allocate_cpuset(
                 self.allocator, pod, container, decision.qos_class)
             if cpuset.allocation is not None:
@@ -652,9 +704,9 @@ class QoSEngine:
         if allocation is not None:
             req.config.annotations[CPU_ALLOCATION_ANNOTATION] = allocation_to_annotation(
                 owner, allocation.qos_class, allocation.cpus)
-        elif cpuset.fallback:
+        elif cpuset is not None and cpuset.fallback:
             req.config.annotations[CPU_ALLOCATION_ANNOTATION] = fallback_to_annotation(cpuset.reason)
-        if cpuset.fallback:
+        if cpuset is not None and cpuset.fallback:
             log.warning("not_enough_free_cpus", detail="container runs on the shared pool",
                         pod=f"{pod.namespace}/{pod.name}", container=container.name, reason=cpuset.reason)
 
@@ -697,6 +749,28 @@ class QoSEngine:
             self._apply_pod(view, pod.sandbox_id, None, force=False)
             self._publish_status()
 
+    def container_updated(self, container_id: str) -> None:
+        """After UpdateContainerResources (NRI: PostUpdateContainer): the runtime has written
+        kubelet's values of the fields it reports back (REPORTED_BY_RUNTIME) to the container's
+        cgroup; the class values go back there, and that rewrite is not counted as an overwrite."""
+        self.containers_updated((container_id,))
+
+    def containers_updated(self, container_ids: Iterable[str]) -> None:
+        """container_updated for several containers (NRI: the runtime applied container updates,
+        e.g. pool moves, which rewrite every resource of the container's spec to its cgroup)."""
+        view = self.state.view()
+        by_pod: dict[str, set[str]] = {}
+        for cid in container_ids:
+            pod = view.pod_of_container(cid)
+            if pod is not None:
+                by_pod.setdefault(pod.sandbox_id, set()).add(cid)
+        if not by_pod:
+            return
+        with self.lock:
+            for sandbox_id, cids in by_pod.items():
+                self._apply_pod(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
+            self._publish_status()
+
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
         view = self.state.view()
         container = view.containers.get(req.container_id)
@@ -705,6 +779,15 @@ class QoSEngine:
             return
         with self.lock:
             kubelet = resources_from_pb(req.linux)
+            if kubelet_cpuset_only(kubelet):
+                # kubelet's CPU manager moves the container: only its cpuset changes; the rest of
+                # kubelet's values are what it asked before (planning from the zeros of this
+                # partial request would give LSE the minimum cpu.shares).
+                self._kubelet_owns_cpus(f"UpdateContainerResources of {pod.namespace}/{pod.name}/"
+                                        f"{container.name} carried only kubelet's cpuset {kubelet.cpuset_cpus}")
+                before = self._kubelet_resources(view, req.container_id)
+                kubelet = dataclasses.replace(before, cpuset_cpus=kubelet.cpuset_cpus,
+                                              cpuset_mems=kubelet.cpuset_mems or before.cpuset_mems)
             self.kubelet_resources[req.container_id] = kubelet
             # Survives a koordnode restart, unlike the annotation set at CreateContainer.
             self.resized.put(req.container_id, kubelet)
@@ -786,7 +869,10 @@ class QoSEngine:
         return self.classify(pod.labels, pod.cgroup_parent)
 
     def _cpuset_for(self, pod: PodRecord, decision: ClassDecision, container_id: str, name: str,
-                    kubelet: ContainerResources) -> CpusetDecision:
+                    kubelet: ContainerResources) -> CpusetDecision | None:
+        """None: kubelet's cpuset stays (kubelet's static CPU manager owns the cpusets)."""
+        if self.kubelet_cpus is not None:
+            return None
         owner = self.cpu_owner.get(container_id)
         if owner is not None:
             allocation = self.allocator.allocation_of(owner)
@@ -818,10 +904,13 @@ class QoSEngine:
         decision = self._decision(pod)
         cpuset = self._cpuset_for(pod, decision, container_id, name, kubelet)
         cgroup = self._container_cgroup(pod.cgroup_parent, container_id) if with_cgroup else None
-        return plan_container(self.pod_input_from_record(pod), ContainerInput(name=name, resources=kubelet, id=container_id),
+        plan = plan_container(self.pod_input_from_record(pod), ContainerInput(name=name, resources=kubelet, id=container_id),
                               decision=decision, config=self.settings.qos.for_class(decision.qos_class),
                               features=self.features, cpuset=cpuset, node=self.settings.node,
                               container_cgroup=cgroup)
+        if cpuset is None:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, self._kubelet_cpuset_note(decision, kubelet)))
+        return plan
 
     def _kubelet_resources(self, view: NodeView, container_id: str) -> ContainerResources:
         known = self.kubelet_resources.get(container_id)
@@ -878,11 +967,13 @@ class QoSEngine:
         return frozenset(cpus) if cpus else None
 
     def _apply_pod(self, view: NodeView, sandbox_id: str, pod_in: PodInput | None, *,
-                   force: bool, pass_state: _PassState | None = None) -> ClassDecision | None:
+                   force: bool, pass_state: _PassState | None = None,
+                   runtime_rewrote: Set[str] = frozenset()) -> ClassDecision | None:
         """Pod-level and container-level writes of one pod (its running containers); returns
         the class decision for the loop to record (None when the pod is unknown or skipped).
         `pod_in`: the pod as a CRI call describes it; None: as recorded. `pass_state`: the
-        reconcile pass this is part of (None: a single call from a hook)."""
+        reconcile pass this is part of (None: a single call from a hook). `runtime_rewrote`:
+        containers whose REPORTED_BY_RUNTIME files the runtime has just rewritten."""
         pod = view.pods.get(sandbox_id)
         if pod is None or skip_requested(pod.labels):
             self._plans.pop(sandbox_id, None)
@@ -934,6 +1025,9 @@ class QoSEngine:
             group_write = None  # idle, or the lowest weight cpu_suppress keeps while LS is quiet
         if group_write is not None:
             writes = (group_write, *writes)
+        if runtime_rewrote:
+            self.executor.disown(w for cid in runtime_rewrote if cid in entry.container_plans
+                                 for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
         if pass_state is not None:
             pass_state.results.extend(results)
@@ -1041,6 +1135,8 @@ class QoSEngine:
         """After an allocation changed: move running shared-pool containers to the new pools.
         `skip`: containers whose cpuset was just written from their plan. `results`: where the
         results go to be counted (default: counted here)."""
+        if self.kubelet_cpus is not None:
+            return  # kubelet's static CPU manager places every container: no pool here
         writes = []
         moves: dict[str, str] = {}
         for c in view.containers.values():
@@ -1105,7 +1201,10 @@ class QoSEngine:
             self.be_slices.prepare(slice_name, group)
         with self.lock:
             self.resized.keep_only(set(view.containers))
+            self._kubelet_cpus_from_records(view)
             for c in view.containers.values():
+                if self.kubelet_cpus is not None:
+                    break  # kubelet owns the cpusets: no allocation of koordnode's to restore
                 if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or c.container_id in self.cpu_owner:
                     continue
                 pod = view.pods.get(c.sandbox_id)
@@ -1293,10 +1392,90 @@ class QoSEngine:
                 if stops < MAX_STOPS_PER_PASS and self._stop_be_pod_slice(name):
                     stops += 1
 
+    # ---- who owns the cpusets --------------------------------------------------------------
+
+    def _kubelet_owns_cpus(self, why: str) -> None:
+        """kubelet's static CPU manager gave a container its cpuset: from now on kubelet owns
+        them. Allocations koordnode held are dropped (their containers keep running where they
+        are until kubelet moves them) and the plans are made again without cpusets."""
+        if self.kubelet_cpus is not None:
+            return
+        self.kubelet_cpus = why
+        log.warning("kubelet_owns_cpusets", detail="kubelet's static CPU manager sets cpusets: koordnode keeps"
+                    " them and allocates no CPUs", evidence=why)
+        for owner in list(self.allocator.allocations()):
+            self.allocator.release(owner)
+        self.cpu_owner.clear()
+        self.reallocate.clear()
+        self._plans.clear()
+
+    def _note_no_kubelet_cpuset(self, container: str) -> None:
+        note = (f"container {container} was created without a cpuset from kubelet (a client other than"
+                " kubelet, or kubelet's CPU manager policy changed): cpusets stay kubelet's until koordnode"
+                " restarts")
+        if note not in self._kubelet_cpus_notes:
+            self._kubelet_cpus_notes = [*self._kubelet_cpus_notes[-4:], note]
+
+    def _kubelet_cpus_from_records(self, view: NodeView) -> None:
+        """At start: kubelet owns the cpusets when a live container's recorded kubelet values
+        (our annotation from its CreateContainer, or kubelet's latest resize) hold a cpuset. The
+        runtime's own view is not evidence: in proxy mode it holds koordnode's pool cpusets."""
+        for c in view.containers.values():
+            if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED):
+                continue
+            recorded = self.resized.get(c.container_id) or resources_from_annotation(
+                c.annotations.get(KUBELET_RESOURCES_ANNOTATION))
+            if recorded is not None and recorded.cpuset_cpus:
+                pod = view.pods.get(c.sandbox_id)
+                where = f"{pod.namespace}/{pod.name}/{c.name}" if pod is not None else c.container_id[:12]
+                self._kubelet_owns_cpus(f"container {where} was created with kubelet's cpuset {recorded.cpuset_cpus}")
+                return
+
+    def _kubelet_cpuset_note(self, decision: ClassDecision, kubelet: ContainerResources) -> str:
+        cpus = kubelet.cpuset_cpus or "(none: the runtime's default)"
+        if decision.qos_class not in CPU_OWNING_CLASSES:
+            return f"cpuset {cpus}: kubelet's (static CPU manager)"
+        if decision.kube_qos is KubeQoS.GUARANTEED and _whole_cpus(kubelet):
+            return f"cpuset {cpus}: kubelet's exclusive CPUs (static CPU manager); koordnode allocates none"
+        return (f"cpuset {cpus}: kubelet's shared pool, not exclusive: {decision.qos_class.value} gets exclusive"
+                " CPUs from kubelet's static CPU manager only as a Guaranteed container with whole CPUs")
+
+    def _kubelet_cpu_status(self, view: NodeView) -> dict[str, Any]:
+        """The cpusets kubelet gave (from what it asked, as recorded): LSE/LSR containers by name,
+        `exclusive` when no other container has any of their CPUs, and the CPUs of everyone else
+        (kubelet's shared pool)."""
+        exclusive: dict[str, Any] = {}
+        shared: set[int] = set()
+        by_container: dict[str, frozenset[int]] = {}
+        for cid, res in list(self.kubelet_resources.items()):
+            c = view.containers.get(cid)
+            pod = view.pods.get(c.sandbox_id) if c is not None else None
+            if c is None or pod is None or c.state != CONTAINER_RUNNING or not res.cpuset_cpus:
+                continue
+            try:
+                cpus = parse_cpu_list(res.cpuset_cpus)
+            except ValueError:
+                continue
+            by_container[cid] = cpus
+            decision = self._decision(pod)
+            if decision.qos_class in CPU_OWNING_CLASSES:
+                exclusive[cid] = (f"{pod.namespace}/{pod.name}/{c.name}", decision.qos_class.value, cpus)
+            else:
+                shared |= cpus
+        lse_lsr = {}
+        for cid, (name, cls, cpus) in exclusive.items():
+            others = frozenset().union(*(v for k, v in by_container.items() if k != cid))
+            lse_lsr[name] = {"class": cls, "cpus": sorted(cpus), "exclusive": not cpus & others}
+        return {"lse_lsr_containers": lse_lsr, "others_run_on": sorted(shared)}
+
     # ---- views ----------------------------------------------------------------------------
 
     def _cpu_status(self) -> dict[str, Any]:
         """CPU pools and allocations as containers really get them (reads only the allocator)."""
+        if self.kubelet_cpus is not None:
+            return {"owner": CPUS_OWNER_KUBELET, "evidence": self.kubelet_cpus,
+                    "kubelet": dict(self._kubelet_cpu_view),
+                    "notes": [KUBELET_CPUS_NOTE, *self._kubelet_owner_notes(), *self._kubelet_cpus_notes]}
         allocator = self.allocator
         share_pool, be_pool = allocator.share_pool(), allocator.be_pool()
         ls_runs_on = allocator.pool_for(QoSClass.LS).cpus
@@ -1319,6 +1498,7 @@ class QoSEngine:
                                   # held for a CreateContainer not forwarded yet
                                   **({"reserved": True} if allocator.allocation_of(owner) is None else {})}
         return {
+            "owner": CPUS_OWNER_KOORDNODE,
             "share_pool": sorted(share_pool),
             "be_pool": sorted(be_pool),
             "reserved": sorted(allocator.reserved),
@@ -1328,6 +1508,16 @@ class QoSEngine:
             "allocations": allocations,
             "notes": notes,
         }
+
+    def _kubelet_owner_notes(self) -> list[str]:
+        """koordnode's own CPU settings that do not apply while kubelet owns the cpusets."""
+        node = self.settings.node
+        unused = [name for name, value in (("reserved_cpus", node.reserved_cpus), ("system_cpus", node.system_cpus))
+                  if value]
+        if not unused:
+            return []
+        return [f"[node] {' and '.join(unused)} not applied: kubelet places the containers (its"
+                " reservedSystemCPUs keeps CPUs from pods)"]
 
     def _be_slice_notes(self) -> list[str]:
         be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
@@ -1344,6 +1534,8 @@ class QoSEngine:
 
     def _publish_status(self) -> None:
         """Called at the end of each locked section: the status readers' snapshot."""
+        if self.kubelet_cpus is not None:
+            self._kubelet_cpu_view = self._kubelet_cpu_status(self.state.view())
         self._published = PublishedStatus(
             engine={
                 "cgroup_version": self.features.cgroup_version,

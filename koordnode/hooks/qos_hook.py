@@ -60,6 +60,12 @@ class QoSHook(RuntimeHook):
         elif call.method == "StartContainer":
             if ok:
                 self.engine.container_started(req.container_id)
+        elif call.method == "UpdateContainerResources":
+            # The runtime has written kubelet's values (also when it failed half-way): the
+            # class values of what it reports back go to the files again. NRI: at
+            # PostUpdateContainer instead (this call comes before the runtime applies).
+            if not call.scratch.get("runtime_applies_later"):
+                self.engine.container_updated(req.container_id)
         elif call.method in ("StopContainer", "RemoveContainer"):
             if ok:
                 self.engine.container_gone(req.container_id)

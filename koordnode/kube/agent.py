@@ -92,6 +92,10 @@ class ClusterLink:
         self._nodeslo_rv: str | None = None
         self._evictions: list[float] = []  # when each counted eviction was accepted
         self._evicted: dict[str, float] = {}  # pod UID -> when its eviction was accepted
+        # One eviction at a time: the QoS manager runs a round's evictions as concurrent tasks, and
+        # a pod one of them is asking about (or has just evicted) must be seen as terminating by
+        # the others, and the window's limit counted, before they ask the API server.
+        self._evict_lock = asyncio.Lock()
         self.eviction_counts: dict[str, int] = {}
         self.recent_evictions: list[dict[str, Any]] = []
         self.node_metric: dict[str, Any] = {"state": "not reported yet"}
@@ -210,9 +214,14 @@ class ClusterLink:
         refusal (429) is reported and the next one tried. Returns ("evicted" | "already
         terminating" | "gone", pod). A pod already terminating is not evicted or counted again.
         EvictionRefused when none was accepted or the window's limit is reached; Unreachable
-        when the API server does not answer (the caller stops the container through CRI then)."""
+        when the API server does not answer (the caller stops the container through CRI then).
+        Calls are taken one at a time (see _evict_lock)."""
         if not candidates:
             raise EvictionRefused("no candidate")
+        async with self._evict_lock:
+            return await self._evict_one(candidates, reason)
+
+    async def _evict_one(self, candidates: Sequence[EvictTarget], reason: str) -> tuple[str, EvictTarget]:
         if self._terminating(candidates[0].uid):  # e.g. a second container of a pod being evicted
             self._count("already_terminating", candidates[0], reason)
             return "already terminating", candidates[0]
@@ -227,7 +236,9 @@ class ClusterLink:
             raise EvictionRefused(f"at most {self.config.evictions_per_window} evictions per {window:g} s "
                                   "([kubernetes] evictions_per_window)")
         refusals = []
-        for target in candidates:
+        for i, target in enumerate(candidates):
+            if i and self._terminating(target.uid):  # the watch saw it deleting meanwhile
+                continue
             path = f"/api/v1/namespaces/{quote(target.namespace, safe='')}/pods/{quote(target.name, safe='')}/eviction"
             body = {"apiVersion": "policy/v1", "kind": "Eviction",
                     "metadata": {"name": target.name, "namespace": target.namespace},

@@ -42,13 +42,19 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 # What koordnode needs. POST_START (not START): pod-level values need the container running.
 BASE_EVENTS = (
     nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
-    nri.POST_START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER,
+    nri.POST_START_CONTAINER, nri.UPDATE_CONTAINER, nri.POST_UPDATE_CONTAINER, nri.STOP_CONTAINER,
+    nri.REMOVE_CONTAINER,
 )
 # Runtimes whose NRI predates UpdatePodSandbox refuse a subscription naming it; those that
 # announce their NRI version in Configure know it.
 UPDATE_POD_SANDBOX_EVENTS = (nri.UPDATE_POD_SANDBOX,)
 
 REGISTER_TIMEOUT_S = 5.0
+# The runtime applies a container update (a pool move, Synchronize's) by writing every resource
+# of the container's spec to its cgroup again: kubelet's cpu shares, quota and memory limit too,
+# which the spec keeps (policy REPORTED_BY_RUNTIME). Their class values go back once it has: at
+# once after an UpdateContainers call, this long after an answer that carried updates.
+RUNTIME_APPLIES_ANSWER_S = 1.0
 DEFAULT_REQUEST_TIMEOUT_MS = 2000
 # Share of the runtime's request timeout an answer may take; the rest is transport and slack.
 ANSWER_SHARE = 0.6
@@ -270,6 +276,9 @@ class NriPlugin:
             (PLUGIN_SERVICE, "PostStartContainer"): rpc(nri.PostStartContainerRequest,
                                                         container_event(self._post_start_container),
                                                         nri.PostStartContainerResponse, "PostStartContainer"),
+            (PLUGIN_SERVICE, "PostUpdateContainer"): rpc(nri.PostUpdateContainerRequest,
+                                                         container_event(self._post_update_container),
+                                                         nri.PostUpdateContainerResponse, "PostUpdateContainer"),
             (PLUGIN_SERVICE, "RemoveContainer"): rpc(nri.RemoveContainerRequest,
                                                      container_event(self._remove_container),
                                                      nri.RemoveContainerResponse, "RemoveContainer"),
@@ -334,6 +343,7 @@ class NriPlugin:
             nri.STOP_POD_SANDBOX: lambda: self._stop_pod_sandbox(ev.pod),
             nri.REMOVE_POD_SANDBOX: lambda: self._remove_pod_sandbox(ev.pod),
             nri.POST_START_CONTAINER: lambda: self._post_start_container(ev.pod, ev.container),
+            nri.POST_UPDATE_CONTAINER: lambda: self._post_update_container(ev.pod, ev.container),
             nri.REMOVE_CONTAINER: lambda: self._remove_container(ev.pod, ev.container),
         }
         handler = handlers.get(ev.event)
@@ -405,6 +415,7 @@ class NriPlugin:
                         container_id=container.id,
                         failures=call.hook_failures)
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.CreateContainerResponse(adjust=adjust, update=updates)
 
     async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -456,14 +467,39 @@ class NriPlugin:
         """kubelet changes a container's resources (resize): keep the class values on top."""
         asked = convert.cri_resources(req.linux_resources)
         request = cri.UpdateContainerResourcesRequest(container_id=req.container.id, linux=asked)
+        # The runtime applies the update after this answer: the class values of what it
+        # writes from kubelet's request follow at PostUpdateContainer.
         call = await self._hooks("UpdateContainerResources", request, cri.UpdateContainerResourcesResponse(),
-                                 dict(req.pod.labels))
+                                 dict(req.pod.labels), scratch={"runtime_applies_later": True})
         delta = convert.resources_delta(asked, call.request.linux)
         if delta is None:
             return nri.UpdateContainerResponse()
         update = nri.ContainerUpdate(container_id=req.container.id)
         update.linux.resources.CopyFrom(delta)
         return nri.UpdateContainerResponse(update=[update])
+
+    def _class_values_after(self, updates: list[nri.ContainerUpdate], delay_s: float) -> None:
+        """The runtime applies (or has applied) `updates`: write the class values of what it
+        rewrote from the containers' specs again, `delay_s` from now (the reconcile pass would,
+        later, and count it as an overwrite)."""
+        ids = [u.container_id for u in updates]
+        if self.engine is None or not ids or self.dry_run:
+            return
+        engine = self.engine
+
+        async def later() -> None:
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            await asyncio.to_thread(engine.containers_updated, ids)
+        self._spawn(later())
+
+    async def _post_update_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        """The runtime has applied an update with kubelet's values of the fields it reports back
+        (cpu shares, quota, memory limit: never adjusted, see policy REPORTED_BY_RUNTIME): the
+        class values go to the container's cgroup again."""
+        if self.engine is None:
+            return
+        await asyncio.to_thread(self.engine.container_updated, container.id)
 
     async def _stop_container(self, pod: nri.PodSandbox, container: nri.Container) -> nri.StopContainerResponse:
         self._collecting += 1
@@ -474,6 +510,7 @@ class NriPlugin:
         finally:
             self._collecting -= 1
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.StopContainerResponse(update=updates)
 
     async def _remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
@@ -563,6 +600,7 @@ class NriPlugin:
                 self._spawn(self._send_updates(updates))
             return nri.SynchronizeResponse()
         self.stats.updates_answered += len(updates)
+        self._class_values_after(updates, RUNTIME_APPLIES_ANSWER_S)
         return nri.SynchronizeResponse(update=updates)
 
     def _kubelet_values(self, containers: list[nri.Container]) -> dict[str, cri.LinuxContainerResources]:
@@ -656,6 +694,7 @@ class NriPlugin:
                         containers=[u.container_id for u in updates])
             return
         failed = nri.UpdateContainersResponse.FromString(raw).failed
+        self._class_values_after(updates, 0.0)
         self.stats.updates_sent += len(updates) - len(failed)
         self.stats.updates_failed += len(failed)
         if failed:

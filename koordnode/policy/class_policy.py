@@ -2,7 +2,9 @@
 
 Pure functions. For a container (CreateContainer / UpdateContainerResources) the result is
   - `cri`: LinuxContainerResources fields to override in the request,
-  - `writes`: CgroupWrites the CRI cannot carry (applied by the executor once the cgroup exists),
+  - `writes`: CgroupWrites applied by the executor once the cgroup exists: what the CRI cannot
+    carry, and the class values of the fields kubelet reads back (REPORTED_BY_RUNTIME), which
+    must reach the runtime as kubelet asked them,
   - `cri_mirror`: the CRI overrides again as container-cgroup writes, for reconcile/verify,
   - `notes`: why things were (not) set, for logs and `koordnode status`.
 For a pod sandbox (RunPodSandbox) the result is the pod-cgroup writes.
@@ -39,6 +41,15 @@ MIN_CFS_QUOTA_US = CFS_QUOTA_MIN_US
 MAX_CFS_QUOTA_US = CFS_RUNTIME_MAX_US
 CFS_PERIOD_RANGE_US = (CFS_PERIOD_MIN_US, CFS_PERIOD_MAX_US)
 CGROUP_VERSIONS = ("v1", "v2")
+
+# Container cgroup files the runtime writes from the CRI resources kubelet sent, and reports
+# back in ContainerStatus: kubelet (1.33+) turns cpu_shares into status.containerStatuses[]
+# .resources.requests.cpu, cpu_quota / cpu_period into limits.cpu and memory_limit_in_bytes
+# into limits.memory (kuberuntime's toKubeContainerResources). Their class values therefore
+# never go into a CRI request (nor an NRI adjustment): the request keeps kubelet's values, and
+# the class value is written to the file by the executor after StartContainer and after each
+# UpdateContainerResources (when the runtime has written kubelet's value again).
+REPORTED_BY_RUNTIME = frozenset({"cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us", "memory.limit_in_bytes"})
 
 
 # --- inputs ------------------------------------------------------------------------------
@@ -359,15 +370,20 @@ def plan_container(
     unified: dict[str, str] = {}
     writes: list[CgroupWrite] = []
     mirror: list[CgroupWrite] = []
+    memory_limit = resources.memory_limit_in_bytes
 
     def mirrored(resource: str, value: int | str, reason: str) -> None:
         if container_cgroup is not None:
             mirror.append(CgroupWrite(container_cgroup, resource, value, reason))
 
+    def written(resource: str, value: int | str, reason: str) -> None:
+        """A field kubelet reads back from the runtime: the file only (REPORTED_BY_RUNTIME)."""
+        if container_cgroup is not None:
+            writes.append(CgroupWrite(container_cgroup, resource, value, reason))
+
     # CPU weight.
     shares, shares_reason = cpu_shares_for(qos_class, config, resources.cpu_shares, batch)
-    cri["cpu_shares"] = shares
-    mirrored("cpu.shares", shares, shares_reason)
+    written("cpu.shares", shares, shares_reason)
     notes.append(shares_reason)
 
     # BE batch resources: quota and memory limit from the annotation.
@@ -379,15 +395,13 @@ def plan_container(
             if quota > 0
             else "BE: no batch-cpu limit: cfs quota unlimited (-1)"
         )
-        cri["cpu_quota"] = quota
-        cri["cpu_period"] = period
-        mirrored("cpu.cfs_period_us", period, quota_reason)
-        mirrored("cpu.cfs_quota_us", quota, quota_reason)
+        written("cpu.cfs_period_us", period, quota_reason)
+        written("cpu.cfs_quota_us", quota, quota_reason)
         notes.append(quota_reason)
         if batch.memory_limit_bytes is not None and batch.memory_limit_bytes > 0:
-            cri["memory_limit_in_bytes"] = batch.memory_limit_bytes
+            memory_limit = batch.memory_limit_bytes
             reason = f"BE: memory limit {batch.memory_limit_bytes} from batch-memory limit"
-            mirrored("memory.limit_in_bytes", batch.memory_limit_bytes, reason)
+            written("memory.limit_in_bytes", batch.memory_limit_bytes, reason)
             notes.append(reason)
 
     # OOM preference: a process attribute, so CRI only (no cgroup file to mirror).
@@ -406,7 +420,7 @@ def plan_container(
             mirrored("cpuset.mems", cpuset.cpuset_mems, "memory nodes of the container's CPUs")
 
     # Memory protection and throttling.
-    limit = max(int(cri.get("memory_limit_in_bytes") or resources.memory_limit_in_bytes or 0), 0)
+    limit = max(int(memory_limit or 0), 0)
     numbers = _memory_numbers(qos_class, config, annotations)
     memory = MemoryProtection()
     if not numbers.enabled:
