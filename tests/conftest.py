@@ -30,5 +30,3 @@ def cri_proxy(koordnode):
     yield cri
     cri.close()
 
-
-from kube_cluster_support import plane  # noqa: E402,F401  (the [kubernetes] tests' control plane)

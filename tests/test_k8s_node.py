@@ -264,7 +264,9 @@ def _resize_done(node: RealNode, name: str, cpu: str):
     return node.client().wait_for(f"resize of {name} to {cpu}", probe, timeout=90)
 
 
-def test_in_place_resize_through_the_api_recomputes_the_class_values(node):
+def resize_ls_to_700m_and_check(node: RealNode) -> None:
+    """The LS example pod resized through the API (500m → 700m): kubelet's status and the files
+    agree, the class values are recomputed, and a reconcile pass keeps the new size."""
     ls = example_pods()["LS"]
     name, container = ls["metadata"]["name"], ls["spec"]["containers"][0]["name"]
     _resize(node, name, {"containers": [{"name": container, "resources": {
@@ -275,6 +277,10 @@ def test_in_place_resize_through_the_api_recomputes_the_class_values(node):
     assert int(cg_read("cpu", ctr_cg, "cpu.shares")) == 700 * 1024 // 1000  # LS: kubelet's weight
     time.sleep(12)  # a reconcile pass (10 s) must keep the new size, not restore the old one
     check_class_values(node, FIRST_ROUND)
+
+
+def test_in_place_resize_through_the_api_recomputes_the_class_values(node):
+    resize_ls_to_700m_and_check(node)
 
 
 def test_a_resize_kubelet_cannot_complete_is_reported_as_kubelet_reports_it(node):

@@ -10,6 +10,8 @@ them (cluster strategy, then the first node strategy whose selector matches the 
 
 from __future__ import annotations
 
+# ruff: noqa: F811  (the `plane` fixture is imported, then requested by name)
+
 import asyncio
 import json
 import os
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from kube_cluster_support import NODES, NS, REPO, configmap, kubeconfig_for, set_configmap
+from kube_cluster_support import NODES, NS, REPO, configmap, kubeconfig_for, plane, set_configmap  # noqa: F401
 from testbed.kube_client import ApiError as AdminApiError
 from testbed.kube_client import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane

@@ -9,6 +9,8 @@ node by spec.nodeName) and through CRI with the same UID (no kubelet runs here).
 
 from __future__ import annotations
 
+# ruff: noqa: F811  (the `plane` fixture is imported, then requested by name)
+
 import json
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import pytest
 from k8s_support import cg_read
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess
-from kube_cluster_support import NODES, configmap, kubeconfig_for, set_configmap
+from kube_cluster_support import NODES, configmap, kubeconfig_for, plane, set_configmap  # noqa: F401
 from testbed.kube_bed import ControlPlane
 
 from koordnode.kube.agent import NODEMETRICS, NODESLOS

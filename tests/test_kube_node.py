@@ -16,6 +16,8 @@ pod is created, another guarded hog makes up for it.
 
 from __future__ import annotations
 
+# ruff: noqa: F811  (the `plane` fixture is imported, then requested by name)
+
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 
 from k8s_support import require_component
-from kube_cluster_support import kubeconfig_for
+from kube_cluster_support import kubeconfig_for, plane  # noqa: F401
 from testbed.kube_client import ApiError as AdminApiError
 from testbed.images import BUSYBOX_IMAGE_REF
 from testbed.kube_bed import ControlPlane
