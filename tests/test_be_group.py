@@ -16,6 +16,10 @@ SUID = UID.replace("-", "_")
     (f"/kubepods/besteffort/pod{UID}", f"/kubepods/koordnode_be/pod{UID}"),
     (f"/koordnode-test-ab12/kubepods/besteffort/pod{UID}", f"/koordnode-test-ab12/kubepods/koordnode_be/pod{UID}"),
     (f"kubepods-besteffort-pod{SUID}.slice", f"kubepods-koordnode_be-pod{SUID}.slice"),
+    # What the real kubelet sends with the systemd driver (found by tests/vm_guest/test_real_kubelet_v2.py:
+    # the BE pod stayed in kubelet's slice): the slice expanded into its path; a static pod's uid has no dashes.
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{SUID}.slice",
+     f"/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-pod{SUID}.slice"),
 ])
 def test_besteffort_pods_move_to_the_group_beside_the_tiers(kubelet, moved):
     assert be_group_parent(kubelet) == moved
@@ -30,7 +34,9 @@ def test_besteffort_pods_move_to_the_group_beside_the_tiers(kubelet, moved):
 @pytest.mark.parametrize("parent", [
     f"/kubepods/burstable/pod{UID}", f"/kubepods/pod{UID}", f"kubepods-burstable-pod{SUID}.slice",
     f"kubepods-pod{SUID}.slice", "/kubepods/besteffort", "/besteffort/pod1/extra", "", "/",
-    f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{SUID}.slice",
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{SUID}.slice",
+    f"/kubepods.slice/kubepods-pod{SUID}.slice",
+    f"/kubepods.slice/kubepods-besteffort-pod{SUID}.slice",  # not nested the way systemd nests it
     "/kubepods/besteffort/../pod1", "kubepods-besteffort-pod..slice",
 ])
 def test_other_parents_stay(parent):
@@ -40,3 +46,5 @@ def test_other_parents_stay(parent):
 def test_systemd_group_slice_name():
     assert systemd_group_slice(f"kubepods-koordnode_be-pod{SUID}.slice") == "kubepods-koordnode_be.slice"
     assert systemd_group_slice(f"/kubepods/koordnode_be/pod{UID}") is None
+    expanded = f"/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-pod{SUID}.slice"
+    assert systemd_group_slice(expanded) == "kubepods-koordnode_be.slice"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
+from koordnode.cri import api_pb2 as pb
 from koordnode.model.be_group import systemd_group_of_kubepods
 from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
@@ -270,3 +271,41 @@ def test_a_group_slice_at_the_lowest_weight_is_not_made_idle_again(systemd_node)
     write_cgroup_file(node.root, GROUP, "cpu.weight", "100")
     node.engine.reconcile()
     wait_until(lambda: systemd.started == [GROUP_SLICE, GROUP_SLICE])
+
+
+def test_kubelets_expanded_slice_parent_moves_into_the_group_the_same_way(systemd_node):
+    """The real kubelet's systemd driver sends the pod slice expanded into its path (its
+    CgroupName.ToSystemd), not the bare slice name the hand-made bed sends: found by
+    tests/vm_guest/test_real_kubelet_v2.py, where the BE pod stayed in kubelet's slice."""
+    node, systemd = systemd_node()
+    add_cgroup(node.root, "/kubepods.slice")
+    node.engine.adopt()
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
+    kubelet = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu1.slice"
+    pod = node.run_pod("batch", parent=kubelet)
+    moved = "/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-podu1.slice"
+    assert parent_of(node, pod) == moved
+    assert systemd.started == [GROUP_SLICE]
+    # Guaranteed and Burstable pods (expanded too) stay where kubelet put them.
+    ls = node.run_pod("web", parent="/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu3.slice")
+    assert parent_of(node, ls) == "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu3.slice"
+
+
+def test_a_stopped_sandbox_leaves_the_pod_slice_to_the_pods_next_sandbox(systemd_node):
+    """kubelet stops a pod's sandbox and starts its next one in the same slice (the pod's uid
+    names it): only RemovePodSandbox stops the slice, and a stop whose slice is in use again by
+    the time the worker runs is dropped. Found by the real kubelet in the VM lane (a BE pod
+    recreated again and again: each stop killed the next sandbox)."""
+    node, systemd = systemd_node()
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    old = node.run_pod("batch", parent=be_parent("u1"))
+    moved = parent_of(node, old)
+    add_cgroup(node.root, slice_path(moved))  # systemd's, empty once the sandbox stopped
+    node.call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=old.sandbox_id))
+    time.sleep(0.2)
+    assert systemd.stopped == []  # stopped only: kubelet may start the next sandbox right away
+    new = node.run_pod("batch", parent=be_parent("u1"))
+    assert parent_of(node, new) == moved
+    node.remove_pod(old)  # kubelet's GC removes the old sandbox: the slice holds the new one
+    time.sleep(0.3)
+    assert systemd.stopped == []

@@ -153,8 +153,9 @@ def pod_cgroup_path(cgroup_parent: str, driver: CgroupDriver | str = CgroupDrive
     """The pod's cgroup path relative to a hierarchy root, from the CRI cgroup_parent.
 
     cgroupfs: "/kubepods/burstable/pod<uid>" is used as is (normalised).
-    systemd: kubelet passes a bare slice name ("kubepods-besteffort-pod<uid>.slice"), which
-    systemd nests by its dashes; an already expanded path ("/kubepods.slice/...") is kept.
+    systemd: kubelet passes the slice expanded into its path ("/kubepods.slice/kubepods-
+    besteffort.slice/kubepods-besteffort-pod<uid>.slice"), which is kept; a bare slice name
+    ("kubepods-besteffort-pod<uid>.slice", as crictl or a test bed may send) is nested by its dashes.
     """
     if not isinstance(cgroup_parent, str) or not cgroup_parent.strip("/"):
         raise UnsafePathError(f"empty or invalid cgroup_parent: {cgroup_parent!r}")

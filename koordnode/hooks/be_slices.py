@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import structlog
@@ -58,7 +59,7 @@ class SystemdBeGroup:
         self.problems: dict[str, str] = {}  # slice -> why it is not idle (for status)
         self._worker: ThreadPoolExecutor | None = None
 
-    def _submit(self, fn: Callable[..., str | None], *args: str) -> Future[str | None]:
+    def _submit(self, fn: Callable[..., str | None], *args: Any) -> Future[str | None]:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="koordnode-systemd")
         return self._worker.submit(fn, *args)
@@ -158,12 +159,16 @@ class SystemdBeGroup:
         if not self._giving_way(group):
             self.prepare(slice_name, group)
 
-    def stop_pod_slice(self, slice_name: str) -> Future[str | None]:
-        """Stop an (empty) pod slice of the group in the worker."""
-        return self._submit(self._stop_logged, slice_name)
+    def stop_pod_slice(self, slice_name: str, still_unused: Callable[[], bool] | None = None) -> Future[str | None]:
+        """Stop an (empty) pod slice of the group in the worker; ``still_unused`` is asked again
+        right before (the worker may run seconds later, when a new sandbox is in the slice)."""
+        return self._submit(self._stop_logged, slice_name, still_unused)
 
-    def _stop_logged(self, slice_name: str) -> str | None:
+    def _stop_logged(self, slice_name: str, still_unused: Callable[[], bool] | None = None) -> str | None:
         try:
+            if still_unused is not None and not still_unused():
+                log.info("be_pod_slice_kept", slice=slice_name, reason="in use again")
+                return "in use again"
             problem = self._stop(slice_name)
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"

@@ -552,13 +552,21 @@ class QoSEngine:
         METRICS.record_writes([result])
         return None if result.ok else f"cpu.idle on {group}: {result.status.value}: {result.detail}"
 
-    def remove_be_pod_cgroup(self, cgroup_parent: str) -> None:
+    def remove_be_pod_cgroup(self, cgroup_parent: str, *, removed: bool = True) -> None:
         """After StopPodSandbox / RemovePodSandbox: kubelet removes its own pod cgroup, the one
-        in the BE group is koordnode's to remove (runc never removes a parent)."""
+        in the BE group is koordnode's to remove (runc never removes a parent).
+
+        A systemd pod slice is stopped at RemovePodSandbox only (``removed``): after
+        StopPodSandbox kubelet may start the pod's next sandbox at once, in the same slice (its
+        name is the pod's uid), and stopping the slice then kills that sandbox too -- with the
+        real kubelet in the VM lane a BE pod was recreated again and again that way. A slice
+        left by a stop without a removal goes with the reconcile pass's sweep (empty, a minute old,
+        no pod recorded in it)."""
         if not in_be_group(cgroup_parent):
             return
         if systemd_group_slice(cgroup_parent) is not None:
-            self._stop_be_pod_slice(cgroup_parent)
+            if removed:
+                self._stop_be_pod_slice(cgroup_parent)
             return
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
@@ -580,7 +588,20 @@ class QoSEngine:
                 return False
         except UnsafePathError:
             return False
-        self.be_slices.stop_pod_slice(cgroup_parent.strip("/").rsplit("/", 1)[-1])
+        slice_name = cgroup_parent.strip("/").rsplit("/", 1)[-1]
+
+        def still_unused() -> bool:
+            """Checked again in the worker right before the stop: a sandbox started in the slice
+            since (the pod's next one) keeps it."""
+            if any(pod.state == POD_READY and pod.cgroup_parent.strip("/").rsplit("/", 1)[-1] == slice_name
+                   for pod in self.state.view().pods.values()):
+                return False
+            try:
+                return not (self.executor.child_cgroups(pod_cgroup) or self.executor.read_pids(pod_cgroup))
+            except (OSError, UnsafePathError):
+                return False
+
+        self.be_slices.stop_pod_slice(slice_name, still_unused)
         return True
 
     def _systemd_be_groups(self, view: NodeView) -> dict[str, str]:

@@ -79,4 +79,5 @@ class QoSHook(RuntimeHook):
                 self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")
                 # The state recorder ran first: a removed pod is only in the call's scratch.
                 pod = self.engine.state.pods.get(req.pod_sandbox_id) or call.scratch.get("removed_pod")
-                self.engine.remove_be_pod_cgroup(pod.cgroup_parent if pod is not None else "")
+                self.engine.remove_be_pod_cgroup(pod.cgroup_parent if pod is not None else "",
+                                                 removed=call.method == "RemovePodSandbox")

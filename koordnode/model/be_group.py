@@ -10,6 +10,8 @@ So koordnode keeps a cgroup of its own, a sibling of the tiers inside kubelet's 
 
     cgroupfs: <kubepods>/besteffort/pod<uid>           ->  <kubepods>/koordnode_be/pod<uid>
     systemd:  kubepods-besteffort-pod<uid>.slice       ->  kubepods-koordnode_be-pod<uid>.slice
+              (kubelet sends it expanded, "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-
+              pod<uid>.slice", and gets it back the same way: ".../kubepods-koordnode_be.slice/...")
 
 marks it idle, and moves BestEffort pods of class BE there by rewriting the cgroup parent of
 RunPodSandbox and CreateContainer. kubelet's own cgroups are untouched: its pod cgroup under
@@ -43,8 +45,14 @@ def be_group_parent(kubelet_parent: str) -> str | None:
     if "/" in kubelet_parent.strip("/") or kubelet_parent.startswith("/"):
         parts = kubelet_parent.rstrip("/").split("/")
         if len(parts) >= 3 and parts[-2] == "besteffort" and _CGROUPFS_POD.match(parts[-1]):
-            # systemd parents given as expanded paths end in a .slice: leave those alone.
             return "/".join(parts[:-2] + [BE_GROUP, parts[-1]])
+        # The systemd driver as kubelet really sends it: the pod slice expanded into its path
+        # ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice", the
+        # slice's cgroup: kubelet's CgroupName.ToSystemd). The group's pod slice, expanded alike.
+        match = _SYSTEMD_BE_POD.match(parts[-1])
+        if match and len(parts) >= 3 and parts[-2] == f"{match['stem']}-besteffort.slice":
+            group_slice = f"{match['stem']}-{BE_GROUP}.slice"
+            return "/".join(parts[:-2] + [group_slice, f"{match['stem']}-{BE_GROUP}-{match['pod']}.slice"])
         return None
     match = _SYSTEMD_BE_POD.match(kubelet_parent)
     if match:

@@ -10,6 +10,8 @@ asks it rather than recomputing the paths; the versions are in ``k8s-versions.en
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -39,8 +41,28 @@ def versions() -> dict[str, str]:
     return pinned
 
 
+_VERSION_KEYS = {"kubernetes": "KUBERNETES_VERSION", "containerd": "CONTAINERD_VERSION", "etcd": "ETCD_VERSION",
+                 "cri-tools": "CRI_TOOLS_VERSION"}
+
+
+def _built_without_go() -> dict[str, Path]:
+    """Where a machine without Go finds the binaries another one built (the VM lane's guest:
+    the host's cache shared read-only): ``<cache>/<name>-<version>-go*`` that is complete,
+    the newest Go first. The script's layout, read back; used only when ``go`` is missing."""
+    cache = Path(os.environ.get("KOORDNODE_TESTBED_CACHE") or "/var/cache/koordnode-testbed")
+    pinned = versions()
+    dirs = {}
+    for name, key in _VERSION_KEYS.items():
+        found = sorted((d for d in cache.glob(f"{name}-{pinned.get(key, '?')}-go*") if (d / ".complete").is_file()),
+                       key=lambda d: d.stat().st_mtime, reverse=True)
+        dirs[name] = found[0] if found else cache / f"{name}-{pinned.get(key, '?')}-go(none built)"
+    return dirs
+
+
 @functools.cache
 def _component_dirs() -> dict[str, Path]:
+    if shutil.which("go", path=os.environ.get("PATH", "") + ":/usr/local/go/bin") is None:
+        return _built_without_go()
     result = subprocess.run(["bash", str(BUILD_SCRIPT), "--print"], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise K8sDistError(f"{BUILD_SCRIPT} --print failed: {result.stderr.strip()}")

@@ -221,11 +221,20 @@ class Kubelet:
 
     def __init__(self, workdir: Path, runtime_endpoint: str, cgroup_root: str, *, node_name: str,
                  control_plane: ControlPlane | None = None, cgroup_driver: str = "cgroupfs",
-                 config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None) -> None:
+                 config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None,
+                 binary: Path | None = None) -> None:
+        """``binary``: the kubelet to run (default: the one scripts/k8s-bed.sh built)."""
         self.workdir = Path(workdir).resolve()
+        self.binary = binary
         self.runtime_endpoint = runtime_endpoint
         self.cgroup_root = "/" + cgroup_root.strip("/")
         self.kubepods = f"{self.cgroup_root}/kubepods".replace("//", "/")
+        if cgroup_driver == "systemd":
+            # kubelet's systemd driver names its top cgroup kubepods.slice (tiers kubepods-burstable.slice,
+            # pods kubepods-burstable-pod<uid>.slice); only the root is supported here (the VM lane's node).
+            if self.cgroup_root != "/":
+                raise ValueError(f"cgroup_root {cgroup_root!r} with the systemd driver: only '/' is supported")
+            self.kubepods = "/kubepods.slice"
         self.node_name = node_name
         self.control_plane = control_plane
         self.cgroup_driver = cgroup_driver
@@ -289,7 +298,7 @@ class Kubelet:
             directory.mkdir(parents=True, exist_ok=True)
         self._ensure_cgroup_root()
         self.config_path.write_text(json.dumps(self.config(), indent=1))
-        args = [str(component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
+        args = [str(self.binary or component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
                 f"--root-dir={self.root_dir}", f"--cert-dir={self.workdir / 'pki'}",
                 f"--hostname-override={self.node_name}", "--v=2"]
         if self.control_plane is not None:
@@ -320,9 +329,9 @@ class Kubelet:
             self._process.wait(10)
         self._process = None
 
-    def restart(self) -> None:
+    def restart(self, timeout: float = 120.0) -> None:
         self.stop()
-        self.start()
+        self.start(timeout)
 
     def close(self) -> None:
         """Stop the kubelet and undo its mounts (the pods' cgroups belong to the containerd bed)."""
@@ -362,7 +371,9 @@ class Kubelet:
     def add_static_pod(self, name: str, pod: dict[str, Any]) -> Path:
         self.static_pod_dir.mkdir(parents=True, exist_ok=True)
         path = self.static_pod_dir / f"{name}.json"
-        tmp = path.with_suffix(".tmp")
+        # A dot file: kubelet reads every other file of the directory as a manifest (a "<name>.tmp"
+        # became a pod of its own, removed and re-added under another uid at the rename).
+        tmp = self.static_pod_dir / f".{name}.json.tmp"
         tmp.write_text(json.dumps(pod))
         os.replace(tmp, path)  # kubelet must never read half a manifest
         return path

@@ -60,6 +60,9 @@ GUEST_PY_DISTS = (
 )
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
 GUEST_CONTAINERD_SUITES = ("forky",)  # containerd 2.1 for the guest, beside its own 1.7
+# 9p tag of the real-node bed's binaries (scripts/k8s-bed.sh), mounted by tests/vm/guest/run.py
+# at /var/cache/koordnode-testbed (where tests/testbed/k8s_dist.py looks for them).
+TESTBED_CACHE_TAG = "testbedcache"
 IMAGE_RECIPE_VERSION = "3"  # bump when the image recipe below changes
 
 DEBOOTSTRAP_TIMEOUT_S = 900
@@ -436,6 +439,14 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
             _log(f"containerd of {suite} unavailable for the guest: {err}")
     shares = {"project": (REPO, True), "pydeps": (pydeps, True), "results": (results, False),
               "distcache": (dist_cache, True)}
+    # The real-node bed's static binaries (kubelet, containerd 2.x, etcd, kube-apiserver; built on
+    # the host by scripts/k8s-bed.sh), read-only; the guest mounts them at the same path
+    # (tests/vm/guest/run.py, so the image recipe does not change).
+    testbed_cache = Path(os.environ.get("KOORDNODE_TESTBED_CACHE") or "/var/cache/koordnode-testbed")
+    if testbed_cache.is_dir():
+        shares[TESTBED_CACHE_TAG] = (testbed_cache, True)
+    else:
+        _log(f"{testbed_cache} missing (scripts/k8s-bed.sh builds it): the guest's real-kubelet tests will fail")
 
     if accel is None:
         accel = os.environ.get("KOORDNODE_VM_ACCEL") or ""

@@ -40,10 +40,10 @@ def _facts() -> dict:
 
 
 def _collect_logs(log) -> None:
-    """koordnode and containerd logs of the guest tests, for post-mortems on the host."""
+    """koordnode, containerd and kubelet logs of the guest tests, for post-mortems on the host."""
     target = RESULTS / "logs"
     for path in sorted(Path("/var/tmp/pytest").rglob("*.log"))[:200]:
-        if path.name not in ("koordnode.log", "containerd.log"):
+        if path.name not in ("koordnode.log", "containerd.log", "kubelet.log"):
             continue
         try:
             dest = target / "_".join(path.relative_to("/var/tmp/pytest").parts)
@@ -68,6 +68,14 @@ def main() -> int:
     if not mounted:
         pydeps = Path("/opt/pydeps")
     print(f"dependencies at {pydeps}", file=log)
+    # The real-node bed's static binaries, shared read-only by the host when it has them
+    # (tests/vm/lane.py, tag "testbedcache"); not in the image's fstab, so no image rebuild.
+    testbed = Path("/var/cache/koordnode-testbed")
+    testbed.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(["mount", "-t", "9p", "-o", "trans=virtio,version=9p2000.L,msize=262144,ro",
+                            "testbedcache", str(testbed)], capture_output=True, text=True, timeout=60)
+    print(f"testbed binaries at {testbed}: "
+          f"{'mounted' if mount.returncode == 0 else 'not mounted: ' + mount.stderr.strip()}", file=log)
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": f"{pydeps}:{PROJECT}",

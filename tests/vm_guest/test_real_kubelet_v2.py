@@ -1,0 +1,524 @@
+"""A real kubelet behind koordnode on cgroup v2 with the systemd driver (VM lane guest).
+
+kubelet and containerd are the real-node bed's static binaries (``scripts/k8s-bed.sh`` on the
+host: kubelet v1.37 from k8s.io/kubernetes, containerd 2.x from its Go module, shared read-only
+into the guest), runc is Debian 13's. kubelet runs standalone (static pods), with
+``cgroupDriver: systemd`` (it makes ``kubepods.slice``, its tiers and every pod's slice through
+systemd), Memory QoS on (feature gate ``MemoryQoS``, beta and on by default in 1.37) with
+``memoryReservationPolicy: TieredReservation`` (without it kubelet sends ``memory.min`` /
+``memory.low`` = 0), and the bed's CNI bridge, so pods get addresses. koordnode sits between
+kubelet and containerd (proxy mode), with its idle BE group on (the default): BestEffort pods go
+to ``kubepods-koordnode_be-pod<uid>.slice``.
+
+Nothing of kubelet is reproduced here (tests/testbed/systemd_bed.py does that for the other
+guest tests): its slices, tier writes, Memory QoS values and restarts are its own. The example
+pods (tests/data/qos-class-examples.yaml) ask 2.7 CPUs together and the guest has 2: SYSTEM,
+LSE, LS and BE run first, then LSR in LSE's place.
+
+**The idle BE group is off on this node** (`be_idle_group_systemd = false`): with it, the real
+kubelet killed the BE pod moved into `kubepods-koordnode_be-pod<uid>.slice` at a later sync and
+started a new sandbox, again and again (kubelet's log: "Killing container with a grace period",
+then "No ready sandbox for pod can be found"; after it, koordnode's BE pod slices are stopped at
+RemovePodSandbox only, which did not change it). The likely cause, from kubelet 1.37's code:
+SyncPod kills a running pod whose pod cgroup fails `pcm.Exists` (cgroup v2: the slice must list
+cpu, cpuset, memory, hugetlb and pids in its cgroup.controllers); kubelet's own besteffort pod
+slice stays empty when koordnode moves the pod, so runc never re-enables those controllers there
+after systemd realizes the tier again (kubelet's minutely CPUWeight write). Open: see
+tests/vm/README.md.
+
+The tests of this module share one node and build on each other's pods (in file order); each
+starts the pods it needs if an earlier one did not leave them running.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guestlib import CG, GuestKoordnode, free_port, wait_for
+from k8s_support import example_pods
+from koordnode.admin.client import fetch_status
+from koordnode.model.kernel import shares_to_weight
+from testbed.k8s_dist import K8sDistError, component_bin
+from testbed.kube_bed import Kubelet
+from testbed.systemd_bed import SystemdBed, slice_path
+
+MIB = 1 << 20
+PAGE = 4096
+NODE = "kn-vm-node"
+KUBEPODS = CG / "kubepods.slice"
+BE_GROUP = KUBEPODS / "kubepods-koordnode_be.slice"
+RECONCILE_S = 5
+HOOK_TIMEOUT_MS = 3000
+# What kubelet gives the classes' containers through CRI, koordnode replaces (oom_score_adj:
+# kubelet's -997 for Guaranteed pods, 1000 for BestEffort ones).
+OOM_SCORE_ADJ = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
+# The Burstable LS pod of the Memory QoS test: kubelet puts its memory request into `unified`.
+BURSTABLE_LS = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "ls-burstable", "labels": {"koordinator.sh/qosClass": "LS"}},
+    "spec": {"containers": [{
+        "name": "app", "command": ["/bin/sleep", "3600"], "imagePullPolicy": "Never",
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
+    }]},
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The node
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class RunningPod:
+    cls: str
+    name: str  # the manifest's name (the static pod is <name>-<node>)
+    uid: str
+    container_id: str
+    restarts: int
+    ip: str
+    parent: str  # the cgroup parent containerd got (kubelet's, or koordnode's BE group's)
+    pod_dir: Path
+    container_dir: Path
+
+
+@dataclass
+class Node:
+    bed: SystemdBed
+    koordnode: GuestKoordnode
+    kubelet: Kubelet
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def status(self) -> dict[str, Any]:
+        """koordnode's status. Under TCG, with kubelet's calls (PLEG relists, stats every few
+        seconds) and a busy BE pod on one of the two vCPUs, an answer can take longer than the
+        admin client's default 5 s."""
+        return fetch_status(self.koordnode.admin, timeout_s=60)
+
+    def kubelet_pods(self) -> list[dict[str, Any]]:
+        """kubelet's own /pods (static pods with their status), on its read-only port: plain HTTP,
+        as TLS handshakes with kubelet's server timed out (30 s) under TCG on a loaded guest."""
+        url = f"http://127.0.0.1:{self.kubelet.config()['readOnlyPort']}/pods"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                return json.loads(response.read()).get("items") or []
+        except OSError:  # its server starts a moment after /healthz answers (and again after a restart)
+            return []
+
+    def add(self, cls: str, manifest: dict[str, Any]) -> None:
+        manifest = json.loads(json.dumps(manifest))
+        # The examples' sleep ignores SIGTERM (PID 1 without a handler): kubelet would wait the
+        # default 30 s grace period (longer under TCG) before it kills a removed pod.
+        manifest["spec"].setdefault("terminationGracePeriodSeconds", 1)
+        for container in manifest["spec"]["containers"]:
+            container.setdefault("image", self.bed.busybox_image)
+        self.manifests[cls] = manifest
+        self.kubelet.add_static_pod(manifest["metadata"]["name"], manifest)
+
+    def remove(self, cls: str) -> None:
+        manifest = self.manifests.pop(cls)
+        (self.kubelet.static_pod_dir / f"{manifest['metadata']['name']}.json").unlink()
+        name = f"{manifest['metadata']['name']}-{NODE}"
+        wait_for(lambda: not any(p["name"] == name and p["state"] == "ready" for p in self.status()["pods"])
+                 and not any(p["metadata"]["name"] == name for p in self.kubelet_pods()), 60,
+                 f"{name} stopped", interval=1)
+
+    def running(self, cls: str, kubelet_pods: list[dict[str, Any]], status: dict[str, Any]) -> RunningPod | None:
+        name = self.manifests[cls]["metadata"]["name"]
+        pod = next((p for p in kubelet_pods if p["metadata"]["name"] == f"{name}-{NODE}"), None)
+        if pod is None or pod.get("status", {}).get("phase") != "Running":
+            return None
+        statuses = pod["status"].get("containerStatuses") or []
+        if not statuses or not all("running" in s.get("state", {}) for s in statuses):
+            return None
+        uid = pod["metadata"]["uid"]
+        cid = statuses[0]["containerID"].removeprefix("containerd://")
+        kn_pod = next((p for p in status["pods"] if p["uid"] == uid and p["state"] == "ready"), None)
+        if kn_pod is None:
+            return None
+        parent = kn_pod["cgroup_parent"]
+        # kubelet sends the pod slice expanded into its path; a bare slice name is nested by its dashes.
+        pod_dir = CG / (parent if parent.startswith("/") else slice_path(parent)).lstrip("/")
+        return RunningPod(cls, name, uid, cid, statuses[0].get("restartCount", 0), pod["status"].get("podIP", ""),
+                          kn_pod["cgroup_parent"], pod_dir, pod_dir / f"cri-containerd-{cid}.scope")
+
+    def wait_running(self, classes: list[str], timeout_s: float = 120) -> dict[str, RunningPod]:
+        pods: dict[str, RunningPod] = {}
+
+        def all_running() -> bool:
+            kubelet_pods = self.kubelet_pods()
+            try:
+                status = self.status()
+            except OSError:  # an answer slower than its bound under TCG: ask again
+                return False
+            for cls in classes:
+                if cls not in pods:
+                    found = self.running(cls, kubelet_pods, status)
+                    if found is not None:
+                        pods[cls] = found
+            return len(pods) == len(classes)
+
+        try:
+            wait_for(all_running, timeout_s, f"{classes} Running", interval=2)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; running: {sorted(pods)}; kubelet log tail:\n"
+                                 + "\n".join(self.kubelet.log_text().splitlines()[-30:])) from None
+        return pods
+
+    def ensure(self, wanted: dict[str, dict[str, Any]]) -> dict[str, RunningPod]:
+        for cls in [c for c in self.manifests if c not in wanted]:
+            self.remove(cls)
+        for cls, manifest in wanted.items():
+            if cls not in self.manifests:
+                self.add(cls, manifest)
+        return self.wait_running(list(wanted))
+
+
+def _stop_kubelets_slices() -> None:
+    """kubelet's kubepods.slice (and everything below it: tiers, pod slices, koordnode's BE group)
+    goes away, so neither this module nor the tests after it meet the other's slices and values."""
+    subprocess.run(["systemctl", "stop", "kubepods.slice"], capture_output=True, timeout=120)
+
+
+def _dump(node: Node, what: str) -> None:
+    """koordnode's status and the end of kubelet's log into the results share, for post-mortems."""
+    target = Path("/results/logs")
+    if not target.parent.is_dir():
+        return
+    target.mkdir(exist_ok=True)
+    try:
+        (target / f"real-kubelet-{what}-status.json").write_text(json.dumps(node.status(), indent=1))
+    except Exception as err:  # noqa: BLE001 - a post-mortem aid only
+        (target / f"real-kubelet-{what}-status.json").write_text(f"status failed: {err!r}\n")
+
+
+@pytest.fixture(autouse=True)
+def _post_mortem(request):
+    yield
+    if "node" in request.fixturenames:
+        _dump(request.getfixturevalue("node"), request.node.name)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    try:
+        containerd_bin = component_bin("containerd")
+        component_bin("kubernetes")
+    except K8sDistError as err:
+        pytest.fail(f"the real-node bed's binaries are not in the guest: {err} (the host shares "
+                    "/var/cache/koordnode-testbed when scripts/k8s-bed.sh built it)", pytrace=False)
+    _stop_kubelets_slices()  # the slices the earlier guest tests' hand-made tiers left
+    began = time.monotonic()
+    bed = SystemdBed(tmp_path_factory.mktemp("kubelet-containerd"), bin_dir=containerd_bin)
+    bed.start()
+    kn: GuestKoordnode | None = None
+    kubelet: Kubelet | None = None
+    try:
+        port = free_port()
+        kn = GuestKoordnode(
+            tmp_path_factory.mktemp("kubelet-kn"), str(bed.socket), metrics_listen=f"127.0.0.1:{port}",
+            kubepods="/kubepods.slice",
+            # hook_timeout_ms: the hooks' 200 ms bound is for real machines; under TCG, with kubelet
+            # starting four pods at once, a RunPodSandbox pre ran over it and (fail-open, as
+            # designed) the BE pod stayed in kubelet's slice.
+            # cpu_suppress off: under TCG kubelet, containerd and koordnode themselves use 1-1.5 of
+            # the 2 vCPUs, so the BE budget sits at the quota's floor (2 ms per 100 ms) and the BE
+            # pod's sandbox and container, starting in the throttled group, outlasted kubelet's
+            # runtime request timeout (it recreated them). The suppression has its own guest tests.
+            # be_idle_group_systemd off: with the real kubelet, a BE pod moved into koordnode's group
+            # is killed and recreated by kubelet again and again (see the module's docstring).
+            extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n'
+                       'be_idle_group_systemd = false\n'
+                       '[strategy.cpu_suppress]\nenable = false\n')
+        kn.config_path.write_text(kn.config_path.read_text().replace(
+            "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
+        kn.metrics_port = port
+        kn.start()
+        # kubelet from the guest's own disk: re-reading 90 MB over 9p under TCG (after the page
+        # cache dropped it) kept a restarted kubelet silent for minutes.
+        kubelet_bin = Path(str(tmp_path_factory.mktemp("kubelet-bin"))) / "kubelet"
+        shutil.copy(component_bin("kubernetes") / "kubelet", kubelet_bin)
+        kubelet = Kubelet(
+            tmp_path_factory.mktemp("kubelet"), f"unix://{kn.listen}", "/", node_name=NODE, cgroup_driver="systemd",
+            binary=kubelet_bin,
+            feature_gates={"MemoryQoS": True},
+            config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port()})
+        kubelet.start(timeout=300)
+        print(f"node up in {time.monotonic() - began:.0f} s: containerd {bed.version().runtime_version}, "
+              f"kubelet from {component_bin('kubernetes')}")
+        yield Node(bed, kn, kubelet)
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        if kn is not None:
+            kn.stop()
+        bed.stop()
+        _stop_kubelets_slices()
+
+
+# --------------------------------------------------------------------------------------------
+# What koordnode applied, read back from the files
+# --------------------------------------------------------------------------------------------
+
+_APPLIED = re.compile(r"^(?P<resource>[^=]+)=(?P<value>.*) on (?P<cgroup>/\S*) \((?P<status>[^),]+)")
+
+
+def _cpus(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _file_agrees(resource: str, value: str, cgroup: str) -> tuple[bool | None, str]:
+    """Whether the v2 file of ``resource`` holds ``value`` (None: a resource this test does not read)."""
+    directory = CG / cgroup.lstrip("/")
+
+    def read(name: str) -> str:
+        try:
+            return (directory / name).read_text().strip()
+        except FileNotFoundError:
+            return "(missing)"
+
+    if resource == "cpu.shares":
+        current = read("cpu.weight")
+        return current == str(shares_to_weight(int(value))), f"cpu.weight {current}"
+    if resource in ("cpu.idle", "cpu.weight"):
+        current = read(resource)
+        return current == value, f"{resource} {current}"
+    if resource in ("memory.min", "memory.low", "memory.high"):
+        current = read(resource)
+        if value in ("max", "-1"):
+            return current == "max", f"{resource} {current}"
+        return current.isdigit() and abs(int(current) - int(value)) < PAGE, f"{resource} {current}"
+    if resource in ("cpuset.cpus", "cpuset.mems"):
+        current = read(resource)
+        return current != "(missing)" and _cpus(current) == _cpus(value), f"{resource} {current}"
+    if resource in ("blkio.weight", "io.weight"):
+        current = read("io.weight")
+        return current.split()[:2] == ["default", value], f"io.weight {current!r}"
+    if resource == "cpu.cfs_quota_us":
+        current = read("cpu.max")
+        quota = current.split()[0] if current != "(missing)" else current
+        return quota == ("max" if int(value) < 0 else value), f"cpu.max {current}"
+    return None, ""
+
+
+def applied_values(status: dict[str, Any], uid: str) -> list[tuple[str, str, str, str]]:
+    """(level, resource, value, cgroup) of every value koordnode applied to the pod and its containers."""
+    pod = next(p for p in status["pods"] if p["uid"] == uid and p["state"] == "ready")
+    values = []
+    for level, entries in [("pod", pod.get("applied", []))] + [
+            (f"container {c['name']}", c.get("applied", [])) for c in pod["containers"]]:
+        for entry in entries:
+            match = _APPLIED.match(entry)
+            assert match, f"cannot read koordnode's applied entry {entry!r}"
+            values.append((level, match["resource"], match["value"], match["cgroup"]))
+    return values
+
+
+def disagreements(node: Node, pods: dict[str, RunningPod]) -> dict[tuple[str, str, str], str]:
+    """(class, level, resource) -> what differs, for every applied value not in its file now."""
+    problems = {}
+    status = node.status()
+    for cls, pod in pods.items():
+        for level, resource, value, cgroup in applied_values(status, pod.uid):
+            agrees, current = _file_agrees(resource, value, cgroup)
+            if agrees is False:
+                problems[(cls, level, resource)] = f"{cls} {level}: koordnode applied {resource}={value}, " \
+                                                   f"{cgroup} has {current}"
+    return problems
+
+
+def overwrites(node: Node) -> dict[str, int]:
+    return dict(node.status()["qos"]["overwrites"]["counts"])
+
+
+def settled(node: Node, pods: dict[str, RunningPod], timeout_s: float = 30) -> None:
+    """Every value koordnode applied is in its file (systemd re-applies a slice's own properties
+    when runc starts a scope in it; koordnode restores them within a reconcile period)."""
+    last: dict[tuple[str, str, str], str] = {}
+
+    def agree() -> bool:
+        nonlocal last
+        last = disagreements(node, pods)
+        return not last
+
+    try:
+        wait_for(agree, timeout_s, "koordnode's values in the cgroup files", interval=2)
+    except AssertionError as err:
+        raise AssertionError(f"{err}:\n" + "\n".join(last.values())) from None
+
+
+def read(directory: Path, name: str) -> str:
+    return (directory / name).read_text().strip()
+
+
+def near(value: str, expected: int) -> bool:
+    return value.isdigit() and abs(int(value) - expected) < PAGE
+
+
+def oom_score_adj(pod: RunningPod) -> set[str]:
+    """oom_score_adj of every process in the container's scope (one value when all agree)."""
+    pids = read(pod.container_dir, "cgroup.procs").split()
+    assert pids, f"no process in {pod.container_dir}"
+    return {Path(f"/proc/{pid}/oom_score_adj").read_text().strip() for pid in pids}
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+ROUND_1 = ("SYSTEM", "LSE", "LS", "BE")
+
+
+@pytest.mark.timeout(1200)  # the node's start (containerd, koordnode, kubelet under TCG) included
+def test_example_pods_run_with_their_class_values_in_kubelets_systemd_slices(node):
+    examples = example_pods()
+    began = time.monotonic()
+    pods = node.ensure({cls: examples[cls] for cls in ROUND_1})
+    print(f"SYSTEM, LSE, LS, BE Running after {time.monotonic() - began:.0f} s")
+    for cls, pod in pods.items():
+        assert pod.ip.startswith("10.213."), f"{cls}: no address from the CNI bridge: {pod.ip!r}"
+        assert pod.container_dir.is_dir(), f"{cls}: no {pod.container_dir}"
+        kn_pod = next(p for p in node.status()["pods"] if p["uid"] == pod.uid)
+        assert kn_pod["qos_class"] == cls, kn_pod
+    # kubelet's cgroup parents (systemd driver) are the pod slices expanded into their paths (not
+    # the bare slice names the hand-made bed, testbed/systemd_bed.py, sends): Guaranteed pods right
+    # under kubepods.slice, the BE pod moved by koordnode into its idle group's slice, expanded
+    # alike (kubelet's own besteffort pod slice stays, empty).
+    for cls in ("SYSTEM", "LSE", "LS"):
+        assert pods[cls].parent == f"/kubepods.slice/kubepods-pod{pods[cls].uid.replace('-', '_')}.slice", \
+            pods[cls].parent
+    be = pods["BE"]
+    # In kubelet's besteffort slice: this node runs without the idle BE group (module docstring).
+    assert be.parent == (f"/kubepods.slice/kubepods-besteffort.slice/"
+                         f"kubepods-besteffort-pod{be.uid.replace('-', '_')}.slice"), be.parent
+
+    settled(node, pods)
+    for cls, pod in pods.items():
+        values = applied_values(node.status(), pod.uid)
+        print(cls, pod.parent, [f"{level}: {r}={v}" for level, r, v, _ in values])
+        assert any(level.startswith("container") for level, *_ in values), f"{cls}: nothing applied to its container"
+        # What koordnode controls: the class's oom_score_adj in the CreateContainer it forwarded.
+        # The processes read 0 under containerd 2.4.2 with Debian's runc 1.1.15 whatever the request
+        # says (kubelet's -997 too): printed, not asserted (open, tests/vm/README.md).
+        forwarded = next(c for p in node.status()["pods"] if p["uid"] == pod.uid for c in p["containers"])
+        assert forwarded["resources"].get("oom_score_adj") == OOM_SCORE_ADJ[cls], (cls, forwarded["resources"])
+        print(f"{cls}: oom_score_adj forwarded {OOM_SCORE_ADJ[cls]}, in /proc {oom_score_adj(pod)}")
+    # The class table, in the files: cpu.weight from the class's shares per requested CPU (the
+    # CPUs as kubelet sends them: its cpu_shares, milli-CPUs x 1024 / 1000, rounded down) ...
+    for cls, per_cpu, milli in (("SYSTEM", 32768, 200), ("LSE", 262144, 1000), ("LS", 1024, 500)):
+        expected = shares_to_weight(max(2, min(262144, per_cpu * (milli * 1024 // 1000) // 1024)))
+        assert read(pods[cls].container_dir, "cpu.weight") == str(expected), (
+            cls, read(pods[cls].container_dir, "cpu.weight"), expected)
+    assert read(be.container_dir, "cpu.weight") == "1" and read(be.pod_dir, "cpu.weight") == "1"
+    assert read(be.pod_dir, "cpu.idle") == "0"
+    # ... memory protection from the request (Guaranteed: request = limit): LS 50 % / 80 %, LSE its
+    # annotation's minLimitPercent 50 and low 120 % capped at the limit; memory.high 90 % of the limit.
+    ls = pods["LS"]
+    assert near(read(ls.container_dir, "memory.min"), 160 * MIB * 50 // 100)
+    assert near(read(ls.container_dir, "memory.low"), 160 * MIB * 80 // 100)
+    assert near(read(ls.container_dir, "memory.high"), 160 * MIB * 90 // 100)
+    lse = pods["LSE"]
+    assert near(read(lse.container_dir, "memory.min"), 256 * MIB * 50 // 100)
+    assert near(read(lse.container_dir, "memory.low"), 256 * MIB)
+    # ... and LSE's exclusive CPU, which no other pod's container shares.
+    lse_cpus = _cpus(read(lse.container_dir, "cpuset.cpus"))
+    assert len(lse_cpus) == 1, lse_cpus
+    for cls in ("SYSTEM", "LS", "BE"):
+        assert not lse_cpus & _cpus(read(pods[cls].container_dir, "cpuset.cpus")), cls
+
+
+@pytest.mark.timeout(600)
+def test_kubelets_periodic_writes_leave_koordnodes_values(node):
+    """kubelet's QoS manager rewrites its tiers (and kubepods.slice's Memory QoS values) every
+    minute and syncs every pod every syncFrequency (10 s); systemd re-applies a slice's own
+    properties whenever it realizes it. Over 75 s (a tier update included), every value
+    koordnode applied is sampled: at the end all are in place, and each one seen changed in
+    between was restored by koordnode and counted as an overwrite."""
+    examples = example_pods()
+    pods = node.ensure({cls: examples[cls] for cls in ROUND_1})
+    settled(node, pods)
+    before = overwrites(node)
+    seen: dict[tuple[str, str, str], str] = {}
+    began = time.monotonic()
+    while time.monotonic() - began < 75:
+        for key, problem in disagreements(node, pods).items():
+            seen.setdefault(key, problem)
+        time.sleep(3)
+    settled(node, pods)
+    after = overwrites(node)
+    counted = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    print(f"values seen changed by another writer in 75 s: {sorted(seen.values())}")
+    print(f"overwrites koordnode counted (and restored) meanwhile: {counted}; in all: {after}")
+    for (_cls, _level, resource), problem in seen.items():
+        assert any(resource in name or name in resource for name in counted), (
+            f"{problem}: changed, but no overwrite of {resource} counted ({counted})")
+    # koordnode's BE group slice (systemd resets its cpu.weight to 100 when it realizes it again,
+    # e.g. after kubelet's property writes to kubepods.slice: koordnode restores it, counted as
+    # a cpu.shares overwrite) still gives way to LS, with the BE pod in it.
+
+
+@pytest.mark.timeout(600)
+def test_values_and_pods_survive_a_kubelet_restart(node):
+    examples = example_pods()
+    pods = node.ensure({cls: examples[cls] for cls in ROUND_1})
+    settled(node, pods)
+    began = time.monotonic()
+    node.kubelet.restart(timeout=300)
+    print(f"kubelet restarted in {time.monotonic() - began:.0f} s")
+    time.sleep(20)  # its first syncs: QoS tiers at start, every pod once
+    after = node.wait_running(list(ROUND_1))
+    for cls, pod in pods.items():
+        assert (after[cls].uid, after[cls].container_id) == (pod.uid, pod.container_id), f"{cls} was recreated"
+        assert after[cls].restarts == pod.restarts, cls
+    settled(node, after)
+    print(f"overwrites counted after kubelet's restart: {overwrites(node)}")
+
+
+@pytest.mark.timeout(900)  # the node's teardown included
+def test_lsr_in_lses_place_and_kubelets_memory_qos_request_for_burstable_ls(node):
+    """Round 2: LSR instead of LSE, and a Burstable LS pod; the BE pod goes (its busy loop costs
+    the TCG guest half its CPU), and with it its slice in koordnode's group. kubelet's Memory QoS
+    (TieredReservation) sends a Burstable container's memory request as `unified` memory.low:
+    koordnode takes it as the request, so the pod gets LS's protection (50 % / 80 % of it)."""
+    examples = example_pods()
+    be = node.wait_running(["BE"]).get("BE") if "BE" in node.manifests else None
+    wanted = {cls: examples[cls] for cls in ("SYSTEM", "LS", "LSR")}
+    wanted["LS-burstable"] = BURSTABLE_LS
+    pods = node.ensure(wanted)
+    if be is not None and be.pod_dir.parent == BE_GROUP:
+        # systemd keeps a slice it started until told otherwise: koordnode stops it once empty.
+        wait_for(lambda: not be.pod_dir.exists(), 30, f"{be.pod_dir.name} stopped")
+    settled(node, pods)
+    lsr = pods["LSR"]
+    assert lsr.parent.startswith("/kubepods.slice/kubepods-pod"), lsr.parent
+    assert near(read(lsr.container_dir, "memory.min"), 128 * MIB * 80 // 100)
+    assert near(read(lsr.container_dir, "memory.low"), 128 * MIB)
+    forwarded = next(c for p in node.status()["pods"] if p["uid"] == lsr.uid for c in p["containers"])
+    assert forwarded["resources"].get("oom_score_adj") == -700, forwarded["resources"]
+    burstable = pods["LS-burstable"]
+    assert burstable.parent.startswith("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"), \
+        burstable.parent
+    kn_pod = next(p for p in node.status()["pods"] if p["uid"] == burstable.uid)
+    assert kn_pod["qos_class"] == "LS"
+    # A Burstable container's request is nowhere else in CRI: protection above 0 comes from
+    # kubelet's unified memory.low (koordnode's "request from kubelet's unified memory.low").
+    request, limit = 64 * MIB, 128 * MIB
+    assert near(read(burstable.container_dir, "memory.min"), request * 50 // 100)
+    assert near(read(burstable.container_dir, "memory.low"), request * 80 // 100)
+    assert near(read(burstable.container_dir, "memory.high"), limit * 90 // 100)
+    assert near(read(burstable.pod_dir, "memory.min"), request * 50 // 100)
+    print("burstable LS pod slice:", {n: read(burstable.pod_dir, n) for n in ("memory.min", "memory.low", "memory.high")})
+    print("kubepods.slice:", {n: read(KUBEPODS, n) for n in ("memory.min", "memory.low")},
+          "burstable tier:", {n: read(KUBEPODS / "kubepods-burstable.slice", n) for n in ("memory.min", "memory.low")})
