@@ -131,7 +131,8 @@ def test_class_falls_back_to_the_slice_name_without_a_label(systemd_bed, guest_k
         assert pod.parent in status["qos_reason"] or "tier" in status["qos_reason"], status["qos_reason"]
     wait_for(lambda: be_throttle(pods["besteffort"]), 10, "BE pod's disk throttle")  # BE's pod values
     assert pods["besteffort"].read("cpu.idle", "pod") == "0"  # [qos.BE] cpu_idle = 0
-    assert pods["guaranteed"].read("cpu.weight") == str(shares_to_weight(512 * 65536 // 1024))
+    wait_for(lambda: pods["guaranteed"].read("cpu.weight") == str(shares_to_weight(512 * 65536 // 1024)), 30,
+             "LSR class weight from the slice name")
 
 
 @pytest.mark.containerd("1.7", "2.1")
@@ -150,7 +151,8 @@ def test_lse_gets_an_exclusive_cpu_and_the_pools_shrink_and_come_back(systemd_be
     # Read once it is there: a CI run read "" once right after the container started (1.7).
     mine = wait_for(lambda: lse.read("cpuset.cpus"), 10, "the LSE container's cpuset")
     assert "," not in mine and "-" not in mine, f"one exclusive CPU, got {mine!r}"
-    assert lse.read("cpu.weight") == str(shares_to_weight(262144))
+    # the class weight goes to the file after StartContainer (containerd's spec keeps kubelet's shares)
+    wait_for(lambda: lse.read("cpu.weight") == str(shares_to_weight(262144)), 30, "LSE class weight")
     rest = wait_for(lambda: ls.read("cpuset.cpus") if mine not in ls.read("cpuset.cpus").split(",") and
                     ls.read("cpuset.cpus") != everything else "", 10, "LS moved off the LSE CPU")
     assert be.read("cpuset.cpus") == rest, "BE follows the pool"
@@ -171,7 +173,8 @@ def test_lsr_memory_protection_from_the_guaranteed_limit(systemd_bed, guest_koor
     # runc writes kubelet's unified memory.min (the limit) at creation; koordnode's 80 % follows.
     wait_for(lambda: near(lsr.read("memory.min"), limit * 80 // 100), 10, "LSR memory.min = 80 % of the limit")
     assert near(lsr.read("memory.low"), limit)
-    assert lsr.read("cpu.weight") == str(shares_to_weight(65536))
+    # the class weight goes to the file after StartContainer (containerd's spec keeps kubelet's shares)
+    wait_for(lambda: lsr.read("cpu.weight") == str(shares_to_weight(65536)), 30, "LSR class weight")
     assert lsr.read("cpu.max") == "100000 100000"
     pod_value(lsr, "memory.min", lambda v: near(v, limit * 80 // 100), "LSR pod memory.min")
 
@@ -187,7 +190,7 @@ def test_system_class_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
     status = pod_status(guest_koordnode, system.sandbox_id)
     assert status["qos_class"] == "SYSTEM", status
     assert status["containers"][0]["resources"]["oom_score_adj"] == -1000
-    assert system.read("cpu.weight") == str(shares_to_weight(32768))
+    wait_for(lambda: system.read("cpu.weight") == str(shares_to_weight(32768)), 30, "SYSTEM class weight")
     assert system.read("cpu.max") == "100000 100000"
     assert system.read("memory.max") == str(64 * MIB)
     for name in ("memory.min", "memory.low"):
