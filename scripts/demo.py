@@ -139,11 +139,24 @@ class Tail:
         return out
 
 
+LS_STOP_FILE = "/tmp/ls-stop"
+# Busy until the demo says stop: the view's ticks stretch past a second on a loaded machine, so a
+# fixed duration would end the load before the busy phase does.
+LS_BUSY_LOOP = f"while [ ! -e {LS_STOP_FILE} ]; do :; done"
+
+
 def start_ls_load(cri: Cri, container_id: str, seconds: int, workers: int) -> None:
-    """`workers` busy loops in the LS container for `seconds`, detached so ExecSync returns at once."""
-    loop = f"timeout {seconds} sh -c '{BUSY_LOOP}' </dev/null >/dev/null 2>&1 &"
-    cri.rt.ExecSync(pb.ExecSyncRequest(container_id=container_id, cmd=["sh", "-c", f"{loop * workers} exit 0"],
+    """`workers` busy loops in the LS container until stop_ls_load (at most 10 × `seconds` + 30 s
+    should the demo die), detached so ExecSync returns at once."""
+    loop = f"timeout {seconds * 10 + 30} sh -c '{LS_BUSY_LOOP}' </dev/null >/dev/null 2>&1 &"
+    cri.rt.ExecSync(pb.ExecSyncRequest(container_id=container_id,
+                                       cmd=["sh", "-c", f"rm -f {LS_STOP_FILE}; {loop * workers} exit 0"],
                                        timeout=10), timeout=20)
+
+
+def stop_ls_load(cri: Cri, container_id: str) -> None:
+    cri.rt.ExecSync(pb.ExecSyncRequest(container_id=container_id, cmd=["touch", LS_STOP_FILE], timeout=10),
+                    timeout=20)
 
 
 def main() -> int:
@@ -216,6 +229,8 @@ def main() -> int:
                     break
                 if t == busy_from + 1:
                     start_ls_load(cri, ls_cid, busy_until - busy_from, ncpu)
+                if t == busy_until + 1:
+                    stop_ls_load(cri, ls_cid)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - last[3])))
                 where.refresh()  # follow the pods wherever koordnode has them now
                 now = usage()
