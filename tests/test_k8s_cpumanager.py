@@ -27,7 +27,7 @@ from k8s_support import (
     runtime_errors,
 )
 from koordnode.model.cpulist import parse_cpu_list
-from test_k8s_node import STATS_FROM_CRI, check_class_values
+from test_k8s_node import STATS_FROM_CRI, check_class_values, run_example_pods
 from testbed.real_node import NODE_NAMES, RealNode, real_node
 
 pytestmark = pytest.mark.e2e
@@ -71,10 +71,7 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets_and_nobody_undoes_anybody(
     namespace = "cpumanager" if mode == "proxy" else "cpumanager-nri"
     with real_node(tmp_path, mode=mode, control_plane=control_plane, node_name=NODE_NAMES[2], namespace=namespace,
                    feature_gates=STATS_FROM_CRI, kubelet_config=CPU_MANAGER) as node:
-        for cls in CLASSES:
-            node.create_pod(pods[cls])
-        for cls in CLASSES:
-            node.wait_running(pods[cls]["metadata"]["name"], timeout=120)
+        run_example_pods(node, CLASSES)
         lse = node.pod(pods["LSE"]["metadata"]["name"])
         container = pods["LSE"]["spec"]["containers"][0]["name"]
 

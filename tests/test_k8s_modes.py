@@ -17,6 +17,7 @@ from test_k8s_node import (
     applied_values_hold,
     check_class_values,
     resize_ls_to_700m_and_check,
+    run_example_pods,
 )
 from testbed.real_node import NODE_NAMES, real_node
 
@@ -64,11 +65,7 @@ def nri_node(control_plane, tmp_path_factory):  # noqa: F811
 
 
 def test_nri_mode_behind_the_real_kubelet_gives_the_same_class_values(nri_node):
-    pods = example_pods()
-    for cls in FIRST_ROUND:
-        nri_node.create_pod(pods[cls])
-    for cls in FIRST_ROUND:
-        nri_node.wait_running(pods[cls]["metadata"]["name"], timeout=120)
+    run_example_pods(nri_node, FIRST_ROUND)
     check_class_values(nri_node, FIRST_ROUND)
     assert nri_node.koordnode.status()["kubelet"] is None  # kubelet's calls do not pass through koordnode
 

@@ -154,12 +154,19 @@ def _millicpu(quantity: str) -> int:
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 
 
-def test_example_pods_run_with_their_class_values(node):
+def run_example_pods(node: RealNode, classes) -> dict[str, dict]:
+    """Create the example pods of ``classes`` on the node (all at once, as a scheduler would bind
+    them) and wait until each runs; the manifests by class."""
     pods = example_pods()
-    for cls in FIRST_ROUND:
+    for cls in classes:
         node.create_pod(pods[cls])
-    for cls in FIRST_ROUND:
+    for cls in classes:
         node.wait_running(pods[cls]["metadata"]["name"], timeout=120)
+    return pods
+
+
+def test_example_pods_run_with_their_class_values(node):
+    run_example_pods(node, FIRST_ROUND)
     check_class_values(node, FIRST_ROUND)
 
 
@@ -230,11 +237,7 @@ def direct_runtime_errors(control_plane, tmp_path_factory):  # noqa: F811
     kubelet restart."""
     with real_node(tmp_path_factory.mktemp("k8s-direct"), mode="direct", control_plane=control_plane,
                    node_name=NODE_NAMES[1], namespace="direct", feature_gates=STATS_FROM_CRI) as direct:
-        pods = example_pods()
-        for cls in FIRST_ROUND:
-            direct.create_pod(pods[cls])
-        for cls in FIRST_ROUND:
-            direct.wait_running(pods[cls]["metadata"]["name"], timeout=120)
+        pods = run_example_pods(direct, FIRST_ROUND)
         _summary_by_pod(direct, [pods[cls]["metadata"]["name"] for cls in FIRST_ROUND])
         direct.kubelet.restart()
         direct.client().wait_for("node Ready after kubelet restart", direct.node_ready, timeout=120)
