@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check what this node offers koordnode and what it will do here: cgroup "
         "version and drivers (containerd, kubelet, koordnode), kubelet's runtime endpoint, "
         "containerd's socket and version, NRI, PSI and 500 ms triggers, cpu.idle, CPU burst, "
-        "io.max, group identity, resctrl, nftables, the sysctls koordnode may write; then the "
+        "io.max, group identity, core scheduling, resctrl, nftables, the sysctls koordnode may write; then the "
         "features that will be active or degraded, with the reason. Each line is OK, WARN or "
         "FAIL with what to do. Exit 0: all OK, 1: warnings, 2: failures (or a bad config).",
     )

@@ -670,6 +670,9 @@ class Daemon:
                     "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
                     "priority_class": facts.priority_class, "owners": list(facts.owners),
                     "terminating": facts.terminating}
+
+        qos_manager = _safe(self.qos_manager.status) if self.qos_manager is not None else None
+        _add_be_memory_bounds(snapshot, qos_manager)
         return {
             "version": __version__,
             "mode": self.mode,
@@ -697,7 +700,7 @@ class Daemon:
             "kubelet": kubelet_view(METRICS.cri_calls_by_method(), self.config.cgroup.be_idle_group)
                        if self.mode == "proxy" else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
-            "qos_manager": _safe(self.qos_manager.status) if self.qos_manager is not None else None,
+            "qos_manager": qos_manager,
             "resctrl": _safe(self.resctrl.status),
             "net": _safe(self.netqos.status),
             **snapshot,
@@ -770,6 +773,20 @@ def _value_at(table: dict[str, Any], key: str) -> Any:
 def _roots(config: Config) -> dict[str, str]:
     """Where the kernel's filesystems are: the executors and collectors keep them until restart."""
     return {"cgroup": config.cgroup.root, "procfs": config.procfs.root, "sysfs": config.sysfs.root}
+
+
+def _add_be_memory_bounds(snapshot: dict[str, Any], qos_manager: Any) -> None:
+    """Each BE pod's memory bound from the QoS manager's be_memory strategy, beside the pod."""
+    strategies = qos_manager.get("strategies") if isinstance(qos_manager, dict) else None
+    be_memory = strategies.get("be_memory") if isinstance(strategies, dict) else None
+    if not isinstance(be_memory, dict) or not be_memory.get("enabled", True):
+        return
+    bounds = be_memory.get("pod_bounds") or {}
+    for pod in snapshot.get("pods", []):
+        if pod.get("qos_class") == "BE":
+            bound = bounds.get(pod["sandbox_id"])
+            pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.get("budget_bytes")}
+                                      if bound is not None else None)
 
 
 def _safe(fn: Callable[[], Any]) -> Any:

@@ -195,6 +195,7 @@ def run_doctor(config: Any, paths: DoctorPaths | None = None, *, cri_timeout_s: 
     _check_nri(report, paths, runtime)
     _check_psi(report, paths, version)
     _check_cgroup_files(report, paths, version)
+    _check_core_sched(report, config)
     _check_resctrl(report, config, paths)
     _check_nftables(report, config)
     _check_sysctls(report, config, paths)
@@ -524,6 +525,30 @@ def _check_cgroup_files(report: Report, paths: DoctorPaths, version: str | None)
         report.feature("pod memory protection", DEGRADED,
                        "cgroup v1 has no memory.min/low/high: skipped, limits only" if version == "v1"
                        else "memory.min absent")
+
+
+def _check_core_sched(report: Report, config: Any, core_sched: Any = None) -> None:
+    """Whether the kernel gives core-scheduling cookies (asked of this process: a read-only
+    PR_SCHED_CORE_GET), and whether a class asks for them."""
+    from koordnode.executor.process import CoreScheduling
+    from koordnode.model.qos_class import QoSClass
+
+    classes = [cls.value for cls in QoSClass if config.qos.for_class(cls).core_sched]
+    unavailable = (core_sched or CoreScheduling()).unavailable
+    report.facts["core_sched"] = {"classes": classes, "unavailable": unavailable}
+    name, feature = "core scheduling", "core scheduling (SMT)"
+    if unavailable is None:
+        report.add(name, OK, "PR_SCHED_CORE available" + (f"; used by {', '.join(classes)}" if classes else ""))
+        report.feature(feature, ACTIVE if classes else OFF,
+                       f"cookies per pod of {', '.join(classes)}" if classes else "no [qos.<CLASS>] core_sched")
+    elif classes:
+        report.add(name, WARN, f"{', '.join(classes)} ask for it ([qos.<CLASS>] core_sched), but {unavailable}",
+                   "pods of those classes run without cookies: their SMT siblings may run other pods' tasks "
+                   "(needs a CPU with SMT on and a kernel with CONFIG_SCHED_CORE)")
+        report.feature(feature, DEGRADED, f"unavailable: {unavailable}")
+    else:
+        report.add(name, OK, f"not used (no [qos.<CLASS>] core_sched); unavailable here: {unavailable}")
+        report.feature(feature, OFF, f"unavailable: {unavailable}")
 
 
 def _check_resctrl(report: Report, config: Any, paths: DoctorPaths) -> None:

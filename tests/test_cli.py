@@ -370,3 +370,21 @@ def test_run_dry_run_flag_sets_daemon_dry_run(monkeypatch: pytest.MonkeyPatch, t
     seen.clear()
     assert cli.main(["run", "--config", str(config)]) == 0
     assert seen["config"].daemon.dry_run is False
+
+
+def test_status_text_shows_each_pods_weight_and_be_memory_bound() -> None:
+    from koordnode.admin.client import render_status
+
+    pod = {"namespace": "default", "state": "ready", "containers": []}
+    text = render_status({"pods": [
+        {**pod, "name": "lsr", "sandbox_id": "a" * 64, "qos_class": "LSR",
+         "cpu_weight": {"cpu.shares": 65536, "cpu.weight": 2500}},
+        {**pod, "name": "starting", "sandbox_id": "b" * 64, "qos_class": "LS", "cpu_weight": None},
+        {**pod, "name": "batch", "sandbox_id": "c" * 64, "qos_class": "BE", "cpu_weight": {"cpu.shares": 2},
+         "be_memory_bound": {"memory.high": 140 << 20, "budget_bytes": 200 << 20}},
+        {**pod, "name": "limited", "sandbox_id": "d" * 64, "qos_class": "BE", "be_memory_bound": None},
+    ]})
+    assert "    weight: cpu.shares 65536, cpu.weight 2500" in text
+    assert "    weight: kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)" in text
+    assert "    BE memory bound: memory.high / soft limit 140 MiB of the BE budget 200 MiB" in text
+    assert "    BE memory bound: none from the budget" in text

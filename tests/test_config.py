@@ -208,6 +208,30 @@ def test_kubernetes_rejects(text: str, error: str) -> None:
     assert errors_of(text) == [error]
 
 
+def test_pod_class_weight_key() -> None:
+    assert Config().cgroup.pod_class_weight is False
+    assert parse_config("[cgroup]\npod_class_weight = true\n").cgroup.pod_class_weight is True
+    assert errors_of("[cgroup]\npod_class_weight = 1") == ["cgroup.pod_class_weight: expected true or false, got 1"]
+
+
+def test_be_memory_budget_keys() -> None:
+    defaults = Config().strategy.be_memory
+    assert (defaults.enable, defaults.budget_percent, defaults.reserved_mib, defaults.min_budget_mib,
+            defaults.pod_high_percent) == (True, 65.0, 0, 256, 70)
+    config = parse_config("[strategy.be_memory]\nbudget_percent = 50\nreserved_mib = 2048\n"
+                          "min_budget_mib = 0\npod_high_percent = 100\nenable = false\n").strategy.be_memory
+    assert (config.enable, config.budget_percent, config.reserved_mib, config.min_budget_mib,
+            config.pod_high_percent) == (False, 50.0, 2048, 0, 100)
+    assert errors_of("[strategy.be_memory]\nbudget_percent = 0") == [
+        "strategy.be_memory.budget_percent: expected a number in [1, 100], got 0"]
+    assert errors_of("[strategy.be_memory]\nreserved_mib = -1") == [
+        "strategy.be_memory.reserved_mib: expected an integer in [0, 1073741824], got -1"]
+    assert errors_of('[strategy.be_memory]\nmin_budget_mib = "1G"') == [
+        'strategy.be_memory.min_budget_mib: expected an integer in [0, 1073741824], got "1G"']
+    assert errors_of("[strategy.be_memory]\npod_high_percent = 101") == [
+        "strategy.be_memory.pod_high_percent: expected an integer in [1, 100], got 101"]
+
+
 def test_all_errors_are_reported_together() -> None:
     text = """
 unknown_top = 1

@@ -22,7 +22,7 @@ import pytest
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import RuntimeHook
 from koordnode.model.cpulist import parse_cpu_list
-from koordnode.nri.plugin import oom_score_adj_floor
+from koordnode.executor.process import oom_score_adj_floor
 from support.cri import Cri, Pods, container_config, run_pod, sandbox_config
 from support.koordnode_runner import InProcessKoordnode, KoordnodeProcess, short_socket_dir
 from support.kubelet_tiers import prepare_qos_tiers

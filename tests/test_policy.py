@@ -27,6 +27,7 @@ from koordnode.policy.class_policy import (
     cpu_shares_for,
     plan_besteffort_tier,
     plan_container,
+    plan_pod_cpu_weight,
     plan_pod_memory,
     plan_pod_resources,
     plan_pod_sandbox,
@@ -614,6 +615,39 @@ def test_plan_pod_memory_sums_containers() -> None:
     unlimited = containers + [MemoryProtection(True, None, 0, 0, 0, None)]
     assert ("/pod", "memory.high") not in by_resource(plan_pod_memory("/pod", QoSClass.LS, unlimited))
     assert plan_pod_memory("/pod", QoSClass.LS, [MemoryProtection(False)]) == ()
+
+
+@pytest.mark.parametrize(
+    ("qos_class", "kubelet_shares", "expected"),
+    [
+        # Two containers of 1 and 0.5 requested CPUs: the class weight per CPU, summed.
+        (QoSClass.LS, (1024, 512), 1536),
+        (QoSClass.LSR, (1024, 512), 65536 + 32768),
+        (QoSClass.SYSTEM, (1024, 512), 32768 + 16384),
+        # LSE's weight per CPU is the kernel's maximum: the sum is clamped as a container's is.
+        (QoSClass.LSE, (1024, 512), 262144),
+    ],
+)
+def test_pod_cpu_weight_is_the_sum_of_its_containers_class_weights(
+    qos_class: QoSClass, kubelet_shares: tuple[int, ...], expected: int
+) -> None:
+    pod = pod_of(qos_class)
+    container_shares = [
+        plan(pod, ContainerResources(cpu_shares=shares)).cpu_shares for shares in kubelet_shares
+    ]
+    writes = plan_pod_cpu_weight(GUARANTEED_PARENT, qos_class, container_shares)
+    assert by_resource(writes) == {(GUARANTEED_PARENT, "cpu.shares"): expected}
+    assert "sum of its 2 container(s)" in writes[0].reason
+
+
+def test_pod_cpu_weight_leaves_be_and_pods_without_containers_alone() -> None:
+    # BE's pod weight is plan_pod_sandbox's (fixed or batch, none when idle), not a sum.
+    assert plan_pod_cpu_weight(BESTEFFORT_PARENT, QoSClass.BE, [2, 2]) == ()
+    # No running container: kubelet's pod weight stays until one starts.
+    assert plan_pod_cpu_weight(GUARANTEED_PARENT, QoSClass.LSR, []) == ()
+    # Containers that asked for nothing still give the pod the minimum, never 0.
+    assert by_resource(plan_pod_cpu_weight(BURSTABLE_PARENT, QoSClass.LS, [])) == {}
+    assert by_resource(plan_pod_cpu_weight(BURSTABLE_PARENT, QoSClass.LS, [0])) == {(BURSTABLE_PARENT, "cpu.shares"): 2}
 
 
 @pytest.mark.parametrize(

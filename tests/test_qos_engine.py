@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -34,6 +35,8 @@ from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
+from koordnode.executor.process import CoreScheduling
+from support.fake_core_sched import FakeCoreKernel
 
 MIB = 1 << 20
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -353,7 +356,7 @@ def run_one_pod_per_class(node: Node, driver: str) -> dict[str, tuple[Pod, list[
 
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
 def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, driver):
-    node = make_node(version="v2", toml='[node]\nblkio_devices = ["8:0"]\n')
+    node = make_node(version="v2", toml='pod_class_weight = true\n[node]\nblkio_devices = ["8:0"]\n')
     assert node.engine.features.cgroup_version == "v2"
     pods = run_one_pod_per_class(node, driver)
     all_cpus = node.topology.online
@@ -411,6 +414,12 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
         assert node.read(pod.cgroup, "cpu.idle") == "0", cls
     be_pod, be_cids, _ = pods["BE"]
     assert node.read(be_pod.cgroup, "cpu.weight") == str(weight(256))
+    # The other pods compete with the class weight too: the sum of their containers'.
+    pod_shares = {"SYSTEM": 32768, "LSE": 262144, "LSR": 65536, "LS": 512 + 256}
+    for cls, shares in pod_shares.items():
+        assert node.read(pods[cls][0].cgroup, "cpu.weight") == str(weight(shares)), cls
+        assert node.status_pod(pods[cls][0])["cpu_weight"] == {"cpu.shares": shares, "cpu.weight": weight(shares)}
+    assert node.status_pod(be_pod)["cpu_weight"] == {"cpu.shares": 256, "cpu.weight": weight(256)}
     # cpu.max: BE container from its batch-cpu limit, BE pod from the sum of the limits.
     assert node.read(node.ccg(be_cids[0]), "cpu.max") == "200000 100000"
     assert node.read(be_pod.cgroup, "cpu.max") == "200000 100000"
@@ -942,6 +951,114 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     # Forced: an unchanged file is written again and says so in the status.
     node.engine.reconcile(force=True)
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
+
+
+def test_pod_weights_are_kubelets_unless_pod_class_weight_is_on(make_node):
+    # kubelet >= 1.36 reads the pod cgroup's cpu.shares back as the pod's CPU request.
+    node = make_node(version="v1")
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1024")
+    node.run_container(lsr, **GUARANTEED_1CPU)
+    node.engine.reconcile(force=False)
+    assert node.read(lsr.cgroup, "cpu.shares") == "1024"
+    assert node.status_pod(lsr)["cpu_weight"] is None
+
+
+def test_pod_weight_follows_its_containers_and_is_restored_after_kubelets_write(make_node):
+    node = make_node(version="v1", toml="pod_class_weight = true\n")
+    lsr = node.run_pod("lsr", parent="/kubepods/podlsr", labels={QOS_LABEL: "LSR"})
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1024")  # kubelet's: 1 CPU requested
+    node.run_container(lsr, **GUARANTEED_1CPU)
+    assert node.read(lsr.cgroup, "cpu.shares") == "65536"
+    # A second container adds its class weight as soon as it starts.
+    node.run_container(lsr, "sidecar", cpu_shares=512, cpu_quota=50000, cpu_period=100000,
+                       memory_limit_in_bytes=64 * MIB)
+    assert node.read(lsr.cgroup, "cpu.shares") == str(65536 + 32768)
+    assert any(line.startswith("cpu.shares=98304 ") for line in node.status_pod(lsr)["applied"])
+    assert node.status_pod(lsr)["cpu_weight"] == {"cpu.shares": 98304}
+    # kubelet writes its own weight again: the pass restores the class's and counts it.
+    write_cgroup_file(node.root, lsr.cgroup, "cpu.shares", "1536")
+    node.engine.reconcile(force=False)
+    assert node.read(lsr.cgroup, "cpu.shares") == "98304"
+    assert node.engine.executor.overwrites == {"cpu.shares": 1}
+    # A container resize changes the pod's weight with the call.
+    sidecar = next(c.container_id for c in node.state.containers_of(lsr.sandbox_id) if c.name == "sidecar")
+    node.call("UpdateContainerResources", pb.UpdateContainerResourcesRequest(
+        container_id=sidecar, linux=pb.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000,
+                                                               cpu_period=100000)))
+    assert node.read(lsr.cgroup, "cpu.shares") == str(2 * 65536)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_pass_gives_every_container_process_its_class_oom_score_adj(make_node, version):
+    procfs = Path(tempfile.mkdtemp(prefix="koordnode-test-procfs-"))
+    try:
+        node = make_node(version=version, toml=f'[procfs]\nroot = "{procfs}"\n')
+        node.engine.processes.floor = None  # as with CAP_SYS_RESOURCE (the floor is tested alone)
+        be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+        be_cid = node.run_container(be, cpu_shares=2)
+        ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+        ls_cid = node.run_container(ls, cpu_shares=512)
+        # The containers' processes, as after a hook timeout (kubelet's values) and a script's write.
+        procs = {be_cid: {101: "1000", 102: "0"}, ls_cid: {201: "998"}}
+        for cid, pids in procs.items():
+            write_cgroup_file(node.root, node.ccg(cid), "cgroup.procs", "".join(f"{pid}\n" for pid in pids))
+            for pid, value in pids.items():
+                (procfs / str(pid)).mkdir()
+                (procfs / str(pid) / "oom_score_adj").write_text(value + "\n")
+
+        def oom(pid: int) -> str:
+            return (procfs / str(pid) / "oom_score_adj").read_text().strip()
+
+        node.engine.reconcile(force=False)
+        assert (oom(101), oom(102), oom(201)) == ("1000", "1000", "-300")
+        assert node.engine.status()["overwrites"]["counts"] == {"oom_score_adj": 2}
+        processes = node.status_pod(be)["containers"][0]["processes"]
+        assert processes == ["oom_score_adj=1000 on 1 process(es) (restored)",
+                             "oom_score_adj=1000 on 1 process(es) (unchanged)"], processes
+        # Nothing changed: nothing written; a process that exits meanwhile is no failure.
+        (procfs / "201" / "oom_score_adj").unlink()
+        (procfs / "201").rmdir()
+        node.engine.reconcile(force=False)
+        assert node.engine.status()["overwrites"]["counts"] == {"oom_score_adj": 2}
+        assert node.status_pod(ls)["containers"][0]["processes"] == []  # its one process exited
+        # A dry run only says what it would do.
+        (procfs / "102" / "oom_score_adj").write_text("0\n")
+        node.engine.executor.dry_run = True
+        node.engine.reconcile(force=False)
+        assert oom(102) == "0"
+        assert "oom_score_adj=1000 on 1 process(es) (would_write)" in node.status_pod(be)["containers"][0]["processes"]
+    finally:
+        shutil.rmtree(procfs, ignore_errors=True)
+
+
+def test_lse_pods_with_core_sched_get_one_cookie_each_and_status_says_so(make_node):
+    node = make_node(version="v2", toml="[qos.LSE]\ncore_sched = true\n")
+    kernel = FakeCoreKernel()
+    node.engine.core_sched = CoreScheduling(kernel)
+    pids = iter(range(100, 200))
+    lse_pods = []
+    for name in ("a", "b"):
+        pod = node.run_pod(name, parent=f"/kubepods/pod{name}", labels={QOS_LABEL: "LSE"})
+        cids = [node.run_container(pod, f"c{i}", **GUARANTEED_1CPU) for i in range(2)]
+        for cid in cids:
+            write_cgroup_file(node.root, node.ccg(cid), "cgroup.procs", f"{next(pids)}\n{next(pids)}\n")
+        lse_pods.append((pod, cids))
+    ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
+    ls_cid = node.run_container(ls, cpu_shares=512)
+    write_cgroup_file(node.root, node.ccg(ls_cid), "cgroup.procs", "300\n")
+    node.engine.reconcile(force=False)
+    cookies = [{kernel.cookies[pid] for pid in range(100 + 4 * i, 104 + 4 * i)} for i in range(2)]
+    assert all(len(c) == 1 and 0 not in c for c in cookies) and cookies[0] != cookies[1]
+    assert 300 not in kernel.cookies  # LS does not ask for it
+    assert node.status_pod(lse_pods[0][0])["core_sched"] == "on: 4 process(es) share the pod's cookie"
+    assert "core_sched" not in node.status_pod(ls)
+    assert node.engine.status()["core_sched"] == {"classes": ["LSE"], "state": "on"}
+    # Where the kernel refuses it, status says why and nothing is tried.
+    node.engine.core_sched = CoreScheduling(FakeCoreKernel(error=errno.ENODEV))
+    node.engine.reconcile(force=False)
+    assert node.status_pod(lse_pods[1][0])["core_sched"].startswith("unavailable: the kernel refuses core")
+    assert node.engine.status()["core_sched"]["state"].startswith("unavailable: ")
 
 
 def test_pod_resize_notification_writes_the_pods_values_again(make_node):
@@ -1518,10 +1635,12 @@ def test_a_pass_with_nothing_changed_plans_nothing_and_reads_each_value_once(mak
     counts = counted()
     assert counts["plan_container"] == 0 and counts["plan_pod_sandbox"] == 0, counts
     assert results and all(r.status.value in ("unchanged", "skipped") for r in results), results
-    # One read per value checked; nothing is read for a resource this kernel lacks; and no
-    # value is checked twice (the pools' cpusets are the plans' own).
+    # One read per value checked, and one of cgroup.procs per running container (its processes'
+    # oom_score_adj, which this fake tree has none of); nothing is read for a resource this
+    # kernel lacks; and no value is checked twice (the pools' cpusets are the plans' own).
     checked = sum(r.status.value == "unchanged" for r in results)
-    assert counts["reads"] <= checked, (counts, checked)
+    containers = sum(1 for c in node.state.containers.values() if c.state == "running")
+    assert counts["reads"] <= checked + containers, (counts, checked, containers)
     keys = [(r.write.cgroup, r.write.resource) for r in results]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
     # The status still says when the values were last verified.
@@ -1559,7 +1678,8 @@ def test_an_overwrite_after_quiet_passes_is_restored_with_one_write(make_node, c
 
 
 def test_a_state_change_or_a_reload_plans_again(make_node, counted):
-    node = make_node(version="v1", topology=CpuTopology.describe(cores_per_numa=4, threads_per_core=1))
+    node = make_node(version="v1", topology=CpuTopology.describe(cores_per_numa=4, threads_per_core=1),
+                     toml="pod_class_weight = true\n")
     ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
     ls_cid = node.run_container(ls, cpu_shares=512)
     other = node.run_pod("other", parent="/kubepods/burstable/podother")
@@ -1578,6 +1698,7 @@ def test_a_state_change_or_a_reload_plans_again(make_node, counted):
     node.engine.reconcile(force=False)
     assert counted()["plan_container"] == 0
     assert node.read(node.ccg(ls_cid), "cpu.shares") == "768"
+    assert node.read("/kubepods/burstable/podls", "cpu.shares") == "768"  # the pod's weight follows
 
     # An LSE pod takes CPUs: the pools moved, the pods planned before are planned again (the
     # LSE pod's own plan, made when its container started, already saw the new pools).

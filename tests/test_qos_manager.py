@@ -19,7 +19,7 @@ from koordnode.model.qos_class import QoSClass
 from koordnode.config.components import ManagerSettings
 from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
-from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
+from koordnode.config.strategies import BeEvictConfig, BeMemoryConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
 from koordnode.qos.inventory import build_inventory, tier_cgroups
 from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
@@ -315,6 +315,40 @@ def test_be_eviction_calls_the_runtime(tmp_path):
     evictions = manager.status()["strategies"]["be_evict"]["evictions"]
     assert evictions["total"] == 1 and evictions["by_cause"] == {"memory": 1}
     assert evictions["recent"][0]["ok"] is True
+
+
+# ------------------------------------------------------------------------ BE memory budget
+
+
+def test_be_memory_bounds_the_be_tier_and_unlimited_be_pods(node):
+    gib = 1 << 30
+    usage = "memory.current" if node.version == "v2" else "memory.usage_in_bytes"
+    for cgroup, size in (("/kubepods", 6 * gib), (BESTEFFORT, 2 * gib)):
+        write_cgroup_file(node.root, cgroup, usage, str(size))
+        write_cgroup_file(node.root, cgroup, "memory.stat",
+                          f"anon {size}\nfile 0\ninactive_file 0\n" if node.version == "v2"
+                          else f"total_rss {size}\ntotal_cache 0\ntotal_inactive_file 0\n")
+    write_meminfo(node.proc, total_kb=16 << 20, available_kb=9 << 20)  # 7 GiB used
+    manager = make_manager(node, settings(be_memory=BeMemoryConfig(budget_percent=50)))
+    manager.tick()
+    budget = 8 * gib - 4 * gib - gib  # 50% - LS (6 - 2 GiB) - the system (7 - 6 GiB)
+    pod = node.be
+    if node.version == "v2":
+        assert read_cgroup_file(node.root, BESTEFFORT, "memory.high") == str(budget)
+        assert read_cgroup_file(node.root, BESTEFFORT, "memory.max") == str(budget)
+        assert read_cgroup_file(node.root, pod, "memory.high") == str(budget * 70 // 100)
+    else:
+        assert read_cgroup_file(node.root, BESTEFFORT, "memory.soft_limit_in_bytes") == str(budget)
+        assert read_cgroup_file(node.root, BESTEFFORT, "memory.limit_in_bytes") == str(budget)
+        assert read_cgroup_file(node.root, pod, "memory.soft_limit_in_bytes") == str(budget * 70 // 100)
+    status = manager.status()["strategies"]["be_memory"]
+    assert status["budget_bytes"] == budget and status["pod_bounds"] == {"be1": budget * 70 // 100}
+    # Disabled by a reload: the bounds go.
+    manager.reconfigure(settings(be_memory=BeMemoryConfig(enable=False)))
+    node.advance(1.0, {node.ls: 0.1})
+    manager.tick()
+    cap = "memory.max" if node.version == "v2" else "memory.limit_in_bytes"
+    assert read_cgroup_file(node.root, BESTEFFORT, cap) in ("max", "-1", str(2**63 - 4096))
 
 
 # ------------------------------------------------------------------------ the loop

@@ -7,7 +7,14 @@ import dataclasses
 import pytest
 
 from koordnode.policy.plan import CgroupWrite
-from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
+from koordnode.config.strategies import BeEvictConfig, BeMemoryConfig, CpuBurstConfig, CpuSuppressConfig, MemoryQoSConfig
+from koordnode.policy.strategies.be_memory import (
+    BeMemoryInput,
+    BeMemoryState,
+    be_memory_budget,
+    decide_be_memory,
+    restore_be_memory,
+)
 from koordnode.policy.strategies.cpu_suppress import at_minimum
 from koordnode.policy.strategies import (
     BeEvictInput,
@@ -522,3 +529,75 @@ def test_at_minimum_reads_the_quota_among_the_group_writes():
     assert at_minimum(busy, cfg, result)
     quiet = quiet_group(be_idle=True)
     assert not at_minimum(quiet, cfg, decide_cpu_suppress(quiet, cfg))
+
+
+# --- be_memory ------------------------------------------------------------------------------
+
+GROUP = "/kubepods/koordnode_be"
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def memory_input(**changes) -> BeMemoryInput:
+    # 16 GiB node: pods hold 6 GiB (BE 2 of it), the node uses 7 GiB (the system 1 GiB).
+    base = BeMemoryInput(now=100.0, memory_total_bytes=16 * GIB, memory_used_bytes=7 * GIB,
+                         kubepods_bytes=6 * GIB, be_bytes=2 * GIB, be_tier=GROUP, be_tier_bytes=2 * GIB,
+                         unlimited_be_pods={"sb1": f"{GROUP}/pod1"})
+    return dataclasses.replace(base, **changes)
+
+
+def writes_of(result) -> dict[tuple[str, str], object]:
+    return {(w.cgroup, w.resource): w.value for w in result.writes}
+
+
+def test_be_memory_budget_is_the_share_less_ls_and_the_larger_of_system_and_reserved():
+    cfg = BeMemoryConfig(budget_percent=50)
+    budget, terms = be_memory_budget(memory_input(), cfg)
+    assert terms["ls_bytes"] == 4 * GIB and terms["system_bytes"] == GIB
+    assert budget == 8 * GIB - 4 * GIB - GIB
+    # A reservation larger than the system's use counts instead of it.
+    assert be_memory_budget(memory_input(), BeMemoryConfig(budget_percent=50, reserved_mib=2048))[0] == 2 * GIB
+    # Never below the floor.
+    assert be_memory_budget(memory_input(kubepods_bytes=11 * GIB, memory_used_bytes=12 * GIB), cfg)[0] == 256 * MIB
+
+
+def test_be_memory_bounds_the_tier_and_the_pods_without_a_limit():
+    cfg = BeMemoryConfig(budget_percent=50)
+    result = decide_be_memory(memory_input(), cfg, BeMemoryState())
+    budget = 3 * GIB
+    assert writes_of(result) == {
+        (GROUP, "memory.high"): budget, (GROUP, "memory.soft_limit_in_bytes"): budget,
+        (GROUP, "memory.limit_in_bytes"): budget,
+        (f"{GROUP}/pod1", "memory.high"): budget * 70 // 100,
+        (f"{GROUP}/pod1", "memory.soft_limit_in_bytes"): budget * 70 // 100,
+    }
+    assert all(w.reason.startswith("be_memory: ") for w in result.writes)
+    assert result.state.pod_bounds == {"sb1": budget * 70 // 100}
+    # BE holds more than the budget: the cap stays at what it holds (never an OOM kill).
+    over = decide_be_memory(memory_input(be_tier_bytes=5 * GIB), cfg, BeMemoryState())
+    assert writes_of(over)[(GROUP, "memory.limit_in_bytes")] == 5 * GIB
+    assert writes_of(over)[(GROUP, "memory.soft_limit_in_bytes")] == budget
+    # No BE tier yet: only the pods; the tier is written once it exists.
+    missing = decide_be_memory(memory_input(be_tier_bytes=None, unlimited_be_pods={}), cfg, BeMemoryState())
+    assert writes_of(missing) == {} and missing.state.written == {}
+
+
+def test_be_memory_writes_again_only_what_moved_or_when_a_pass_is_due():
+    cfg = BeMemoryConfig(budget_percent=50)
+    first = decide_be_memory(memory_input(), cfg, BeMemoryState())
+    steady = decide_be_memory(memory_input(now=101.0, due=False, be_tier_bytes=2 * GIB + MIB), cfg, first.state)
+    assert steady.writes == () and not steady.explain
+    # LS grows by 1 GiB: the budget shrinks, every bound follows.
+    moved = decide_be_memory(memory_input(now=102.0, due=False, kubepods_bytes=7 * GIB, memory_used_bytes=8 * GIB),
+                             cfg, steady.state)
+    assert writes_of(moved)[(GROUP, "memory.soft_limit_in_bytes")] == 2 * GIB
+    assert len(moved.writes) == 5
+    due = decide_be_memory(memory_input(now=112.0, kubepods_bytes=7 * GIB, memory_used_bytes=8 * GIB), cfg,
+                           moved.state)
+    assert len(due.writes) == 5 and due.state.last_pass == 112.0
+
+
+def test_be_memory_restore_unbounds_the_tier_and_the_pods():
+    result = restore_be_memory(GROUP, [f"{GROUP}/pod1"])
+    assert set(writes_of(result).values()) == {-1}
+    assert len(result.writes) == 5

@@ -84,7 +84,7 @@ def test_a_registered_strategy_is_decided_restored_and_in_status(node):  # noqa:
     before = _shares(node)
     report = manager.tick()
     assert report.results["be_shares"].explanation.decision == "shares 77"
-    assert report.results["be_shares"].explanation.inputs["after"] == ["cpu_burst", "cpu_suppress", "memory_qos"]
+    assert report.results["be_shares"].explanation.inputs["after"] == ["be_memory", "cpu_burst", "cpu_suppress", "memory_qos"]
     assert _shares(node) != before
     status = manager.status()["strategies"]["be_shares"]
     assert status["enabled"] and status["shares"] == 77 and status["decisions"] == 1

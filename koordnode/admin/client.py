@@ -25,7 +25,11 @@ def fetch_status(path: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return reply["status"]
 
 
-_RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("notes", "note"))
+_RECORD_LABELS = (("applied", "applied"), ("skipped", "skipped"), ("processes", "process"), ("notes", "note"))
+
+
+def _mib(value: Any) -> str:
+    return f"{value / (1 << 20):.0f} MiB" if isinstance(value, int) else "?"
 
 
 def render_status(status: dict[str, Any]) -> str:
@@ -88,6 +92,9 @@ def render_status(status: dict[str, Any]) -> str:
             reason = explanation.get("reason", "") if isinstance(explanation, dict) else ""
             enabled = "on" if strategy.get("enabled", True) else "off"
             lines.append(f"  {name} [{enabled}] {decision}" + (f": {reason}" if reason else ""))
+    core_sched = (status.get("qos") or {}).get("core_sched") or {}
+    if core_sched.get("classes"):
+        lines.append(f"core sched  {', '.join(core_sched['classes'])}: {core_sched.get('state', '?')}")
     proxy = status.get("proxy", {})
     lines.append(
         f"proxy   {proxy.get('connections_open', 0)} connections open, "
@@ -106,6 +113,18 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  {pod['namespace']}/{pod['name']}  {pod['state']}  qos={qos}  {pod['sandbox_id'][:13]}")
         if pod.get("qos_reason"):
             lines.append(f"    why: {pod['qos_reason']}")
+        if "cpu_weight" in pod:
+            weight = pod["cpu_weight"]
+            lines.append("    weight: " + (", ".join(f"{k} {v}" for k, v in weight.items()) if weight
+                                          else "kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)"))
+        if pod.get("core_sched"):
+            lines.append(f"    core sched: {pod['core_sched']}")
+        if "be_memory_bound" in pod:
+            bound = pod["be_memory_bound"]
+            lines.append("    BE memory bound: " + (
+                f"memory.high / soft limit {_mib(bound['memory.high'])} of the BE budget "
+                f"{_mib(bound['budget_bytes'])}" if bound
+                else "none from the budget (the pod has a memory limit, or no decision since it started)"))
         for key, label in _RECORD_LABELS:
             for item in pod.get(key, []) or []:
                 lines.append(f"    {label}: {item}")

@@ -41,6 +41,16 @@ class CgroupConfig:
         doc="also with the systemd driver: the group slice made idle through systemd (CPUWeight=idle, "
         "systemd >= 252), prepared at start; false: BestEffort pods stay in kubelet's besteffort slice",
     )
+    # Off by default: kubelet >= 1.36 (InPlacePodLevelResourcesVerticalScaling, beta, on) reads a
+    # running pod's cgroup cpu.shares back as its CPU request; with an LSE pod's 262144 it counted
+    # 256 CPUs used and refused the node's other pods after a restart (a real kubelet 1.37).
+    pod_class_weight: bool = setting(
+        False,
+        doc="give each pod cgroup its class's CPU weight (its containers' class weights summed) so the "
+        "class priority acts between pods, not only between a pod's containers; only with kubelet < 1.36 "
+        "or its feature gate InPlacePodLevelResourcesVerticalScaling off: newer kubelets read a pod "
+        "cgroup's cpu.shares back as the pod's CPU request (pod status, admission)",
+    )
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ _INT64_MAX = 2**63 - 1
 
 # name -> (min, max, help). One table so the per-class subclasses repeat only defaults.
 _CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
-    "cpu_shares_per_cpu": (MIN_SHARES, MAX_SHARES, "cpu.shares per requested CPU (kubelet shares / 1024)"),
+    "cpu_shares_per_cpu": (MIN_SHARES, MAX_SHARES, "cpu.shares per requested CPU (kubelet shares / 1024); "
+                           "with [cgroup] pod_class_weight the pod cgroup gets the sum of its containers'"),
     "cpu_shares_fixed": (0, MAX_SHARES, "fixed cpu.shares regardless of request; 0 = use cpu_shares_per_cpu"),
-    "oom_score_adj": (-1000, 1000, "oom_score_adj of the container processes"),
+    "oom_score_adj": (-1000, 1000, "oom_score_adj of the container processes (kept by the reconcile pass)"),
     "memory_min_percent": (0, 100, "memory.min as percent of the memory request"),
     "memory_low_percent": (0, 200, "memory.low as percent of the memory request"),
     "memory_high_percent": (0, 100, "memory.high as percent of the memory limit; 0 = leave unset"),
@@ -88,10 +89,16 @@ class QoSClassConfig:
         default_factory=ResctrlClassConfig,
         metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
     )
+    # Meant for LSE (whole cores): a pod's tasks then never share a physical core with another
+    # pod's or untagged work at the same time; the sibling idles instead (a throughput cost).
+    core_sched: bool = field(default=False, metadata={
+        "doc": "core scheduling: the tasks of each pod of the class share one PR_SCHED_CORE cookie, so no "
+               "other pod's task runs on an SMT sibling of their core at the same time (needs SMT and a "
+               "kernel with CONFIG_SCHED_CORE)"})
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name in ("memory_qos", "memory_wmark"):
+        for name in ("memory_qos", "memory_wmark", "core_sched"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if 0 < self.blkio_weight < 10:

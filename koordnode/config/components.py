@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from koordnode.config.cgroup import CgroupConfig, SysfsConfig
+from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
 from koordnode.config.node import NodeConfig
 from koordnode.config.qos_manager import QoSManagerConfig
@@ -37,11 +37,14 @@ class EngineSettings:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     # kubepods_cgroup: beside which kubepods slice the systemd BE group goes
     qos_manager: QoSManagerConfig = field(default_factory=QoSManagerConfig)
+    # where the containers' processes' oom_score_adj is kept, fixed at start
+    procfs: ProcfsConfig = field(default_factory=ProcfsConfig)
 
     @classmethod
     def of(cls, config: Config) -> EngineSettings:
         return cls(cgroup=config.cgroup, sysfs=config.sysfs, node=config.node, qos=config.qos,
-                   qos_mapping=config.qos_mapping, proxy=config.proxy, qos_manager=config.qos_manager)
+                   qos_mapping=config.qos_mapping, proxy=config.proxy, qos_manager=config.qos_manager,
+                   procfs=config.procfs)
 
 
 @dataclass(frozen=True)

@@ -127,8 +127,33 @@ class BeEvictConfig:
 
 
 @dataclass(frozen=True)
+class BeMemoryConfig:
+    enable: bool = setting(
+        True, doc="bound BE memory by a node-level budget: on the BE tier (koordnode's BE group) and on "
+        "BE pods without a memory limit",
+    )
+    budget_percent: float = setting(
+        65.0, min=1, max=100,
+        doc="share of node memory (MemTotal) LS, the system and BE together may use, percent; BE's budget "
+        "is this less the LS pods' working set and the larger of the system's use and reserved_mib",
+    )
+    reserved_mib: int = setting(
+        0, min=0, max=1 << 30,
+        doc="memory reserved for the system and kubelet (their system-reserved and kube-reserved), MiB; "
+        "the budget subtracts it when the system uses less",
+    )
+    min_budget_mib: int = setting(256, min=0, max=1 << 30, doc="floor of the BE budget, MiB")
+    pod_high_percent: int = setting(
+        70, min=1, max=100,
+        doc="memory.high (v1: memory.soft_limit_in_bytes) of a BE pod without a memory limit, percent of "
+        "the budget",
+    )
+
+
+@dataclass(frozen=True)
 class StrategyConfig:
     cpu_suppress: CpuSuppressConfig = section(CpuSuppressConfig, doc="BE CPU suppression")
     cpu_burst: CpuBurstConfig = section(CpuBurstConfig, doc="CPU burst for LS")
     memory_qos: MemoryQoSConfig = section(MemoryQoSConfig, doc="memory protection reconcile")
     be_evict: BeEvictConfig = section(BeEvictConfig, doc="BE eviction under memory or CPU shortage")
+    be_memory: BeMemoryConfig = section(BeMemoryConfig, doc="BE memory bounded by a node-level budget")

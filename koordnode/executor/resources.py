@@ -486,6 +486,12 @@ _TABLE: tuple[Resource, ...] = (
         (MemoryBytes("memory.max"),),
     ),
     Resource(
+        # v1 only: reclaimed first under node memory pressure above it (v2 has memory.high).
+        "memory.soft_limit_in_bytes", parse_memory_bytes,
+        "memory", (MemoryBytes("memory.soft_limit_in_bytes", unlimited_text="-1"),), (),
+        support="cgroup v1 (v2: memory.high)",
+    ),
+    Resource(
         "memory.min", parse_memory_bytes,
         "memory", (MemoryBytes("memory.min"),), (MemoryBytes("memory.min"),),
         support=_MEMORY_PROTECTION_SUPPORT,

@@ -28,6 +28,13 @@ from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.executor.process import (
+    CoreSchedResult,
+    CoreScheduling,
+    ProcessExecutor,
+    ProcessResult,
+    oom_score_adj_floor,
+)
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
@@ -44,7 +51,7 @@ from koordnode.model.be_group import (
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import is_lowest_cpu_weight
+from koordnode.model.kernel import is_lowest_cpu_weight, shares_to_weight
 from koordnode.policy.class_policy import (
     ContainerInput,
     ContainerPlan,
@@ -55,6 +62,7 @@ from koordnode.policy.class_policy import (
     PodResourcesPlan,
     allocate_cpuset,
     plan_container,
+    plan_pod_cpu_weight,
     plan_pod_memory,
     plan_pod_resources,
     plan_pod_sandbox,
@@ -199,6 +207,25 @@ def apply_overrides(target: pb.LinuxContainerResources, plan: ContainerPlan) -> 
         target.unified[key] = value
 
 
+def _oom_lines(results: Iterable[tuple[str, ProcessResult]]) -> dict[str, tuple[str, ...]]:
+    """Status lines per container for its processes' oom_score_adj, one per outcome."""
+    outcomes: dict[str, dict[str, list[int]]] = {}
+    values: dict[str, int] = {}
+    for cid, r in results:
+        if r.status is WriteStatus.MISSING:
+            continue  # exited meanwhile
+        label = "restored" if r.overwritten else r.status.value
+        if r.status is WriteStatus.FAILED:
+            label = f"failed: {r.detail}"
+        outcomes.setdefault(cid, {}).setdefault(label, []).append(r.write.pid)
+        values[cid] = r.write.value
+    return {cid: tuple(f"oom_score_adj={values[cid]} on {len(pids)} process(es)"
+                       + (f" ({label})" if not label.startswith("failed") else
+                          f", pid {','.join(map(str, pids[:5]))}: {label}")
+                       for label, pids in sorted(by_label.items()))
+            for cid, by_label in outcomes.items()}
+
+
 def _summarise(results: Iterable[WriteResult]) -> tuple[list[str], list[str]]:
     applied, skipped = [], []
     for r in results:
@@ -223,6 +250,13 @@ class Record:
     skipped: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     verified_at: float | None = None
+    # A pod's cpu.shares as koordnode keeps it (its containers' class weights summed; BE: BE's);
+    # None: kubelet's (no running container yet, or an idle BE pod).
+    pod_cpu_shares: int | None = None
+    # A pod's core-scheduling state ("" when its class does not ask for it).
+    core_sched: str = ""
+    # A container's values kept on its processes (oom_score_adj), one line per outcome.
+    processes: tuple[str, ...] = ()
 
     def with_results(self, results: list[WriteResult], notes: Iterable[str] = ()) -> Record:
         applied, skipped = _summarise(results)
@@ -279,8 +313,10 @@ class _PodPlan:
     container_plans: dict[str, ContainerPlan]
     container_cgroups: dict[str, str]
     memory_writes: tuple[CgroupWrite, ...]  # what memory_plan() gives for this pod
-    # (status, detail) of each result the records were last built from; None: build them again.
-    signature: tuple[tuple[WriteStatus, str], ...] | None = None
+    core_sched: bool = False  # its tasks share one core-scheduling cookie
+    # (status, detail) of each result the records were last built from, then the containers'
+    # oom_score_adj lines and the pod's core-scheduling state; None: build them again.
+    signature: tuple[Any, ...] | None = None
 
     def made_for(self, pod: PodRecord, settings: Any) -> bool:
         """Whether this plan's decision and pod cgroup are those of `pod` under `settings`."""
@@ -294,6 +330,7 @@ class _PassState:
     containers: dict[str, list[Any]]  # sandbox id -> its containers, indexed once per pass
     be_cpus: frozenset[int] | None  # the QoS manager's BE cpuset, asked once per pass
     results: list[WriteResult] = dataclasses.field(default_factory=list)  # counted once at the end
+    process_results: list[ProcessResult] = dataclasses.field(default_factory=list)  # likewise
     covered: set[str] = dataclasses.field(default_factory=set)  # containers whose cpuset a plan wrote
     be_groups: set[str] = dataclasses.field(default_factory=set)  # BE groups whose cpu.idle was checked
     now: float = dataclasses.field(default_factory=time.time)
@@ -321,19 +358,24 @@ class CpuReservation:
 
 class QoSEngine:
     """Takes the sections it reads as one EngineSettings (EngineSettings.of(config)), at start and
-    on reload; `[cgroup] root` and `[sysfs] root` are used at start only (the executor and the
-    CPU topology stay until the restart)."""
+    on reload; `[cgroup] root`, `[procfs] root` and `[sysfs] root` are used at start only (the
+    executors and the CPU topology stay until the restart)."""
 
     def __init__(self, settings: EngineSettings, state: NodeState, *, executor: CgroupExecutor | None = None,
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
                  be_cpuset: Callable[[], frozenset[int] | None] | None = None,
-                 pool_updates: PoolUpdates | None = None) -> None:
+                 pool_updates: PoolUpdates | None = None, core_sched: CoreScheduling | None = None) -> None:
         """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
-        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups."""
+        `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups.
+        `core_sched`: how cookies are given (tests give a fake kernel)."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
         self.executor = executor or CgroupExecutor(Path(settings.cgroup.root))
+        # The containers' processes' oom_score_adj, which no cgroup file holds.
+        self.processes = ProcessExecutor(settings.procfs.root, floor=oom_score_adj_floor())
+        # Core-scheduling cookies of the pods of classes with core_sched.
+        self.core_sched = core_sched if core_sched is not None else CoreScheduling()
         self.features = KernelFeatures(
             cgroup_version=self.executor.version.value, group_identity=self._has_group_identity()
         )
@@ -1029,13 +1071,18 @@ class QoSEngine:
             self.executor.disown(w for cid in runtime_rewrote if cid in entry.container_plans
                                  for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
+        oom_results = self._keep_oom_score_adj(entry)
+        core_line = self._keep_core_sched(entry)
         if pass_state is not None:
             pass_state.results.extend(results)
+            pass_state.process_results.extend(result for _, result in oom_results)
             pass_state.covered.update(entry.container_plans)
         else:
             METRICS.record_writes(results)
+            METRICS.record_writes(result for _, result in oom_results)
         own = results[1:] if group_write is not None else results
-        signature = tuple((r.status, r.detail) for r in own)
+        oom_lines = _oom_lines(oom_results)
+        signature = (*((r.status, r.detail) for r in own), *sorted(oom_lines.items()), core_line)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if (reused and not failed and signature == entry.signature and sandbox_id in self.pod_records
                 and all(cid in self.container_records for cid in entry.container_plans)):
@@ -1050,17 +1097,64 @@ class QoSEngine:
         by_cgroup: dict[str, list[WriteResult]] = {}
         for r in results:
             by_cgroup.setdefault(r.cgroup_write.cgroup, []).append(r)
+        pod_results = by_cgroup.get(pod_cgroup, [])
+        shares = next((r.cgroup_write.value for r in pod_results
+                       if r.cgroup_write.resource == "cpu.shares" and r.ok), None)
         record = dataclasses.replace(self.pod_records.get(sandbox_id, Record()),
-                                     qos_class=decision.qos_class.value, why=decision.why)
-        self.pod_records[sandbox_id] = record.with_results(by_cgroup.get(pod_cgroup, []), entry.notes)
+                                     qos_class=decision.qos_class.value, why=decision.why,
+                                     pod_cpu_shares=shares if isinstance(shares, int) else None,
+                                     core_sched=core_line)
+        self.pod_records[sandbox_id] = record.with_results(pod_results, entry.notes)
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(self.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
-            self.container_records[cid] = crec.with_results(
-                by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
+            crec = crec.with_results(by_cgroup.get(entry.container_cgroups[cid], []), plan.notes)
+            self.container_records[cid] = dataclasses.replace(crec, processes=oom_lines.get(cid, ()))
         if failed:
             log.warning("cgroup_writes_failed", sandbox_id=sandbox_id,
                         failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
+
+    def _keep_oom_score_adj(self, entry: _PodPlan) -> list[tuple[str, ProcessResult]]:
+        """Every process of the pod's running containers at its class's oom_score_adj (a
+        container created while the hook timed out runs with kubelet's). (container id, result)
+        per process."""
+        self.processes.dry_run = self.executor.dry_run
+        results: list[tuple[str, ProcessResult]] = []
+        for cid, plan in entry.container_plans.items():
+            value = plan.cri.oom_score_adj
+            if value is None:
+                continue
+            try:
+                pids = self.executor.read_pids(entry.container_cgroups[cid])
+            except (OSError, UnsafePathError):
+                continue
+            reason = f"{plan.qos_class.value}: class oom_score_adj {value}"
+            results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids or [], value, reason))
+        return results
+
+    def _keep_core_sched(self, entry: _PodPlan) -> str:
+        """One core-scheduling cookie for every process of the pod's running containers (their
+        children inherit it; a process started by an exec gets it at the next pass). The
+        pod's state for status; "" when its class does not ask for it."""
+        if not entry.core_sched:
+            return ""
+        unavailable = self.core_sched.unavailable
+        if unavailable is not None:
+            return f"unavailable: {unavailable}"
+        pids: list[int] = []
+        for cgroup in entry.container_cgroups.values():
+            try:
+                pids += self.executor.read_pids(cgroup) or []
+            except (OSError, UnsafePathError):
+                continue
+        self.core_sched.dry_run = self.executor.dry_run
+        result: CoreSchedResult = self.core_sched.share(pids)
+        if result.errors:
+            log.warning("core_sched_cookie_not_shared", pod_cgroup=entry.pod_cgroup, errors=list(result.errors[:5]))
+            return f"failed for {len(result.errors)} process(es): {result.errors[0]}"
+        if not result.processes:
+            return "on: no process running yet"
+        return f"on: {result.processes} process(es) share the pod's cookie"
 
     def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
                    decision: ClassDecision, pod_cgroup: str, key: _PlanKey | None) -> _PodPlan:
@@ -1098,13 +1192,18 @@ class QoSEngine:
             memories.append(plan.memory)
         pod_level = self.pod_resources.get(pod.sandbox_id)
         resized = self._pod_resources_plan(pod, pod_level) if pod_level is not None else None
-        # Pod-level resources (in-place pod resize) decide the pod cgroup's values.
+        # Pod-level resources (in-place pod resize) decide the pod cgroup's values, its weight too.
         pod_memory = resized.writes if resized is not None else plan_pod_memory(pod_cgroup, decision.qos_class, memories)
+        if resized is None and self.settings.cgroup.pod_class_weight:
+            writes.extend(plan_pod_cpu_weight(pod_cgroup, decision.qos_class,
+                                              [p.cpu_shares for p in container_plans.values()
+                                               if p.cpu_shares is not None]))
         writes.extend(pod_memory)
         memory_writes.extend(pod_memory)
         return _PodPlan(key, decision, pod_cgroup, tuple(pod_plan.notes),
                         tuple(writes), group_write, container_plans, container_cgroups,
-                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES))
+                        tuple(w for w in memory_writes if w.resource in MEMORY_QOS_RESOURCES),
+                        core_sched=pod_plan.core_sched)
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: _PodPlan) -> None:
@@ -1343,6 +1442,7 @@ class QoSEngine:
             self._refresh_pools(view, skip=pass_state.covered if unchanged else frozenset(),
                                 results=pass_state.results)
             METRICS.record_writes(pass_state.results)
+            METRICS.record_writes(pass_state.process_results)
             for sid in [sid for sid in self.pod_records if sid not in view.pods]:
                 del self.pod_records[sid]
             for sid in [sid for sid in self._plans if sid not in view.pods]:
@@ -1519,6 +1619,13 @@ class QoSEngine:
         return [f"[node] {' and '.join(unused)} not applied: kubelet places the containers (its"
                 " reservedSystemCPUs keeps CPUs from pods)"]
 
+    def _core_sched_status(self) -> dict[str, Any]:
+        classes = [cls.value for cls in QoSClass if self.settings.qos.for_class(cls).core_sched]
+        if not classes:
+            return {"classes": [], "state": "off (no [qos.<CLASS>] core_sched)"}
+        unavailable = self.core_sched.unavailable
+        return {"classes": classes, "state": "on" if unavailable is None else f"unavailable: {unavailable}"}
+
     def _be_slice_notes(self) -> list[str]:
         be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
         problems = dict(be_slices.problems) if be_slices is not None else {}
@@ -1540,9 +1647,11 @@ class QoSEngine:
             engine={
                 "cgroup_version": self.features.cgroup_version,
                 "group_identity": self.features.group_identity,
+                "core_sched": self._core_sched_status(),
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
-                "overwrites": {"counts": self.executor.overwrites, "last": self.executor.last_overwrites},
+                "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},
+                               "last": {**self.executor.last_overwrites, **self.processes.last_overwrites}},
                 "notes": list(self.notes) + self._be_slice_notes(),
             },
             pod_records=dict(self.pod_records),
@@ -1553,6 +1662,14 @@ class QoSEngine:
         """Never takes the lock: the event loop calls it while workers may hold it."""
         published = self._published
         return {**published.engine, "unsupported": dict(self.executor.unsupported)}
+
+    def _weight_status(self, shares: int | None) -> dict[str, int] | None:
+        """The pod's CPU weight as status shows it (v2: also the cpu.weight written)."""
+        if shares is None:
+            return None
+        if self.features.cgroup_version == "v2":
+            return {"cpu.shares": shares, "cpu.weight": shares_to_weight(shares)}
+        return {"cpu.shares": shares}
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
@@ -1566,10 +1683,13 @@ class QoSEngine:
             rec = published.pod_records.get(pod["sandbox_id"])
             if rec is not None:
                 pod.update(qos_class=rec.qos_class, qos_reason=rec.why, applied=list(rec.applied),
-                           skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at)
+                           skipped=list(rec.skipped), notes=list(rec.notes), verified_at=rec.verified_at,
+                           cpu_weight=self._weight_status(rec.pod_cpu_shares))
+                if rec.core_sched:
+                    pod["core_sched"] = rec.core_sched
             for c in pod.get("containers", []):
                 crec = published.container_records.get(c["container_id"])
                 if crec is not None:
                     c.update(applied=list(crec.applied), skipped=list(crec.skipped), notes=list(crec.notes),
-                             verified_at=crec.verified_at)
+                             processes=list(crec.processes), verified_at=crec.verified_at)
         return snapshot

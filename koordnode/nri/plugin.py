@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as cri
-from koordnode.executor.process import set_oom_score_adj
+from koordnode.executor.process import oom_score_adj_floor, oom_score_adj_wanted, set_oom_score_adj
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
@@ -59,27 +59,6 @@ DEFAULT_REQUEST_TIMEOUT_MS = 2000
 # Share of the runtime's request timeout an answer may take; the rest is transport and slack.
 ANSWER_SHARE = 0.6
 UPDATE_TIMEOUT_S = 5.0
-
-
-CAP_SYS_RESOURCE = 24
-
-
-def oom_score_adj_floor(proc_self: str = "/proc/self") -> int | None:
-    """The lowest oom_score_adj a container can be given here; None when there is no limit.
-
-    Lowering oom_score_adj needs CAP_SYS_RESOURCE. Without it (some sandboxes, user
-    namespaces) runc fails to start a container whose spec asks for less than its parent
-    has; containerd clamps CRI values itself (restrict_oom_score_adj) but not NRI
-    adjustments, so the plugin clamps its own the same way.
-    """
-    try:
-        status = open(f"{proc_self}/status").read()
-        cap_eff = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
-        if cap_eff & (1 << CAP_SYS_RESOURCE):
-            return None
-        return int(open(f"{proc_self}/oom_score_adj").read().strip())
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
 
 
 def event_mask(events: Iterable[int]) -> int:
@@ -436,8 +415,7 @@ class NriPlugin:
 
     def _oom_wanted(self, want: int, have: int) -> int | None:
         """The value to write over `have`, or None (already right, or not lowerable here)."""
-        if self.oom_floor is not None:
-            want = max(want, min(self.oom_floor, have))
+        want = oom_score_adj_wanted(want, have, self.oom_floor)
         return None if want == have else want
 
     def _write_oom(self, container_id: str, pids: list[int], value: int, reason: str) -> None:

@@ -158,6 +158,8 @@ class ContainerPlan:
     memory: MemoryProtection = field(default_factory=MemoryProtection)
     notes: tuple[str, ...] = ()
     problems: tuple[ParseProblem, ...] = ()
+    # The container's class weight (written to its cgroup, not in the CRI request), for its pod's.
+    cpu_shares: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,8 @@ class PodPlan:
     writes: tuple[CgroupWrite, ...] = ()
     notes: tuple[str, ...] = ()
     problems: tuple[ParseProblem, ...] = ()
+    # The pod's tasks share one core-scheduling cookie ([qos.<CLASS>] core_sched).
+    core_sched: bool = False
 
 
 # --- small formulas ----------------------------------------------------------------------
@@ -468,6 +472,7 @@ def plan_container(
         memory=memory,
         notes=tuple(notes),
         problems=annotations.problems,
+        cpu_shares=shares,
     )
 
 
@@ -601,9 +606,35 @@ def plan_pod_sandbox(
                     )
                 )
 
+    if config.core_sched:
+        notes.append(f"{qos_class.value}: core scheduling: the pod's tasks share one cookie, no other pod's"
+                     " task runs on an SMT sibling of their core at the same time")
     return PodPlan(
-        qos_class=qos_class, writes=tuple(writes), notes=tuple(notes), problems=annotations.problems
+        qos_class=qos_class, writes=tuple(writes), notes=tuple(notes), problems=annotations.problems,
+        core_sched=config.core_sched,
     )
+
+
+def plan_pod_cpu_weight(
+    pod_cgroup: str, qos_class: QoSClass, container_shares: Iterable[int]
+) -> tuple[CgroupWrite, ...]:
+    """The pod cgroup's cpu.shares: the sum of its containers' class weights.
+
+    The pod cgroup, not the container, is what competes with other pods and with kubelet's
+    tiers, so a class weight that stops at the container ranks the pod's containers only among
+    themselves. kubelet gives every pod 1024 per requested CPU; the class's weight per CPU
+    replaces it here as it does on the containers. BE pods are left to plan_pod_sandbox
+    (BE's fixed or batch weight, none on an idle pod); no running container: kubelet's stays.
+    """
+    if qos_class is QoSClass.BE:
+        return ()
+    shares = list(container_shares)
+    if not shares:
+        return ()
+    total = clamp_shares(sum(shares))
+    reason = (f"{qos_class.value} pod: cpu.shares {total} = sum of its {len(shares)} container(s)'"
+              f" class weights, clamped to [{MIN_SHARES}, {MAX_SHARES}]")
+    return (CgroupWrite(pod_cgroup, "cpu.shares", total, reason),)
 
 
 def plan_pod_memory(

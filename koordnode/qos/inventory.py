@@ -126,6 +126,7 @@ class InventoryBuilder:
                 cpu_period_us=res.cpu_period or 100_000,
                 cpuset=_cpuset(res.cpuset_cpus),
                 batch_cpu_milli=batch.cpu_request_milli if batch is not None else None,
+                memory_limit_bytes=max(res.memory_limit_in_bytes, 0),
             )
         self._containers[c.container_id] = (key, value)
         return value

@@ -261,6 +261,8 @@ class Measurer:
             memory_total_bytes=node.memory.total_bytes if node.memory is not None else None,
             memory_used_bytes=node.memory.used_bytes if node.memory is not None else None,
             probe=self.probe,
+            kubepods=self.kubepods,
+            be_tiers=(self.tiers["besteffort"], self.tiers["be_group"]),
         )
         return Measurement(node, snapshot, targets)
 

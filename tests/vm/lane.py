@@ -357,7 +357,7 @@ def _kvm_usable(kernel: Path, workdir: Path) -> tuple[bool, str]:
 
 
 def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tuple[Path, bool]],
-                  memory_mb: int) -> list[str]:
+                  memory_mb: int, smp: str = "2") -> list[str]:
     # TCG with one thread per vCPU (thread=multi) crashed the guest kernel here ("Oops: int3"
     # in the scheduler) when cgroup writes flip static keys: the kernel patches its own code
     # with int3 breakpoints, and another vCPU thread still ran the stale translation. One TCG
@@ -365,7 +365,7 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
     tcg = os.environ.get("KOORDNODE_VM_TCG_THREAD", "single")
     cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", f"tcg,thread={tcg}", "-cpu", "max"]
     cmd = [
-        "qemu-system-x86_64", *cpu, "-smp", "2", "-m", str(memory_mb), "-nodefaults", "-display", "none",
+        "qemu-system-x86_64", *cpu, "-smp", smp, "-m", str(memory_mb), "-nodefaults", "-display", "none",
         "-no-reboot", "-serial", f"file:{workdir / 'console.log'}",
         "-kernel", str(image.kernel), "-initrd", str(image.initrd),
         "-append", "root=/dev/vda rw console=ttyS0 panic=-1 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 "
@@ -408,8 +408,11 @@ def _stage_packages(directory: Path) -> None:
 
 
 def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3000,
-             accel: str | None = None, memory_mb: int = 2048) -> LaneResult:
-    """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results."""
+             accel: str | None = None, memory_mb: int = 2048, smp: str | None = None) -> LaneResult:
+    """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results.
+    `smp`: qemu's -smp (default 2 vCPUs, `$KOORDNODE_VM_SMP`); `4,cores=2,threads=2` gives the
+    guest SMT siblings (tests/vm_guest/test_core_sched.py; the other guest tests expect 2 CPUs)."""
+    smp = smp or os.environ.get("KOORDNODE_VM_SMP") or "2"
     problems = missing_tools()
     if problems:
         raise LaneError("missing: " + ", ".join(problems))
@@ -454,7 +457,7 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         usable, why = _kvm_usable(image.kernel, workdir)
         accel = "kvm" if usable else "tcg"
         _log(f"accelerator: {accel.upper()} ({why})")
-    cmd = _qemu_command(image, accel, workdir, shares, memory_mb)
+    cmd = _qemu_command(image, accel, workdir, shares, memory_mb, smp)
     # Third disk (/dev/vdc): the dependencies, read-only; the guest mounts it (tests/vm/guest/run.py).
     cmd += ["-drive", f"file={pydeps_disk},if=virtio,format=raw,readonly=on"]
     (workdir / "qemu-cmd.txt").write_text(" ".join(cmd) + "\n")
@@ -470,7 +473,8 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     qemu_err = (workdir / "qemu.stderr").read_text(errors="replace")
     if accel == "kvm" and ("emulation failure" in qemu_err.lower() or "KVM internal error" in qemu_err):
         _log("KVM failed inside the guest (emulation failure): running again under TCG")
-        return run_lane(workdir, pytest_args=pytest_args, timeout_s=timeout_s, accel="tcg", memory_mb=memory_mb)
+        return run_lane(workdir, pytest_args=pytest_args, timeout_s=timeout_s, accel="tcg", memory_mb=memory_mb,
+                        smp=smp)
     exit_file = results / "exit_code"
     exit_code = int(exit_file.read_text().strip()) if exit_file.is_file() else None
     junit = results / "junit.xml"
@@ -499,13 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=3000)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
+    parser.add_argument("--smp", default=None, help="qemu -smp (default 2; 4,cores=2,threads=2: SMT siblings)")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
     if args.rebuild:
         build_image(force=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="koordnode-vm-"))
     try:
-        result = run_lane(workdir, pytest_args=args.pytest_args, timeout_s=args.timeout, accel=args.accel)
+        result = run_lane(workdir, pytest_args=args.pytest_args, timeout_s=args.timeout, accel=args.accel,
+                          smp=args.smp)
     except LaneError as err:
         print(f"VM lane error: {err}", file=sys.stderr)
         return 2

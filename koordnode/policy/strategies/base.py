@@ -34,6 +34,7 @@ class ContainerView:
     cpu_period_us: int
     cpuset: frozenset[int] | None  # as requested through CRI; None = not set
     batch_cpu_milli: int | None  # BE: kubernetes.io/batch-cpu request
+    memory_limit_bytes: int = 0  # as requested through CRI; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class TickSnapshot:
     memory_total_bytes: int | None  # None = /proc/meminfo not readable
     memory_used_bytes: int | None
     probe: Probe
+    # kubelet's top cgroup of every pod, and both BE tiers (its besteffort tier, koordnode's BE group)
+    kubepods: str = ""
+    be_tiers: tuple[str, ...] = ()
 
     def due(self, last: float | None) -> bool:
         """Whether a periodic (reconcile) pass last run at `last` is due again."""

@@ -6,7 +6,7 @@ cpu_suppress found in the same tick.
 
 from __future__ import annotations
 
-from koordnode.policy.strategies import be_evict, cpu_burst, cpu_suppress, memory_qos
+from koordnode.policy.strategies import be_evict, be_memory, cpu_burst, cpu_suppress, memory_qos
 from koordnode.policy.strategies.base import Strategy
 
 STRATEGIES: tuple[Strategy, ...] = (
@@ -14,4 +14,5 @@ STRATEGIES: tuple[Strategy, ...] = (
     cpu_burst.STRATEGY,
     memory_qos.STRATEGY,
     be_evict.STRATEGY,
+    be_memory.STRATEGY,
 )
