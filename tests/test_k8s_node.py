@@ -440,15 +440,37 @@ def _memory_pod(name: str, cls: str, hold_mb: int, request: str | None, after_s:
                  "command": ["/bin/sh", "-c", script], "resources": resources}]}}
 
 
+def _growing_memory_pod(name: str, cls: str, step_mb: int, steps: int, after_s: int = 0) -> dict:
+    """A pod adding a process holding ``step_mb`` MB every second, ``steps`` times."""
+    pod = _memory_pod(name, cls, 0, None)
+    hold = f'x=$(head -c {step_mb * 1_000_000} /dev/zero | tr "\\0" a); sleep 3600'
+    pod["spec"]["containers"][0]["command"][2] = (
+        f"sleep {after_s}; for i in $(seq {steps}); do ( {hold} ) & sleep 1; done; echo held; wait")
+    return pod
+
+
+def _available_mib() -> tuple[int, int]:
+    """Memory available now: the kernel's MemAvailable and kubelet's reckoning on cgroup v1
+    (capacity minus the root memory cgroup's working set: usage less inactive file pages)."""
+    meminfo = {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+    kernel = meminfo["MemAvailable"] // 1024
+    root = Path("/sys/fs/cgroup/memory")
+    if not (root / "memory.usage_in_bytes").exists():
+        return kernel, kernel
+    stat = dict(line.split() for line in (root / "memory.stat").read_text().splitlines())
+    working_set = int((root / "memory.usage_in_bytes").read_text()) - int(stat.get("total_inactive_file", 0))
+    return kernel, meminfo["MemTotal"] // 1024 - working_set // (1 << 20)
+
+
 def test_kubelet_evicts_the_be_pod_in_koordnodes_group_first(control_plane, tmp_path_factory):  # noqa: F811
     """kubelet's eviction manager under memory pressure ranks pods by their use above their
-    request: a BE pod holding 700 MB in koordnode's group must go before a Burstable LS pod
-    30 MB above its request. (Were kubelet to read the BE pod's empty kubelet-made cgroup, it
+    request: a BE pod holding hundreds of MB in koordnode's group must go before a Burstable LS
+    pod 30 MB above its request. (Were kubelet to read the BE pod's empty kubelet-made cgroup, it
     would rank it at 0 bytes and evict the LS pod first.) A node of its own: its eviction
-    threshold is set 400 MiB below the memory available at its start, so the BE pod's
-    allocation, made once both pods run, brings the pressure."""
-    available = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                     if line.startswith("MemAvailable:")) // 1024
+    threshold is set 400 MiB below the memory available at its start (the lower of the kernel's
+    and kubelet's own reckoning), and the BE pod grows by 100 MB a second once both pods run, so
+    the pressure comes however the node's memory drifts meanwhile (a fixed 700 MB once missed it)."""
+    available = min(_available_mib())
     with real_node(tmp_path_factory.mktemp("k8s-evict"), control_plane=control_plane, node_name=NODE_NAMES[2],
                    namespace="evict", feature_gates=STATS_FROM_CRI,
                    kubelet_config={"evictionHard": {"memory.available": f"{available - 400}Mi"},
@@ -457,7 +479,7 @@ def test_kubelet_evicts_the_be_pod_in_koordnodes_group_first(control_plane, tmp_
         node.create_pod(_memory_pod("ls-over-request", "LS", 40, "10Mi"))
         client.wait_for("ls-over-request holds its memory",
                         lambda: "held" in node.kubelet.container_log("ls-over-request", "hold", node.namespace), timeout=120)
-        node.create_pod(_memory_pod("be-hog", "BE", 700, None, after_s=5))
+        node.create_pod(_growing_memory_pod("be-hog", "BE", step_mb=100, steps=30, after_s=5))
         node.wait_running("be-hog", timeout=120)
         assert "/koordnode_be/" in find_pod_cgroup(node.kubepods, node.pod("be-hog")["metadata"]["uid"])
 
