@@ -113,7 +113,7 @@ class Daemon:
                     evict=self.evict,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=_MemoryPlanner(self),
-                    reserved_cpus=lambda: engine.allocator.reserved,
+                    reserved_cpus=engine.reserved_cpus,
                     on_tick=self._on_qos_tick,
                 )
             except Exception as exc:
@@ -176,7 +176,7 @@ class Daemon:
             log.error("kubernetes_not_started", detail="working from the local file alone", error=str(exc))
             return
         if self.qos is not None:
-            self.qos.pod_facts = self.cluster.facts_of
+            self.qos.set_pod_facts(self.cluster.facts_of)
 
     def _priority_of(self, sandbox_id: str) -> int | None:
         pod = self.state.pods.get(sandbox_id)
