@@ -32,6 +32,7 @@ from koordnode.cri.client import CriClient, CriError
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.qos.net_control import NetQoSController
 from koordnode.model.network import pod_network_from_status
+from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
@@ -54,6 +55,7 @@ from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.resctrl import group_of_class
 from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
+from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import POD_READY, NodeState, NodeView
 
 if TYPE_CHECKING:
@@ -87,12 +89,17 @@ class Daemon:
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
         self.qos: QoSEngine | None = None
+        self.layout: KubeletLayout | None = None
         self.qos_error: str | None = None
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized,
-                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates)
+            executor = CgroupExecutor(Path(config.cgroup.root))
+            # Where kubelet keeps the pods, resolved here once for the engine and the QoS manager.
+            self.layout = KubeletLayout(config.cgroup.driver, config.qos_manager.kubepods_cgroup,
+                                        executor.cgroup_exists)
+            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, executor=executor, resized=resized,
+                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates, layout=self.layout)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -110,6 +117,7 @@ class Daemon:
                 self.qos_manager = QoSManager(
                     ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
+                    layout=self.layout,
                     evict=self.evict,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=_MemoryPlanner(self),
@@ -620,6 +628,8 @@ class Daemon:
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
+        if self.layout is not None:
+            self.layout.configure(new.cgroup.driver, new.qos_manager.kubepods_cgroup)
         if self.qos is not None:
             await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
         if self.qos_manager is not None:

@@ -19,7 +19,7 @@ import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
-from koordnode.model.be_group import systemd_group_of_kubepods
+from koordnode.model.kubelet_layout import paths_of
 from koordnode.hooks.be_group import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
 
@@ -110,11 +110,12 @@ def be_parent(uid: str) -> str:
 
 
 def test_group_slice_of_kubelets_top_slice():
-    assert systemd_group_of_kubepods("/kubepods.slice") == (GROUP_SLICE, GROUP)
-    assert systemd_group_of_kubepods("/custom.slice/custom-kubepods.slice") == (
+    assert paths_of("systemd", "/kubepods.slice").systemd_be_group == (GROUP_SLICE, GROUP)
+    assert paths_of("auto", "/custom.slice/custom-kubepods.slice").systemd_be_group == (
         "custom-kubepods-koordnode_be.slice", "/custom.slice/custom-kubepods.slice/custom-kubepods-koordnode_be.slice")
-    assert systemd_group_of_kubepods("/kubepods") is None
-    assert systemd_group_of_kubepods("") is None
+    assert paths_of("systemd", "/kubepods").systemd_be_group is None
+    assert paths_of("auto", "").systemd_be_group is None
+    assert paths_of("cgroupfs", "/kubepods.slice").systemd_be_group is None  # the pods are not in slices
 
 
 def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):

@@ -21,7 +21,8 @@ from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, BeMemoryConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
-from koordnode.qos.inventory import build_inventory, tier_cgroups
+from koordnode.model.kubelet_layout import paths_of
+from koordnode.qos.inventory import build_inventory
 from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 4
@@ -438,10 +439,10 @@ def test_inventory_classes_and_tiers(tmp_path):
     assert {p.sandbox_id: p.cgroup for p in inventory.pods}["b"] == \
         "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice"
     assert len(inventory.skipped) == 1 and inventory.skipped[0].startswith("ns/x")
-    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
-                                                 "be_group": "/kubepods/koordnode_be"}
-    assert tier_cgroups("/kubepods.slice", "auto")["besteffort"] == "/kubepods.slice/kubepods-besteffort.slice"
-    assert tier_cgroups("/koordnode-test-ab/kubepods", "cgroupfs")["burstable"] == "/koordnode-test-ab/kubepods/burstable"
+    assert paths_of("auto", "/kubepods").tiers == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
+                                                   "be_group": "/kubepods/koordnode_be"}
+    assert paths_of("auto", "/kubepods.slice").besteffort == "/kubepods.slice/kubepods-besteffort.slice"
+    assert paths_of("cgroupfs", "/koordnode-test-ab/kubepods").burstable == "/koordnode-test-ab/kubepods/burstable"
 
 
 def test_configured_kubepods_root(tmp_path):
