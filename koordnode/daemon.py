@@ -119,8 +119,8 @@ class Daemon:
                     procfs_root=config.procfs.root,
                     layout=self.layout,
                     evict=self.evict,
-                    # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
-                    memory_plan=_MemoryPlanner(self),
+                    # [strategy.memory_qos]: the pods' memory values when the engine's pass does not keep them.
+                    memory_plan=engine.memory_fallback,
                     reserved_cpus=engine.reserved_cpus,
                     on_tick=self._on_qos_tick,
                 )
@@ -741,29 +741,6 @@ class Daemon:
             "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
             "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
-
-
-class _MemoryPlanner:
-    """The hooks' memory values for [strategy.memory_qos], except while the engine's reconcile
-    pass ([cgroup] reconcile_interval_s) runs at least as often as the manager's memory pass
-    ([qos_manager] reconcile_interval_s): that pass already reads every pod's values, memory
-    included, and restores what another writer changed, so planning and reading them again in
-    the manager would double the work for nothing. memory_qos then keeps the node watermarks."""
-
-    note = ("none: the pods' memory values are kept by the reconcile pass ([cgroup] reconcile_interval_s), "
-            "which runs at least as often; node watermarks only")
-
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-
-    def __call__(self) -> list[CgroupWrite] | None:
-        daemon = self._daemon
-        if daemon.qos is None:
-            return []
-        engine_every = daemon.config.cgroup.reconcile_interval_s
-        if 0 < engine_every <= daemon.config.qos_manager.reconcile_interval_s:
-            return None
-        return daemon.qos.memory_plan()
 
 
 def _observe_cluster(kind: str, result: str) -> None:

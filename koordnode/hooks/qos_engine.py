@@ -100,6 +100,9 @@ class QoSEngine:
         if self.applier.has_group_identity():
             self.planner.features = dataclasses.replace(features, group_identity=True)
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id
+        # What [strategy.memory_qos] is handed: the pods' memory values only while this engine's
+        # reconcile pass does not keep them itself.
+        self.memory_fallback = MemoryFallback(self)
         with self.lock:
             self._publish_status()
 
@@ -435,8 +438,8 @@ class QoSEngine:
         return target
 
     def memory_plan(self, view: NodeView | None = None) -> list[CgroupWrite]:
-        """The memory protection writes the hooks decide now for every ready pod and its running
-        containers, for the QoS manager's memory_qos strategy to keep applied."""
+        """The memory protection writes (memory.min/low/high, memory.wmark_*) the engine decides
+        now for every ready pod and its running containers (see MemoryFallback)."""
         view = view if view is not None else self.state.view()
         with self.lock:
             return self.planner.memory_plan(view)
@@ -514,3 +517,25 @@ class QoSEngine:
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""
         return self.records.decorate(snapshot, self.planner.pod_cgroup, self.features.cgroup_version)
+
+
+class MemoryFallback:
+    """The pods' memory values have one owner: the engine, which writes them at creation and keeps
+    them with its reconcile pass ([cgroup] reconcile_interval_s). The QoS manager's memory_qos
+    strategy keeps the node's watermarks, and the pods' values only as the fallback, when that
+    pass is off or runs less often than the manager's memory pass ([qos_manager]
+    reconcile_interval_s): then it gets memory_plan(); else None, with `note` saying why (a
+    second pass reading and restoring the same values would double the work for nothing)."""
+
+    note = ("none: the pods' memory values are kept by the reconcile pass ([cgroup] reconcile_interval_s), "
+            "which runs at least as often; node watermarks only")
+
+    def __init__(self, engine: QoSEngine) -> None:
+        self._engine = engine
+
+    def __call__(self) -> list[CgroupWrite] | None:
+        settings = self._engine.settings
+        engine_every = settings.cgroup.reconcile_interval_s
+        if 0 < engine_every <= settings.qos_manager.reconcile_interval_s:
+            return None
+        return self._engine.memory_plan()
