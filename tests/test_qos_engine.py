@@ -954,6 +954,30 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
 
 
+def test_while_the_qos_manager_confines_be_by_cpuset_it_is_the_one_writer_of_be_cpusets(make_node):
+    node = make_node(version="v1")
+    confined: list[frozenset[int] | None] = [None]
+    node.engine.pools.be_cpuset = lambda: confined[0]  # the QoS manager's cpuset policy (daemon.py wires it)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid = node.run_container(be, cpu_shares=2)
+    everything = format_cpu_list(node.topology.online)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == everything  # the BE pool, the engine's
+    confined[0] = frozenset({6, 7})
+    # The manager writes its set (tier, pods, containers); the engine's pass leaves it alone.
+    write_cgroup_file(node.root, node.ccg(be_cid), "cpuset.cpus", "6-7")
+    node.engine.reconcile(force=True)  # forced: every value it plans is written again
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "6-7"
+    applied = node.status_pod(be)["containers"][0]["applied"]
+    assert applied and not [line for line in applied if line.startswith("cpuset.")], applied
+    # A new BE container starts inside the set: the CreateContainer request carries it.
+    _, ctx = node.create(be, "second", cpu_shares=2)
+    assert ctx.request.config.linux.resources.cpuset_cpus == "6-7"
+    # Confinement over: the engine writes the BE pool again.
+    confined[0] = None
+    node.engine.reconcile(force=False)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == everything
+
+
 def test_pod_weights_are_kubelets_unless_pod_class_weight_is_on(make_node):
     # kubelet >= 1.36 reads the pod cgroup's cpu.shares back as the pod's CPU request.
     node = make_node(version="v1")

@@ -219,12 +219,15 @@ def test_cpuset_policy_writes_tier_pods_and_containers(tmp_path):
     node = FakeNode(tmp_path, "v1")
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", BESTEFFORT)
+    # A BE-labelled Burstable pod, outside the tier: the strategy is the one writer of every BE
+    # cpuset while it confines BE (the engine only carries the set in CRI requests).
+    labelled = node.add_pod("be2", "BE", BURSTABLE)
     manager = make_manager(node, settings(cpu_suppress=CpuSuppressConfig(policy="cpuset")))
     manager.tick()
     node.advance(1.0, {ls: 1.5, be: 1.0})
     manager.tick()
     # budget 2.6 - 1.5 - 0.2 = 0.9 -> ceil 1, min 2 CPUs: the highest two
-    for cgroup in (BESTEFFORT, be, f"{be}/be1app"):
+    for cgroup in (BESTEFFORT, be, f"{be}/be1app", labelled, f"{labelled}/be2app"):
         assert read_cgroup_file(node.root, cgroup, "cpuset.cpus") == "2-3"
     assert manager.be_cpuset() == frozenset({2, 3})
     manager.reconfigure(settings(cpu_suppress=CpuSuppressConfig(policy="cpuset", enable=False)))

@@ -112,7 +112,7 @@ class PodApplier:
         if cached is not None and key is not None and cached.key == key:
             entry, reused = cached, True
         else:
-            entry = planner.make(view, pod, pod_in, running, decision, pod_cgroup, key)
+            entry = planner.make(view, pod, pod_in, running, decision, pod_cgroup, key, be_cpus)
             if key is not None:
                 planner.plans[sandbox_id] = entry
             else:

@@ -25,7 +25,7 @@ from koordnode.hooks.resized import ResizedResources
 from koordnode.model.be_group import be_group_of, in_be_group, systemd_group_slice
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.pod_facts import PodFacts
-from koordnode.model.qos_class import ClassDecision, resolve_qos_class
+from koordnode.model.qos_class import ClassDecision, QoSClass, resolve_qos_class
 from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeView, PodRecord
 from koordnode.policy.class_policy import (
     ContainerInput,
@@ -42,6 +42,8 @@ from koordnode.policy.class_policy import (
 )
 from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
+
+CPUSET_RESOURCES = frozenset({"cpuset.cpus", "cpuset.mems"})
 
 
 class PlanKey(NamedTuple):
@@ -237,8 +239,10 @@ class PodPlanner:
                 and key.containers == self._containers_key(running) and key.facts is self.facts_of(pod.uid))
 
     def make(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
-             decision: ClassDecision, pod_cgroup: str, key: PlanKey | None) -> PodPlan:
-        """Plan one pod: its pod cgroup, its running containers and its memory protection."""
+             decision: ClassDecision, pod_cgroup: str, key: PlanKey | None,
+             be_cpus: frozenset[int] | None) -> PodPlan:
+        """Plan one pod: its pod cgroup, its running containers and its memory protection.
+        `be_cpus`: the set the QoS manager confines BE to (None: not confined)."""
         pod_input = pod_in if pod_in is not None else self.pod_input_from_record(pod)
         pod_plan = plan_pod_sandbox(pod_input, decision=decision,
                                     config=self.settings.qos.for_class(decision.qos_class),
@@ -253,6 +257,9 @@ class PodPlanner:
                 # systemd rewrites a pod slice's cpu.idle from its CPUWeight whenever it realizes
                 # the slice (each container start): the group's idleness is what protects LS.
                 writes = [w for w in writes if not (w.cgroup == pod_cgroup and w.resource == "cpu.idle")]
+        # While the QoS manager's cpu_suppress confines BE by cpuset it is the one writer of BE
+        # cpusets (tier, pods and containers in one ordered apply); the set goes into CRI requests only.
+        confined = be_cpus is not None and decision.qos_class is QoSClass.BE
         container_plans: dict[str, ContainerPlan] = {}
         container_cgroups: dict[str, str] = {}
         memories = []
@@ -263,7 +270,7 @@ class PodPlanner:
                 cgroup = self.container_cgroup(pod.cgroup_parent, c.container_id)
             except UnsafePathError:
                 continue
-            writes.extend(plan.cri_mirror)
+            writes.extend(w for w in plan.cri_mirror if not (confined and w.resource in CPUSET_RESOURCES))
             writes.extend(plan.writes)
             memory_writes.extend(plan.cri_mirror)
             memory_writes.extend(plan.writes)
