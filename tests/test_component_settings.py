@@ -143,6 +143,8 @@ root = "{tmp_path / 'sys'}"
     assert engine.reserved_cpus() == frozenset({0})
     # the manager: [qos_manager], [strategy.*], [qos_mapping]
     assert manager.kubepods == "/custom/kubepods"
+    # one KubeletLayout, the daemon's: the engine and the manager see the same one
+    assert engine.layout is daemon.layout and daemon.layout.paths().kubepods == "/custom/kubepods"
     assert manager.status()["strategies"]["cpu_suppress"]["enabled"] is False
     assert manager.status()["ticks"]["period_ms"] == 500
     assert manager._inventory.mapping == engine.planner.mapping
