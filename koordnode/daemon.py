@@ -115,7 +115,7 @@ class Daemon:
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
-                    ManagerSettings.of(config), self.state, self.qos.executor,
+                    ManagerSettings.of(config), self.state, executor,
                     procfs_root=config.procfs.root,
                     layout=self.layout,
                     evict=self.evict,
