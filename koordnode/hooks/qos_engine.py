@@ -204,9 +204,8 @@ class QoSEngine:
         # Only koordnode writes its allocation record: a value kubelet passed on is dropped.
         req.config.annotations.pop(CPU_ALLOCATION_ANNOTATION, None)
         owner = owner_id(pod, container.name)
-        config = self.settings.qos.for_class(decision.qos_class)
         with self.lock:
-            pools = self.pools
+            pools, config = self.pools, self.settings.qos.for_class(decision.qos_class)
             if kubelet.cpuset_cpus:
                 self._kubelet_owns_cpus(f"CreateContainer of {pod.namespace}/{pod.name}/{container.name}"
                                         f" carried kubelet's cpuset {kubelet.cpuset_cpus}")
