@@ -32,6 +32,7 @@ from koordnode.cri.client import CriClient, CriError
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.qos.net_control import NetQoSController
 from koordnode.model.network import pod_network_from_status
+from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
@@ -54,6 +55,7 @@ from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.resctrl import group_of_class
 from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
+from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import POD_READY, NodeState, NodeView
 
 if TYPE_CHECKING:
@@ -87,12 +89,17 @@ class Daemon:
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
         self.qos: QoSEngine | None = None
+        self.layout: KubeletLayout | None = None
         self.qos_error: str | None = None
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized,
-                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates)
+            executor = CgroupExecutor(Path(config.cgroup.root))
+            # Where kubelet keeps the pods, resolved here once for the engine and the QoS manager.
+            self.layout = KubeletLayout(config.cgroup.driver, config.qos_manager.kubepods_cgroup,
+                                        executor.cgroup_exists)
+            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, executor=executor, resized=resized,
+                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates, layout=self.layout)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -108,12 +115,13 @@ class Daemon:
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
-                    ManagerSettings.of(config), self.state, self.qos.executor,
+                    ManagerSettings.of(config), self.state, executor,
                     procfs_root=config.procfs.root,
+                    layout=self.layout,
                     evict=self.evict,
-                    # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
-                    memory_plan=_MemoryPlanner(self),
-                    reserved_cpus=lambda: engine.allocator.reserved,
+                    # [strategy.memory_qos]: the pods' memory values when the engine's pass does not keep them.
+                    memory_plan=engine.memory_fallback,
+                    reserved_cpus=engine.reserved_cpus,
                     on_tick=self._on_qos_tick,
                 )
             except Exception as exc:
@@ -176,7 +184,7 @@ class Daemon:
             log.error("kubernetes_not_started", detail="working from the local file alone", error=str(exc))
             return
         if self.qos is not None:
-            self.qos.pod_facts = self.cluster.facts_of
+            self.qos.set_pod_facts(self.cluster.facts_of)
 
     def _priority_of(self, sandbox_id: str) -> int | None:
         pod = self.state.pods.get(sandbox_id)
@@ -620,6 +628,8 @@ class Daemon:
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
+        if self.layout is not None:
+            self.layout.configure(new.cgroup.driver, new.qos_manager.kubepods_cgroup)
         if self.qos is not None:
             await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
         if self.qos_manager is not None:
@@ -731,29 +741,6 @@ class Daemon:
             "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
             "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
-
-
-class _MemoryPlanner:
-    """The hooks' memory values for [strategy.memory_qos], except while the engine's reconcile
-    pass ([cgroup] reconcile_interval_s) runs at least as often as the manager's memory pass
-    ([qos_manager] reconcile_interval_s): that pass already reads every pod's values, memory
-    included, and restores what another writer changed, so planning and reading them again in
-    the manager would double the work for nothing. memory_qos then keeps the node watermarks."""
-
-    note = ("none: the pods' memory values are kept by the reconcile pass ([cgroup] reconcile_interval_s), "
-            "which runs at least as often; node watermarks only")
-
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-
-    def __call__(self) -> list[CgroupWrite] | None:
-        daemon = self._daemon
-        if daemon.qos is None:
-            return []
-        engine_every = daemon.config.cgroup.reconcile_interval_s
-        if 0 < engine_every <= daemon.config.qos_manager.reconcile_interval_s:
-            return None
-        return daemon.qos.memory_plan()
 
 
 def _observe_cluster(kind: str, result: str) -> None:

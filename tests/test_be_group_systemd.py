@@ -1,4 +1,4 @@
-"""The idle BE group under the systemd driver, host side (hooks/be_slices.py, the engine's use of it).
+"""The idle BE group under the systemd driver, host side (hooks/be_group.py, the engine's use of it).
 
 systemd itself is in the VM lane (tests/vm_guest/test_be_group_systemd_v2.py: systemd 257,
 containerd, runc). Here the two systemd calls are replaced by fakes shaped like systemd's
@@ -19,8 +19,8 @@ import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
-from koordnode.model.be_group import systemd_group_of_kubepods
-from koordnode.hooks.be_slices import RETRY_AFTER_S, SystemdBeGroup
+from koordnode.model.kubelet_layout import paths_of
+from koordnode.hooks.be_group import RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
@@ -83,13 +83,13 @@ def systemd_node(tmp_path):
         node = Node(tmp_path / f"node{len(nodes)}", version="v2", be_idle_group=True,
                     toml='driver = "systemd"\n')
         systemd = FakeSystemd(node.root, **(systemd_kwargs or {}))
-        node.engine.be_slices = group_of(node.root, systemd, node.engine._be_group_gives_way)
+        node.engine.be_group.slices = group_of(node.root, systemd, node.engine.be_group.gives_way)
         nodes.append(node)
         return node, systemd
 
     yield make
     for node in nodes:
-        node.engine.be_slices.close()
+        node.engine.be_group.slices.close()
         node.close()
 
 
@@ -110,11 +110,12 @@ def be_parent(uid: str) -> str:
 
 
 def test_group_slice_of_kubelets_top_slice():
-    assert systemd_group_of_kubepods("/kubepods.slice") == (GROUP_SLICE, GROUP)
-    assert systemd_group_of_kubepods("/custom.slice/custom-kubepods.slice") == (
+    assert paths_of("systemd", "/kubepods.slice").systemd_be_group == (GROUP_SLICE, GROUP)
+    assert paths_of("auto", "/custom.slice/custom-kubepods.slice").systemd_be_group == (
         "custom-kubepods-koordnode_be.slice", "/custom.slice/custom-kubepods.slice/custom-kubepods-koordnode_be.slice")
-    assert systemd_group_of_kubepods("/kubepods") is None
-    assert systemd_group_of_kubepods("") is None
+    assert paths_of("systemd", "/kubepods").systemd_be_group is None
+    assert paths_of("auto", "").systemd_be_group is None
+    assert paths_of("cgroupfs", "/kubepods.slice").systemd_be_group is None  # the pods are not in slices
 
 
 def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
@@ -125,7 +126,7 @@ def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
     assert systemd.started == []  # kubelet has not made kubepods.slice yet: nothing is started
     add_cgroup(node.root, "/kubepods.slice")
     node.engine.reconcile()  # the next pass finds it
-    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_group.slices._pending)
     pod = node.run_pod("batch", parent=be_parent("u1"))
     assert parent_of(node, pod) == "kubepods-koordnode_be-podu1.slice"
     # Ready and made idle by this process: the CRI path asks systemd nothing more.
@@ -160,7 +161,7 @@ def test_a_slow_systemd_never_holds_the_call_beyond_its_bound(systemd_node):
 
 def test_a_slice_systemd_does_not_make_idle_keeps_be_pods_in_kubelets_tier(systemd_node):
     node, systemd = systemd_node({"idle_value": "0"})  # systemd < 252: CPUWeight=idle not mapped
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
     pod = node.run_pod("batch", parent=be_parent("u1"))
     assert parent_of(node, pod) == be_parent("u1")
     assert any("252" in note for note in node.engine.notes), node.engine.notes
@@ -211,7 +212,7 @@ def test_an_operators_cpu_weight_right_after_koordnodes_call_is_not_taken_for_an
 
 def test_removed_pods_slices_are_stopped_once_empty(systemd_node):
     node, systemd = systemd_node()
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
     pod = node.run_pod("batch", parent=be_parent("u1"))
     moved = parent_of(node, pod)
     add_cgroup(node.root, slice_path(moved) + "/cri-containerd-abc.scope")  # systemd + runc's doing
@@ -229,7 +230,7 @@ def test_removed_pods_slices_are_stopped_once_empty(systemd_node):
 
 def test_reconcile_stops_leftover_pod_slices_and_reasserts_the_group(systemd_node):
     node, systemd = systemd_node()
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
     live = node.run_pod("batch", parent=be_parent("live"))
     add_cgroup(node.root, slice_path(parent_of(node, live)))
     # Left by pods removed while koordnode was down: one empty, one with a scope still inside.
@@ -257,7 +258,7 @@ def test_a_group_slice_at_the_lowest_weight_is_not_made_idle_again(systemd_node)
     cpu.weight 1 directly: that gives way too, so neither the reconcile pass nor a new BE pod
     asks systemd to make it idle again (which would undo the quiet state)."""
     node, systemd = systemd_node()
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
     write_cgroup_file(node.root, GROUP, "cpu.idle", "0")
     write_cgroup_file(node.root, GROUP, "cpu.weight", "1")
     node.engine.reconcile()
@@ -280,7 +281,7 @@ def test_kubelets_expanded_slice_parent_moves_into_the_group_the_same_way(system
     node, systemd = systemd_node()
     add_cgroup(node.root, "/kubepods.slice")
     node.engine.adopt()
-    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_slices._pending)
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not node.engine.be_group.slices._pending)
     kubelet = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu1.slice"
     pod = node.run_pod("batch", parent=kubelet)
     moved = "/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-podu1.slice"
@@ -297,7 +298,7 @@ def test_a_stopped_sandbox_leaves_the_pod_slice_to_the_pods_next_sandbox(systemd
     the time the worker runs is dropped. Found by the real kubelet in the VM lane (a BE pod
     recreated again and again: each stop killed the next sandbox)."""
     node, systemd = systemd_node()
-    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
     old = node.run_pod("batch", parent=be_parent("u1"))
     moved = parent_of(node, old)
     add_cgroup(node.root, slice_path(moved))  # systemd's, empty once the sandbox stopped

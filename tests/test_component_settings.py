@@ -113,7 +113,7 @@ def test_reload_hands_both_components_their_new_sections(tmp_path, monkeypatch):
     assert engine is not None and manager is not None, daemon.qos_error
     burstable_pod = "/kubepods/burstable/pod1"
     assert engine.classify({}, burstable_pod).qos_class.value == "LS"
-    assert engine.allocator.reserved == frozenset()
+    assert engine.reserved_cpus() == frozenset()
     assert manager.kubepods == "/kubepods"
     assert manager.status()["strategies"]["cpu_suppress"]["enabled"] is True
     assert manager.status()["ticks"]["period_ms"] == 1000
@@ -140,12 +140,14 @@ root = "{tmp_path / 'sys'}"
     assert daemon.last_reload["result"] == "applied", daemon.last_reload
     # the engine: [qos_mapping], [node]
     assert engine.classify({}, burstable_pod).qos_class.value == "BE"
-    assert engine.allocator.reserved == frozenset({0})
+    assert engine.reserved_cpus() == frozenset({0})
     # the manager: [qos_manager], [strategy.*], [qos_mapping]
     assert manager.kubepods == "/custom/kubepods"
+    # one KubeletLayout, the daemon's: the engine and the manager see the same one
+    assert engine.layout is daemon.layout and daemon.layout.paths().kubepods == "/custom/kubepods"
     assert manager.status()["strategies"]["cpu_suppress"]["enabled"] is False
     assert manager.status()["ticks"]["period_ms"] == 500
-    assert manager._inventory.mapping == engine.mapping
+    assert manager._inventory.mapping == engine.planner.mapping
     # what stays until the restart says so
     assert ("filesystem_roots_change_needs_restart",
             {"detail": "[cgroup], [procfs] and [sysfs] root take effect at the next restart",

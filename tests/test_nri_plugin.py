@@ -283,7 +283,8 @@ def test_a_late_synchronize_still_delivers_its_updates() -> None:
     and the container updates follow as an UpdateContainers call."""
 
     class SlowPlanEngine:
-        kubelet_resources: dict = {}
+        def has_kubelet_resources(self, cid):
+            return False
 
         def classify(self, labels, parent):
             from koordnode.model.qos_class import resolve_qos_class
@@ -357,7 +358,8 @@ def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
             seen.append(dict(call.scratch))
 
     class Engine:
-        kubelet_resources: dict = {}
+        def has_kubelet_resources(self, cid):
+            return False
 
         def __init__(self) -> None:
             self.updated: list[str] = []

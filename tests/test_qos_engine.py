@@ -30,7 +30,8 @@ from koordnode.executor.executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.hooks.qos_engine import KUBELET_RESOURCES_ANNOTATION, QoSEngine
+from koordnode.cri.koordnode_annotations import KUBELET_RESOURCES_ANNOTATION
+from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
@@ -953,6 +954,30 @@ def test_reconcile_rewrites_what_an_operator_changed(make_node, version):
     assert any("forced rewrite" in line for line in node.status_pod(ls)["containers"][0]["applied"])
 
 
+def test_while_the_qos_manager_confines_be_by_cpuset_it_is_the_one_writer_of_be_cpusets(make_node):
+    node = make_node(version="v1")
+    confined: list[frozenset[int] | None] = [None]
+    node.engine.pools.be_cpuset = lambda: confined[0]  # the QoS manager's cpuset policy (daemon.py wires it)
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe")
+    be_cid = node.run_container(be, cpu_shares=2)
+    everything = format_cpu_list(node.topology.online)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == everything  # the BE pool, the engine's
+    confined[0] = frozenset({6, 7})
+    # The manager writes its set (tier, pods, containers); the engine's pass leaves it alone.
+    write_cgroup_file(node.root, node.ccg(be_cid), "cpuset.cpus", "6-7")
+    node.engine.reconcile(force=True)  # forced: every value it plans is written again
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == "6-7"
+    applied = node.status_pod(be)["containers"][0]["applied"]
+    assert applied and not [line for line in applied if line.startswith("cpuset.")], applied
+    # A new BE container starts inside the set: the CreateContainer request carries it.
+    _, ctx = node.create(be, "second", cpu_shares=2)
+    assert ctx.request.config.linux.resources.cpuset_cpus == "6-7"
+    # Confinement over: the engine writes the BE pool again.
+    confined[0] = None
+    node.engine.reconcile(force=False)
+    assert node.read(node.ccg(be_cid), "cpuset.cpus") == everything
+
+
 def test_pod_weights_are_kubelets_unless_pod_class_weight_is_on(make_node):
     # kubelet >= 1.36 reads the pod cgroup's cpu.shares back as the pod's CPU request.
     node = make_node(version="v1")
@@ -1293,7 +1318,7 @@ def test_a_create_pre_hook_that_times_out_holds_no_cpus_even_without_a_post_step
     assert ctx.hook_failures
     assert ctx.request.config.linux.resources.cpuset_cpus == ""  # the request went on unchanged
     assert node.allocations() == {}
-    assert node.engine.allocator.reservation_of("uid-a/app") is None
+    assert node.engine.pools.allocator.reservation_of("uid-a/app") is None
     # ... and the CPUs are there for the next container.
     _, cid = lse(node, "b", 3)
     assert len(cpus_of(node.root, node.ccg(cid))) == 3
@@ -1308,7 +1333,7 @@ def test_a_kept_create_pre_hook_result_commits_its_cpus(make_node):
     node.loop.run_until_complete(node.chain.run_pre(ctx))
     cpus = parse_cpu_list(ctx.request.config.linux.resources.cpuset_cpus)
     assert len(cpus) == 2 and node.allocations() == {"uid-a/app": cpus}
-    assert node.engine.allocator.reservation_of("uid-a/app") is None
+    assert node.engine.pools.allocator.reservation_of("uid-a/app") is None
 
 
 def test_exclusive_cpus_leave_the_share_pool_at_least_one_cpu(make_node):
@@ -1579,6 +1604,7 @@ def counted(monkeypatch):
     """Counts of the engine's planning calls and of the executor's file reads (spies on the
     functions the engine and the executor call; nothing is timed)."""
     import koordnode.executor.executor as executor_module
+    import koordnode.hooks.pod_plans as pod_plans
     import koordnode.hooks.qos_engine as qos_engine
 
     counts = {"plan_container": 0, "plan_pod_sandbox": 0, "reads": 0}
@@ -1592,8 +1618,9 @@ def counted(monkeypatch):
 
         monkeypatch.setattr(module, name, wrapper)
 
-    spy(qos_engine, "plan_container", "plan_container")
-    spy(qos_engine, "plan_pod_sandbox", "plan_pod_sandbox")
+    spy(qos_engine, "plan_container", "plan_container")  # CreateContainer's
+    spy(pod_plans, "plan_container", "plan_container")  # running containers'
+    spy(pod_plans, "plan_pod_sandbox", "plan_pod_sandbox")
     spy(executor_module, "read_file", "reads")
     spy(executor_module, "read_file_if_same", "reads")
 
@@ -1821,7 +1848,7 @@ def test_kubelets_static_cpu_manager_owns_the_cpusets(make_node):
     assert forwarded.cpuset_cpus == "1" and forwarded.oom_score_adj == -900
     assert node.read(node.ccg(lse_cid), "cpu.shares") == "262144"
     assert "koordnode.io/cpu-allocation" not in lse_ctx.request.config.annotations
-    assert node.engine.allocator.allocations() == {}
+    assert node.engine.pools.allocator.allocations() == {}
     # kubelet's reconcile moves BE off CPU 1: only the cpuset changes, the class values stay
     # (planned from kubelet's CreateContainer values, not from the zeros of the partial update).
     ctx = node.call("UpdateContainerResources", cpu_manager_update(be_cid, "0"))
@@ -1870,7 +1897,7 @@ def test_without_kubelets_cpuset_koordnode_allocates_and_a_foreign_client_does_n
     ls = node.run_pod("ls", parent="/kubepods/burstable/podls")
     ls_cid, ls_ctx = node.create(ls, "app", cpu_shares=512, cpuset_cpus="0-1")
     assert ls_ctx.request.config.linux.resources.cpuset_cpus == "0-1"
-    assert node.engine.allocator.allocations() == {}
+    assert node.engine.pools.allocator.allocations() == {}
     # A container created by another client (crictl) carries no cpuset: kubelet keeps them.
     other = node.run_pod("other", parent="/kubepods/burstable/podother")
     _, other_ctx = node.create(other, "app", cpu_shares=512)
@@ -1890,4 +1917,4 @@ def test_an_lse_pod_kubelet_shares_cpus_with_is_said_not_exclusive(make_node):
     assert any(n.startswith("cpuset 0-1: kubelet's shared pool, not exclusive") for n in notes), notes
     view = node.engine.status()["cpus"]["kubelet"]["lse_lsr_containers"]
     assert view == {"default/lse/app": {"class": "LSE", "cpus": [0, 1], "exclusive": False}}
-    assert node.engine.allocator.allocations() == {} and cid
+    assert node.engine.pools.allocator.allocations() == {} and cid

@@ -21,7 +21,8 @@ from koordnode.qos.manager import QoSManager
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, BeMemoryConfig, CpuBurstConfig, CpuSuppressConfig, StrategyConfig
 from support.fakeproc import format_pressure, make_procfs, write_meminfo, write_proc_stat
-from koordnode.qos.inventory import build_inventory, tier_cgroups
+from koordnode.model.kubelet_layout import paths_of
+from koordnode.qos.inventory import build_inventory
 from koordnode.model.state import CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, NodeState, PodRecord
 
 CPUS = 4
@@ -218,12 +219,15 @@ def test_cpuset_policy_writes_tier_pods_and_containers(tmp_path):
     node = FakeNode(tmp_path, "v1")
     ls = node.add_pod("ls1", "LS", BURSTABLE)
     be = node.add_pod("be1", "BE", BESTEFFORT)
+    # A BE-labelled Burstable pod, outside the tier: the strategy is the one writer of every BE
+    # cpuset while it confines BE (the engine only carries the set in CRI requests).
+    labelled = node.add_pod("be2", "BE", BURSTABLE)
     manager = make_manager(node, settings(cpu_suppress=CpuSuppressConfig(policy="cpuset")))
     manager.tick()
     node.advance(1.0, {ls: 1.5, be: 1.0})
     manager.tick()
     # budget 2.6 - 1.5 - 0.2 = 0.9 -> ceil 1, min 2 CPUs: the highest two
-    for cgroup in (BESTEFFORT, be, f"{be}/be1app"):
+    for cgroup in (BESTEFFORT, be, f"{be}/be1app", labelled, f"{labelled}/be2app"):
         assert read_cgroup_file(node.root, cgroup, "cpuset.cpus") == "2-3"
     assert manager.be_cpuset() == frozenset({2, 3})
     manager.reconfigure(settings(cpu_suppress=CpuSuppressConfig(policy="cpuset", enable=False)))
@@ -438,10 +442,10 @@ def test_inventory_classes_and_tiers(tmp_path):
     assert {p.sandbox_id: p.cgroup for p in inventory.pods}["b"] == \
         "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice"
     assert len(inventory.skipped) == 1 and inventory.skipped[0].startswith("ns/x")
-    assert tier_cgroups("/kubepods", "auto") == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
-                                                 "be_group": "/kubepods/koordnode_be"}
-    assert tier_cgroups("/kubepods.slice", "auto")["besteffort"] == "/kubepods.slice/kubepods-besteffort.slice"
-    assert tier_cgroups("/koordnode-test-ab/kubepods", "cgroupfs")["burstable"] == "/koordnode-test-ab/kubepods/burstable"
+    assert paths_of("auto", "/kubepods").tiers == {"besteffort": BESTEFFORT, "burstable": BURSTABLE,
+                                                   "be_group": "/kubepods/koordnode_be"}
+    assert paths_of("auto", "/kubepods.slice").besteffort == "/kubepods.slice/kubepods-besteffort.slice"
+    assert paths_of("cgroupfs", "/koordnode-test-ab/kubepods").burstable == "/koordnode-test-ab/kubepods/burstable"
 
 
 def test_configured_kubepods_root(tmp_path):

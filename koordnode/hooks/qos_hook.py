@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from koordnode.hooks.chain import CallContext, RuntimeHook
 from koordnode.cri.methods import INTERCEPTED_METHODS
-from koordnode.hooks.qos_engine import CpuReservation, QoSEngine
+from koordnode.hooks.cpu_pools import CpuReservation
+from koordnode.hooks.qos_engine import QoSEngine
 
 UNIMPLEMENTED = 12  # grpc status code
 

@@ -87,13 +87,3 @@ def systemd_group_slice(cgroup_parent: str) -> str | None:
     """The group's slice unit name for a systemd pod parent in it ("kubepods-koordnode_be.slice")."""
     match = _SYSTEMD_GROUP_POD.match(cgroup_parent.strip("/").rsplit("/", 1)[-1])
     return f"{match['stem']}-{BE_GROUP}.slice" if match else None
-
-
-def systemd_group_of_kubepods(kubepods: str) -> tuple[str, str] | None:
-    """The group slice beside kubelet's tiers and its cgroup, for kubelet's top slice:
-    "/kubepods.slice" -> ("kubepods-koordnode_be.slice", "/kubepods.slice/kubepods-koordnode_be.slice")."""
-    top = kubepods.rstrip("/").rsplit("/", 1)[-1]
-    if not top.endswith(".slice") or top == ".slice":
-        return None
-    slice_name = f"{top[: -len('.slice')]}-{BE_GROUP}.slice"
-    return slice_name, f"{kubepods.rstrip('/')}/{slice_name}"

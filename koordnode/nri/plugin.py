@@ -558,7 +558,7 @@ class NriPlugin:
                         pod = state.pods.get(record.sandbox_id) if record is not None else None
                         if want is not None and pod is not None:
                             try:
-                                cgroup = engine._container_cgroup(pod.cgroup_parent, cid)
+                                cgroup = engine.container_cgroup(pod.cgroup_parent, cid)
                             except Exception:
                                 cgroup = ""
                             oom_fixes.append((cid, cgroup, nri_c.pid, want))
@@ -586,9 +586,9 @@ class NriPlugin:
         CreateContainer config; NRI changes only the OCI spec), else — for a container never
         seen — what it runs with, which is what kubelet asked while koordnode was away."""
         out: dict[str, cri.LinuxContainerResources] = {}
-        known = self.engine.kubelet_resources if self.engine is not None else {}
+        engine = self.engine
         for c in containers:
-            if c.id in known:
+            if engine is not None and engine.has_kubelet_resources(c.id):
                 continue
             seen = self.kubelet_view.containers.get(c.id) if self.kubelet_view is not None else None
             out[c.id] = seen.resources if seen is not None else convert.cri_resources(

@@ -8,14 +8,12 @@ which may run in a worker thread. Pure apart from reading the NodeState passed i
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
 from koordnode.model.annotations import parse_pod_annotations
-from koordnode.model.be_group import BE_GROUP
 from koordnode.model.qos_class import (
     DEFAULT_KUBE_QOS_MAPPING,
     KubeQoS,
@@ -26,23 +24,7 @@ from koordnode.policy.strategies.base import ContainerView, Inventory, PodView
 from koordnode.model.state import CONTAINER_RUNNING, POD_READY, ContainerRecord, NodeState, NodeView, PodRecord
 
 PRIORITY_LABEL = "koordinator.sh/priority"
-__all__ = ["InventoryBuilder", "build_inventory", "tier_cgroups"]
-
-
-def tier_cgroups(kubepods: str, driver: str) -> dict[str, str]:
-    """The besteffort and burstable tier cgroups under kubelet's top pod cgroup, and koordnode's
-    BE group beside them (model/be_group.py)."""
-    kubepods = "/" + kubepods.strip("/")
-    systemd = driver == "systemd" or (driver == "auto" and kubepods.endswith(".slice"))
-    if systemd:
-        stem = posixpath.basename(kubepods)[: -len(".slice")] if kubepods.endswith(".slice") else posixpath.basename(kubepods)
-        return {
-            "besteffort": f"{kubepods}/{stem}-besteffort.slice",
-            "burstable": f"{kubepods}/{stem}-burstable.slice",
-            "be_group": f"{kubepods}/{stem}-{BE_GROUP}.slice",
-        }
-    base = kubepods.rstrip("/")
-    return {"besteffort": f"{base}/besteffort", "burstable": f"{base}/burstable", "be_group": f"{base}/{BE_GROUP}"}
+__all__ = ["InventoryBuilder", "build_inventory"]
 
 
 def _priority(labels: Mapping[str, str]) -> int:
@@ -69,7 +51,7 @@ class InventoryBuilder:
     def __init__(self, mapping: Mapping[KubeQoS, QoSClass] = DEFAULT_KUBE_QOS_MAPPING,
                  driver: str = "auto") -> None:
         self.mapping = mapping
-        self.driver = driver  # [cgroup] driver: the cgroup paths are the engine's (hooks/qos_engine.py)
+        self.driver = driver  # the KubeletLayout's driver: the cgroup paths are the engine's
         self._pods: dict[str, tuple[tuple[object, ...], tuple[str, QoSClass, str, int, Any] | str]] = {}
         self._containers: dict[str, tuple[tuple[object, ...], ContainerView | str]] = {}
         # The last inventory and the NodeView it was built from: NodeState publishes a new

@@ -35,6 +35,7 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
 from koordnode.model.cpu_topology import CpuTopology
+from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
@@ -78,6 +79,7 @@ class QoSManager:
         procfs_executor: ProcfsExecutor | None = None,
         reserved_cpus: ReservedCpus = None,
         topology: CpuTopology | None = None,
+        layout: KubeletLayout | None = None,
         strategies: Sequence[Strategy] = REGISTRY,
         on_tick: Callable[[TickReport], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -93,6 +95,7 @@ class QoSManager:
         evict: async (container_id, reason) stopping a container through the CRI backend.
         memory_plan: returns the hooks' memory writes (memory.min/low/high, wmark_*) for the
             running pods and containers; memory_qos re-applies them.
+        layout: kubelet's cgroup layout, shared with the engine (default: resolved from settings).
         reserved_cpus: node-reserved CPU ids (or a callable giving them); default: resolved
             from [node] reserved_cpus the CPU allocator's way (on `topology`, default read
             under [sysfs] root).
@@ -100,7 +103,6 @@ class QoSManager:
         on_tick: called in the tick's thread after every tick (the daemon feeds its metrics from it).
         """
         self._settings = settings.qos_manager
-        self._inventory = InventoryBuilder(settings.qos_mapping.as_mapping(), settings.cgroup.driver)
         self.state = state
         self.executor = executor
         self.collector = Collector(procfs_root, cgroup_root if cgroup_root is not None else executor.root)
@@ -110,7 +112,9 @@ class QoSManager:
         self._clock = clock
         self._wall = wall_clock
         self._measure = Measurer(settings, self.collector, memory_plan=memory_plan,
-                                 reserved_cpus=reserved_cpus, topology=topology, clock=clock, sleep=sleep)
+                                 reserved_cpus=reserved_cpus, topology=topology, clock=clock, sleep=sleep,
+                                 layout=layout)
+        self._inventory = InventoryBuilder(settings.qos_mapping.as_mapping(), self._measure.driver)
         self._book = StatusBook()
         self._runner = StrategyRunner(strategies, settings.strategy, executor, self._procfs, self.collector, self._book)
         self._tick_lock = threading.Lock()
@@ -191,8 +195,8 @@ class QoSManager:
         with self._tick_lock:
             self._settings = new_settings
             self._inventory.set_mapping(settings.qos_mapping.as_mapping())
-            self._inventory.set_driver(settings.cgroup.driver)
             self._measure.configure(settings)
+            self._inventory.set_driver(self._measure.driver)
             restores = self._runner.reconfigure(settings.strategy)
             if (old_settings.psi_stall_us, old_settings.psi_window_us, old_settings.psi_poll_ms,
                     old_settings.psi_triggers) != (new_settings.psi_stall_us, new_settings.psi_window_us,

@@ -1,9 +1,10 @@
 """Measuring: from the inventory and the kernel's statistics to one TickSnapshot per tick.
 
 Owns what measuring needs between ticks (the previous usage and pressure samples, the
-node/system usage window, the bounded history) and where things are: kubelet's top pod
-cgroup, its QoS tiers and koordnode's BE group, by `[cgroup] driver` (the engine's rule), and
-the node-reserved CPUs (the allocator's rule). Reads only; touched by one tick at a time.
+node/system usage window, the bounded history) and the node-reserved CPUs (the allocator's
+rule). Where kubelet's top pod cgroup, its QoS tiers and koordnode's BE group are is the
+KubeletLayout's (model/kubelet_layout.py), shared with the engine. Reads only; touched by one
+tick at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnap
 from koordnode.qos.collect import Collector, NodeSample
 from koordnode.config.components import ManagerSettings
 from koordnode.qos.history import History
-from koordnode.qos.inventory import tier_cgroups
+from koordnode.model.kubelet_layout import KubeletLayout, KubeletPaths
 
 log = structlog.get_logger("koordnode.qos")
 
@@ -118,8 +119,13 @@ class Measurer:
     def __init__(self, settings: ManagerSettings, collector: Collector, *,
                  memory_plan: MemoryPlanFn | None, reserved_cpus: ReservedCpus,
                  topology: CpuTopology | None, clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> None:
+                 sleep: Callable[[float], None], layout: KubeletLayout | None = None) -> None:
+        """`layout`: kubelet's, as the composition root resolved it (None: resolved here from
+        `settings`, and followed on reload)."""
         self.collector = collector
+        self._own_layout = layout is None
+        self._layout = layout if layout is not None else KubeletLayout(
+            settings.cgroup.driver, settings.qos_manager.kubepods_cgroup, self._cgroup_exists)
         self.history = History(settings.qos_manager.history_length)
         self.probe = CollectorProbe(collector, memory_plan)
         self._reserved_cpus = reserved_cpus
@@ -144,35 +150,30 @@ class Measurer:
         """A (reloaded) configuration: where kubepods and the tiers are, the history length."""
         self._sections = settings
         self._settings = settings.qos_manager
-        self.driver = settings.cgroup.driver
         if self._settings.history_length != self.history.capacity:
             self.history.resize(self._settings.history_length)
-        self.kubepods = self._resolve_kubepods()
-        # The tiers are named after kubepods itself (a ".slice" has systemd-style children), which
-        # the driver already chose unless [qos_manager] kubepods_cgroup names it explicitly.
-        self.tiers = tier_cgroups(self.kubepods, "auto")
+        if self._own_layout:
+            self._layout.configure(settings.cgroup.driver, settings.qos_manager.kubepods_cgroup)
+        self._paths: KubeletPaths = self._layout.paths()
 
     # ------------------------------------------------------------------ where things are
 
-    def _resolve_kubepods(self) -> str:
-        """[qos_manager] kubepods_cgroup, else by [cgroup] driver, else whichever exists."""
-        configured = self._settings.kubepods_cgroup
-        if configured:
-            return configured
-        if self.driver == "systemd":
-            return "/kubepods.slice"
-        if self.driver == "cgroupfs":
-            return "/kubepods"
-        systemd = self.collector.cgroup_file_text("cpu", "/kubepods.slice", "cgroup.procs") is not None
-        return "/kubepods.slice" if systemd else "/kubepods"
+    def _cgroup_exists(self, cgroup: str) -> bool:
+        return self.collector.cgroup_file_text("cpu", cgroup, "cgroup.procs") is not None
 
-    def _follow_kubepods(self) -> None:
-        # Driver "auto": kubelet may create its top cgroup after we start.
-        found = self._resolve_kubepods()
-        if found != self.kubepods:
-            log.info("qos_kubepods_cgroup", cgroup=found)
-            self.kubepods = found
-            self.tiers = tier_cgroups(found, "auto")
+    @property
+    def driver(self) -> str:
+        """[cgroup] driver: how the pods' cgroup paths are made (the engine's rule)."""
+        return self._layout.driver
+
+    @property
+    def kubepods(self) -> str:
+        return self._paths.kubepods
+
+    @property
+    def tiers(self) -> dict[str, str]:
+        """The besteffort and burstable tiers and koordnode's BE group, as of this tick."""
+        return self._paths.tiers
 
     @property
     def be_tier(self) -> str:
@@ -225,8 +226,7 @@ class Measurer:
 
         # usage: per pod (history, LS/BE sums), kubepods (for the system's share)
         ls_used, be_used, lse_lsr_used, rates_ok = self._pod_usage(inventory, now, recent_usage)
-        if not self._settings.kubepods_cgroup and self.driver == "auto":
-            self._follow_kubepods()
+        self._paths = self._layout.paths()  # driver "auto": kubelet may make its top cgroup after we start
         kubepods_ns = self.collector.cpu_usage_ns(self.kubepods)
         self._update_system_usage(node, kubepods_ns, now)
 

@@ -67,7 +67,9 @@ class CpuSuppressInput:
     online_cpus: frozenset[int] = frozenset()
     excluded_cpus: frozenset[int] = frozenset()  # LSE / LSR owned and node-reserved
     current_be_cpus: frozenset[int] | None = None  # the tier's cpuset now
-    # Where the BE cpuset is written: the tier, its pods and their containers.
+    # Where the BE cpuset is written: the tier, then every BE pod and its containers (also those
+    # outside the tier, e.g. BE-labelled Burstable pods). cpu_suppress is the one writer of BE
+    # cpusets while its cpuset policy runs; the engine only puts the set into CRI requests.
     be_cpuset_cgroups: tuple[str, ...] = ()
     # The BE cgroup is koordnode's BE group (not kubelet's tier, which must never be idle): the
     # suppressed state makes it idle, the quiet state gives it the lowest weight.
@@ -300,9 +302,8 @@ def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
         current_cpus = snap.probe.cpuset_cpus(tier)
         cgroups = [tier]
         for pod in snap.inventory.of_class(QoSClass.BE):
-            if pod.tier == tier:
-                cgroups.append(pod.cgroup)
-                cgroups += [c.cgroup for c in pod.containers]
+            cgroups.append(pod.cgroup)
+            cgroups += [c.cgroup for c in pod.containers]
         cpuset_cgroups = tuple(cgroups)
     else:
         found = snap.probe.cfs_quota(tier)
