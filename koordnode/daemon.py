@@ -97,13 +97,11 @@ class Daemon:
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("qos_hooks_disabled", detail="proxying without them", error=str(exc))
-        hooks.append(HardwareQoSHook(record_pod_network=self.record_pod_network,
-                                     refresh_network_classes=self.refresh_network_classes,
-                                     place_container_resctrl=self.place_container_resctrl))
         self.resctrl = ResctrlController(
             config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
         )
         self.netqos = NetQoSController(config.net)
+        hooks.append(HardwareQoSHook(networks=self, resctrl=self))
         self.qos_manager: QoSManager | None = None
         if self.qos is not None:
             try:
@@ -566,7 +564,7 @@ class Daemon:
         if self.config.net.enable:
             self.spawn(asyncio.to_thread(self.netqos.reconcile, self._pod_networks()))
 
-    def place_container_resctrl(self, container_id: str) -> None:
+    def place_container(self, container_id: str) -> None:
         if not self.config.resctrl.enable:
             return
         pod = self.state.pod_of_container(container_id)
