@@ -9,30 +9,32 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import (
+    CgroupConfig,
     Config,
     ConfigError,
     EngineSettings,
     ManagerSettings,
+    NetQoSConfig,
+    ResctrlSettings,
     key_sources,
     reload_config,
     to_dict,
     with_nodeslo,
 )
-from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.client import CriClient, CriError, RuntimeBackend
+from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.cri.methods import RUNTIME_SERVICE
-from koordnode.qos.net_control import NetQoSController
-from koordnode.model.network import pod_network_from_status
-from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
@@ -42,26 +44,25 @@ from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
-from koordnode.cri.kubelet_calls import kubelet_view
-from koordnode.metrics import METRICS, MetricsServer, MetricsStartError, PodInterference
+from koordnode.metrics import METRICS, Metrics, MetricsServer, MetricsStartError
 from koordnode.metrics import start as start_metrics
+from koordnode.model.state import NodeState, NodeView
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
-from koordnode.proxy.handler import InterceptingHandler, ProxyStats
-from koordnode.proxy.server import ProxyServer, SocketInUseError
-from koordnode.qos.manager import QoSManager
 from koordnode.policy.net import PodNetwork
 from koordnode.policy.plan import CgroupWrite
-from koordnode.policy.resctrl import group_of_class
-from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
-from koordnode.cri.rebuild import rebuild, rebuild_until_done
-from koordnode.model.state import POD_READY, NodeState, NodeView
+from koordnode.proxy.handler import InterceptingHandler, ProxyStats
+from koordnode.proxy.server import ProxyServer, SocketInUseError
+from koordnode.qos.eviction import BeEviction
+from koordnode.qos.manager import QoSManager
+from koordnode.qos.metrics_feed import PodInterferenceReader, TickMetrics
+from koordnode.qos.net_control import NetQoSController
+from koordnode.qos.pod_networks import PodNetworks
+from koordnode.qos.resctrl_control import ResctrlController, ResctrlPlacement
 
 if TYPE_CHECKING:
     from koordnode.kube.agent import ClusterLink
     from koordnode.nri.plugin import NriPlugin
     from koordnode.qos.node_usage import NodeUsageReporter
-    from koordnode.qos.collect import Collector
-    from koordnode.qos.tick import TickReport
 
 log = structlog.get_logger("koordnode")
 
@@ -75,14 +76,16 @@ BACKEND_PROBE_TIMEOUT_S = 1.0
 class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, metrics: Metrics = METRICS) -> None:
         config = config_for_mode(config)
         self.config = config
+        self.metrics = metrics
         self.started_at = time.time()
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
-        self._scrape_collector: Collector | None = None  # the metrics thread's own (Collector is not shared across threads)
+        self._background: set[asyncio.Task[Any]] = set()
+        self.backend = RuntimeBackend(config.proxy.backend)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
@@ -97,22 +100,27 @@ class Daemon:
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("qos_hooks_disabled", detail="proxying without them", error=str(exc))
+        resctrl_settings = ResctrlSettings.of(config)
         self.resctrl = ResctrlController(
-            config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
+            resctrl_settings.resctrl, resctrl_settings.classes,
+            threads_of=partial(self.qos.executor.read_pids, threads=True) if self.qos is not None else _threads_unknown,
         )
+        self.resctrl_placement = ResctrlPlacement(self.resctrl, self.state, config.cgroup)
         self.netqos = NetQoSController(config.net)
-        hooks.append(HardwareQoSHook(networks=self, resctrl=self))
+        self.pod_networks = PodNetworks(self.state, self.netqos, self.backend, self.spawn)
+        hooks.append(HardwareQoSHook(networks=self.pod_networks, resctrl=self.resctrl_placement))
+        self.eviction = BeEviction(self.state, self.backend, metrics)
         self.qos_manager: QoSManager | None = None
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
                     ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
-                    evict=self.evict,
+                    evict=self.eviction,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=_MemoryPlanner(self),
                     reserved_cpus=lambda: engine.allocator.reserved,
-                    on_tick=self._on_qos_tick,
+                    on_tick=TickMetrics(metrics),
                 )
             except Exception as exc:
                 log.error("qos_manager_disabled", error=str(exc))
@@ -122,8 +130,8 @@ class Daemon:
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
-        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for), self.stats,
-                                           on_completed=METRICS.observe_cri_call)
+        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, metrics),
+                                           self.stats, on_completed=metrics.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
         self.nri: NriPlugin | None = None
@@ -137,10 +145,9 @@ class Daemon:
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server: MetricsServer | None = None
-        self._backend_client: CriClient | None = None
+        self.interference = PodInterferenceReader(self.state, config.cgroup, config.procfs.root)
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
-        self._background: set[asyncio.Task[Any]] = set()
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
         # One config change at a time: SIGHUP reloads and NodeSLO updates take the same path.
@@ -151,11 +158,21 @@ class Daemon:
             from koordnode.qos.node_usage import NodeUsageReporter
 
             self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root,
-                                           priority_of=self._priority_of)
+                                           priority_of=self.eviction.priority_of)
         self.cluster: ClusterLink | None = None
         self.cluster_error: str | None = None
         if config.kubernetes.enable:
             self._start_cluster_link(config)
+        # What a reload hands new settings to (in a worker thread, in this order): each component
+        # with the settings it reads.
+        self._reconfigurable: list[tuple[Callable[[Config], Any], Reconfigurable]] = [
+            *([(EngineSettings.of, self.qos)] if self.qos is not None else []),
+            *([(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
+            (ResctrlSettings.of, self.resctrl),
+            (_cgroup_section, self.resctrl_placement),
+            (_net_section, self.netqos),
+            (_cgroup_section, self.interference),
+        ]
 
     # ---- [kubernetes] ---------------------------------------------------------------------
 
@@ -167,19 +184,16 @@ class Daemon:
             self.cluster = ClusterLink(config.kubernetes, apply_nodeslo=self.apply_nodeslo,
                                        on_pod_facts=self._facts_changed.set,
                                        node_metric_status=self._node_metric_status,
-                                       memory_total_bytes=self._memory_total, observe=_observe_cluster)
+                                       memory_total_bytes=self._memory_total, observe=self.metrics.observe_cluster)
         except (CredentialsError, ValueError) as exc:
             # The node keeps working from its file: say why the cluster part is off.
             self.cluster_error = f"[kubernetes] not started: {exc}"
             log.error("kubernetes_not_started", detail="working from the local file alone", error=str(exc))
             return
+        # Made after the QoS side, whose numbers it reports: those two learn of it now.
+        self.eviction.cluster = self.cluster
         if self.qos is not None:
             self.qos.pod_facts = self.cluster.facts_of
-
-    def _priority_of(self, sandbox_id: str) -> int | None:
-        pod = self.state.pods.get(sandbox_id)
-        facts = self.cluster.facts_of(pod.uid) if self.cluster is not None and pod is not None else None
-        return facts.priority if facts is not None else None
 
     def _memory_total(self) -> int | None:
         snap = self.qos_manager.last_snapshot if self.qos_manager is not None else None
@@ -190,7 +204,7 @@ class Daemon:
         usage = self.usage.refresh(interval_s) if self.usage is not None else None
         if usage is None:
             return None
-        METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
+        self.metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
         return usage.node_metric_status()
 
     async def apply_nodeslo(self, values: dict[str, Any] | None) -> None:
@@ -224,7 +238,7 @@ class Daemon:
         while True:
             await asyncio.sleep(10.0)
             if self.cluster is not None:
-                METRICS.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
+                self.metrics.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
             if self.usage is None:
                 continue
             try:
@@ -233,7 +247,7 @@ class Daemon:
                 log.exception("node_usage_failed")
                 continue
             if usage is not None:
-                METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
+                self.metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
 
     def _be_cpuset(self) -> frozenset[int] | None:
         """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
@@ -255,9 +269,10 @@ class Daemon:
             self.qos_manager.set_dry_run(dry_run)
         self.resctrl.dry_run = dry_run
         self.netqos.dry_run = dry_run
+        self.eviction.dry_run = dry_run
         if self.nri is not None:
             self.nri.dry_run = dry_run
-        METRICS.dry_run.set(1 if dry_run else 0)
+        self.metrics.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -282,9 +297,9 @@ class Daemon:
         except BaseException:
             self.node_lock.release()
             raise
-        METRICS.follow_hook_failures(lambda: self.chain.failures)
-        METRICS.follow_proxy_stats(self.stats)
-        METRICS.follow_interference(self._interference)
+        self.metrics.follow_hook_failures(lambda: self.chain.failures)
+        self.metrics.follow_proxy_stats(self.stats)
+        self.metrics.follow_interference(self.interference)
         self._start_metrics()
         if self.nri is not None:
             self.spawn(self._run_nri())
@@ -340,99 +355,9 @@ class Daemon:
         except Exception:
             log.exception("qos_manager_failed")
 
-    def _on_qos_tick(self, report: TickReport) -> None:
-        METRICS.record_writes(report.writes)
-        node = self.qos_manager.last_node if self.qos_manager is not None else None
-        if node is not None:
-            METRICS.set_pressures(node.pressure)
-        suppress = report.results.get("cpu_suppress")
-        if suppress is None:
-            return
-        inputs = suppress.explanation.inputs
-        quota = inputs.get("current_quota_us")
-        for result in report.writes:
-            write = result.write  # sysctl writes (memory_qos watermarks) are in the list too
-            if result.ok and isinstance(write, CgroupWrite) and write.resource == "cpu.cfs_quota_us" \
-                    and write.cgroup == inputs.get("be_tier"):
-                quota = write.value
-        period = inputs.get("period_us") or 0
-        cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
-        METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
-
-    def _interference(self) -> list[PodInterference]:
-        """CPU pressure and throttling of the non-BE pods, read at scrape time (in the metrics
-        server's thread, with a collector of its own)."""
-        if self._scrape_collector is None:
-            from koordnode.qos.collect import Collector
-
-            self._scrape_collector = Collector(self.config.procfs.root, self.config.cgroup.root)
-        collector = self._scrape_collector
-        driver = self.config.cgroup.driver
-        rows = []
-        for pod in list(self.state.pods.values()):
-            if pod.state != POD_READY or not pod.qos_class or pod.qos_class == "BE":
-                continue
-            try:
-                cgroup = pod_cgroup_path(pod.cgroup_parent, driver)
-                containers = [container_cgroup_path(pod.cgroup_parent, c.container_id, driver)
-                              for c in self.state.containers_of(pod.sandbox_id)]
-            except UnsafePathError:
-                continue
-            pressure = collector.pressure(cgroup, "cpu")
-            throttled = None
-            for cg in [cgroup, *containers]:  # a quota throttles the cgroup it is set on
-                stat = collector.cpu_stat(cg)
-                if stat is not None:
-                    throttled = (throttled or 0.0) + stat.throttled_ns / 1e9
-            rows.append(PodInterference(pod.namespace, pod.name, pod.qos_class,
-                                        pressure.some.total_us / 1e6 if pressure is not None else None, throttled))
-        return rows
-
-    async def evict(self, container_id: str, reason: str) -> None:
-        """BE eviction: through the Eviction API when [kubernetes] is on (PodDisruptionBudgets
-        honoured; a refused pod is reported and the next BE pod tried), else, or when the API
-        server does not answer, stop the container through the runtime."""
-        if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
-            log.warning("dry_run_would_evict_be_container", container_id=container_id, reason=reason)
-            return
-        if self.cluster is not None:
-            from koordnode.kube.client import Unreachable
-
-            targets = self._eviction_targets(container_id)
-            if targets:
-                try:
-                    result, _ = await self.cluster.evict(targets, reason)
-                except Unreachable as exc:
-                    log.warning("eviction_api_unreachable", detail="stopping the container through the runtime",
-                                error=str(exc))
-                else:
-                    if result == "evicted":
-                        METRICS.record_eviction(reason)
-                    return
-        log.warning("evicting_be_container", container_id=container_id, reason=reason)
-        METRICS.record_eviction(reason)
-        await self._backend().call(
-            RUNTIME_SERVICE + "StopContainer",
-            pb.StopContainerRequest(container_id=container_id, timeout=10),
-            pb.StopContainerResponse, timeout=30,
-        )
-
-    def _eviction_targets(self, container_id: str) -> list[Any]:
-        """The container's pod first, then the other BE pods on the node (lowest priority first),
-        for the Eviction API to try in turn."""
-        from koordnode.kube.agent import EvictTarget
-
-        first = self.state.pod_of_container(container_id)
-        if first is None or not first.uid:
-            return []
-        others = [p for p in list(self.state.pods.values())
-                  if p.sandbox_id != first.sandbox_id and p.state == POD_READY and p.qos_class == "BE" and p.uid]
-        others.sort(key=lambda p: (self._priority_of(p.sandbox_id) or 0, p.namespace, p.name))
-        return [EvictTarget(p.namespace, p.name, p.uid) for p in [first, *others]]
-
     def _start_metrics(self) -> None:
         try:
-            self.metrics_server = start_metrics(self.config.metrics)
+            self.metrics_server = start_metrics(self.config.metrics, self.metrics)
         except MetricsStartError as exc:
             log.error("metrics_endpoint_not_started", error=str(exc))
             self.metrics_server = None
@@ -474,8 +399,7 @@ class Daemon:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._backend_client is not None:
-            await self._backend_client.close()
+        await self.backend.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
@@ -495,8 +419,8 @@ class Daemon:
         # What the workers need from the state, taken here on the loop; the pods' containers and
         # networks only for the features that use them (a disabled one only removes leftovers).
         view = self.state.view()
-        groups = containers_by_group(self.state, self.config.cgroup.driver) if self.config.resctrl.enable else {}
-        networks = self._pod_networks() if self.config.net.enable else []
+        groups = self.resctrl_placement.groups()
+        networks = self.pod_networks.for_reconcile()
         classes = await asyncio.to_thread(self._reconcile_pass, view, groups, networks)  # one thread hop
         if classes:
             self._record_classes(classes)
@@ -522,61 +446,6 @@ class Daemon:
             log.exception("net_qos_reconcile_failed")
         return classes
 
-    # ---- hardware QoS helpers -------------------------------------------------------------
-
-    @staticmethod
-    def _resctrl_classes(config: Config) -> dict[str, Any]:
-        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES}
-
-    def _threads_of(self, cgroup: str) -> list[int] | None:
-        if self.qos is None:
-            return None
-        return self.qos.executor.read_pids(cgroup, threads=True)
-
-    def _pod_networks(self) -> list[PodNetwork]:
-        return [
-            PodNetwork(p.sandbox_id, f"{p.namespace}/{p.name}", p.qos_class, p.ips, p.host_network, p.annotations)
-            for p in list(self.state.pods.values())
-            if p.state == POD_READY
-        ]
-
-    def _backend(self) -> CriClient:
-        if self._backend_client is None:
-            self._backend_client = CriClient(self.config.proxy.backend)
-        return self._backend_client
-
-    async def record_pod_network(self, sandbox_id: str) -> None:
-        """A new pod's IPs, for the network classes (kubelet's own status calls are not parsed)."""
-        try:
-            resp = await self._backend().call(
-                RUNTIME_SERVICE + "PodSandboxStatus",
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
-                pb.PodSandboxStatusResponse, timeout=2,
-            )
-        except CriError as exc:
-            log.warning("pod_network_status_unreadable", sandbox_id=sandbox_id, error=str(exc))
-            return
-        ips, host_network = pod_network_from_status(resp.status)
-        self.state.set_pod_network(sandbox_id, ips, host_network)
-        self.refresh_network_classes()
-
-    def refresh_network_classes(self) -> None:
-        if self.config.net.enable:
-            self.spawn(asyncio.to_thread(self.netqos.reconcile, self._pod_networks()))
-
-    def place_container(self, container_id: str) -> None:
-        if not self.config.resctrl.enable:
-            return
-        pod = self.state.pod_of_container(container_id)
-        group = group_of_class(pod.qos_class) if pod is not None else None
-        if pod is None or group is None:
-            return
-        try:
-            cgroup = container_cgroup_path(pod.cgroup_parent, container_id, self.config.cgroup.driver)
-        except UnsafePathError:
-            return
-        self.resctrl.place_container(group, cgroup)
-
     # ---- reload ---------------------------------------------------------------------------
 
     async def reload(self) -> None:
@@ -589,7 +458,7 @@ class Daemon:
                 for error in exc.errors:
                     log.error("config_reload_rejected", detail="keeping the running config", error=error)
                 self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
-                METRICS.record_config_reload(False)
+                self.metrics.record_config_reload(False)
                 sdnotify.ready()
                 return
             await self._apply_config(new, trigger="sighup")
@@ -602,9 +471,7 @@ class Daemon:
         self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
                              failure_policy=new.proxy.failure_policy)
         self.server.backend = new.proxy.backend
-        if new.proxy.backend != old.proxy.backend and self._backend_client is not None:
-            await self._backend_client.close()
-            self._backend_client = None
+        await self.backend.reconfigure(new.proxy.backend)
         if new.runtime != old.runtime or new.nri != old.nri:
             log.warning("runtime_mode_change_needs_restart",
                         detail="[runtime] and [nri] take effect at the next restart",
@@ -618,13 +485,7 @@ class Daemon:
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
-        if self.qos is not None:
-            await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
-        if self.qos_manager is not None:
-            await asyncio.to_thread(self.qos_manager.reconfigure, ManagerSettings.of(new))
-        self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
-        self.resctrl.forget_probe()  # resctrl may have been mounted since
-        self.netqos.update_config(new.net)
+        await asyncio.to_thread(self._reconfigure_components, new)
         self._set_dry_run(new.daemon.dry_run)
         if new.metrics != old.metrics or self.metrics_server is None:
             if self.metrics_server is not None:
@@ -632,9 +493,13 @@ class Daemon:
             self._start_metrics()
         if trigger == "sighup":
             self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
-            METRICS.record_config_reload(True)
+            self.metrics.record_config_reload(True)
             log.info("config_reloaded", source=new.source)
         await self.reconcile_once()
+
+    def _reconfigure_components(self, new: Config) -> None:
+        for settings_of, component in self._reconfigurable:
+            component.reconfigure(settings_of(new))
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -642,7 +507,7 @@ class Daemon:
         """"ok" when containerd answers a Version call now; else why not. Asked at each status
         request (one round trip), so it reports the runtime as it is, not as it was at start-up."""
         try:
-            await self._backend().call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
+            await self.backend.call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
                                        pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
         except CriError as exc:
             return f"down: {exc.code_name}: {exc.details}"
@@ -688,14 +553,14 @@ class Daemon:
                 "connections_open": self.stats.connections_open,
                 "connections_total": self.stats.connections_total,
                 "intercepted_calls": self.stats.intercepted_calls,
-                "calls_by_method": METRICS.cri_calls_by_method(),
+                "calls_by_method": self.metrics.cri_calls_by_method(),
                 "hook_failures": {
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
             "nri": _safe(self.nri.status) if self.nri is not None else None,
             # Proxy mode only: in NRI mode kubelet's calls do not pass through koordnode.
-            "kubelet": kubelet_view(METRICS.cri_calls_by_method(), self.config.cgroup.be_idle_group)
+            "kubelet": kubelet_view(self.metrics.cri_calls_by_method(), self.config.cgroup.be_idle_group)
                        if self.mode == "proxy" else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": qos_manager,
@@ -754,18 +619,29 @@ class _MemoryPlanner:
         return daemon.qos.memory_plan()
 
 
-def _observe_cluster(kind: str, result: str) -> None:
-    if kind == "nodeslo":
-        METRICS.record_nodeslo(result == "applied")
-    elif kind == "eviction":
-        METRICS.record_api_eviction(result)
-
-
 def _value_at(table: dict[str, Any], key: str) -> Any:
     value: Any = table
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
+
+
+class Reconfigurable(Protocol):
+    """A component a reload hands its new settings (its own type: what `settings_of` gives)."""
+
+    def reconfigure(self, settings: Any, /) -> None: ...
+
+
+def _cgroup_section(config: Config) -> CgroupConfig:
+    return config.cgroup
+
+
+def _net_section(config: Config) -> NetQoSConfig:
+    return config.net
+
+
+def _threads_unknown(cgroup: str) -> list[int] | None:
+    return None  # without the QoS engine's executor, nobody reads cgroup tasks
 
 
 def _roots(config: Config) -> dict[str, str]:

@@ -15,6 +15,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.cri import api_pb2_grpc as pb_grpc
 from koordnode.hooks.chain import CallContext, HookChain, Phase, Stage
 from koordnode.hooks.interceptor import ChainInterceptor
+from koordnode.metrics import Metrics
 from koordnode.proxy.handler import InterceptingHandler
 from koordnode.proxy.server import ProxyServer
 from koordnode.model.state import NodeState
@@ -142,7 +143,7 @@ class Env:
             await self.server.start()
         self.state = NodeState()
         self.chain = HookChain(self.hooks, timeout_s=self.timeout_s, failure_policy=self.failure_policy)
-        self.proxy = ProxyServer(self.proxy_sock, self.backend_sock, InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for)))
+        self.proxy = ProxyServer(self.proxy_sock, self.backend_sock, InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, Metrics())))
         await self.proxy.start()
         self.channel = grpc.aio.insecure_channel(f"unix://{self.proxy_sock}")
         self.rt = pb_grpc.RuntimeServiceStub(self.channel)

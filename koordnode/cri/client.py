@@ -329,3 +329,27 @@ def _response(call: _Call, response_cls: type[M]) -> M:
         return response_cls.FromString(message_bytes)
     except DecodeError as exc:
         raise CriError.of(INTERNAL, f"cannot parse the answer: {exc}") from None
+
+
+class RuntimeBackend:
+    """The runtime koordnode itself calls (health probes, pod status, evictions): one client,
+    made at the first call and replaced when [proxy] backend changes. On the event loop."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._client: CriClient | None = None
+
+    async def call(self, path: str, request: Message, response_cls: type[M], timeout: float) -> M:
+        if self._client is None:
+            self._client = CriClient(self.address)
+        return await self._client.call(path, request, response_cls, timeout)
+
+    async def reconfigure(self, address: str) -> None:
+        if address != self.address:
+            await self.close()
+            self.address = address
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()

@@ -97,7 +97,7 @@ class QoSManager:
             from [node] reserved_cpus the CPU allocator's way (on `topology`, default read
             under [sysfs] root).
         strategies: the strategies to run (default: policy/strategies/registry.py).
-        on_tick: called in the tick's thread after every tick (the daemon feeds its metrics from it).
+        on_tick: called in the tick's thread after every tick (the daemon hands qos.metrics_feed.TickMetrics).
         """
         self._settings = settings.qos_manager
         self._inventory = InventoryBuilder(settings.qos_mapping.as_mapping(), settings.cgroup.driver)
@@ -470,7 +470,7 @@ class QoSManager:
     def _tick_locked(self, inventory: Inventory, woken_by: str | None) -> TickReport:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
-        self.last_node = measured.node
+        self.last_node = report.node = measured.node
         self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies
             collector, targets = self.collector, measured.watch_targets

@@ -36,6 +36,7 @@ class TickReport:
     usage_targets: dict[str, str] = field(default_factory=dict)  # name -> cgroup dir for perf events
     # strategy name of each eviction, in the order of `evictions`
     eviction_owners: tuple[str, ...] = ()
+    node: Any = None  # the NodeSample measured for it (its pressure goes to the metrics)
 
 
 def strategy_configs(registry: Sequence[Strategy], strategy_config: StrategyConfig) -> dict[str, Any]:
