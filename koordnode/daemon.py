@@ -49,11 +49,11 @@ from koordnode.metrics import start as start_metrics
 from koordnode.model.state import NodeState, NodeView
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.policy.net import PodNetwork
-from koordnode.policy.plan import CgroupWrite
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.eviction import BeEviction
 from koordnode.qos.manager import QoSManager
+from koordnode.qos.memory_planner import HookMemoryPlanner
 from koordnode.qos.metrics_feed import PodInterferenceReader, TickMetrics
 from koordnode.qos.net_control import NetQoSController
 from koordnode.qos.pod_networks import PodNetworks
@@ -111,14 +111,16 @@ class Daemon:
         hooks.append(HardwareQoSHook(networks=self.pod_networks, resctrl=self.resctrl_placement))
         self.eviction = BeEviction(self.state, self.backend, metrics)
         self.qos_manager: QoSManager | None = None
+        self.memory_planner: HookMemoryPlanner | None = None
         if self.qos is not None:
             try:
+                self.memory_planner = HookMemoryPlanner(self.qos, ManagerSettings.of(config))
                 self.qos_manager = QoSManager(
                     ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.eviction,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
-                    memory_plan=_MemoryPlanner(self),
+                    memory_plan=self.memory_planner,
                     reserved_cpus=lambda: engine.allocator.reserved,
                     on_tick=TickMetrics(metrics),
                 )
@@ -157,7 +159,7 @@ class Daemon:
         if self.qos_manager is not None:
             from koordnode.qos.node_usage import NodeUsageReporter
 
-            self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root,
+            self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root, metrics,
                                            priority_of=self.eviction.priority_of)
         self.cluster: ClusterLink | None = None
         self.cluster_error: str | None = None
@@ -168,6 +170,7 @@ class Daemon:
         self._reconfigurable: list[tuple[Callable[[Config], Any], Reconfigurable]] = [
             *([(EngineSettings.of, self.qos)] if self.qos is not None else []),
             *([(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
+            *([(ManagerSettings.of, self.memory_planner)] if self.memory_planner is not None else []),
             (ResctrlSettings.of, self.resctrl),
             (_cgroup_section, self.resctrl_placement),
             (_net_section, self.netqos),
@@ -180,11 +183,13 @@ class Daemon:
         from koordnode.kube.agent import ClusterLink  # only a node in a cluster loads it
         from koordnode.kube.credentials import CredentialsError
 
+        usage = self.usage
         try:
             self.cluster = ClusterLink(config.kubernetes, apply_nodeslo=self.apply_nodeslo,
                                        on_pod_facts=self._facts_changed.set,
-                                       node_metric_status=self._node_metric_status,
-                                       memory_total_bytes=self._memory_total, observe=self.metrics.observe_cluster)
+                                       node_metric_status=usage.node_metric_status if usage else _not_measured,
+                                       memory_total_bytes=usage.memory_total_bytes if usage else _not_measured,
+                                       observe=self.metrics.observe_cluster)
         except (CredentialsError, ValueError) as exc:
             # The node keeps working from its file: say why the cluster part is off.
             self.cluster_error = f"[kubernetes] not started: {exc}"
@@ -194,18 +199,6 @@ class Daemon:
         self.eviction.cluster = self.cluster
         if self.qos is not None:
             self.qos.pod_facts = self.cluster.facts_of
-
-    def _memory_total(self) -> int | None:
-        snap = self.qos_manager.last_snapshot if self.qos_manager is not None else None
-        return snap.memory_total_bytes if snap is not None else None
-
-    def _node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
-        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
-        usage = self.usage.refresh(interval_s) if self.usage is not None else None
-        if usage is None:
-            return None
-        self.metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
-        return usage.node_metric_status()
 
     async def apply_nodeslo(self, values: dict[str, Any] | None) -> None:
         """A NodeSLO's table (None: no NodeSLO) below the local file, applied the way SIGHUP
@@ -242,12 +235,9 @@ class Daemon:
             if self.usage is None:
                 continue
             try:
-                usage = await asyncio.to_thread(self.usage.refresh)
+                await asyncio.to_thread(self.usage.refresh)  # sets the metric
             except Exception:
                 log.exception("node_usage_failed")
-                continue
-            if usage is not None:
-                self.metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
 
     def _be_cpuset(self) -> frozenset[int] | None:
         """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
@@ -535,7 +525,8 @@ class Daemon:
                     "terminating": facts.terminating}
 
         qos_manager = _safe(self.qos_manager.status) if self.qos_manager is not None else None
-        _add_be_memory_bounds(snapshot, qos_manager)
+        if self.qos_manager is not None:
+            _safe(partial(self.qos_manager.decorate, snapshot))  # a failure leaves the pods as they were
         return {
             "version": __version__,
             "mode": self.mode,
@@ -596,29 +587,6 @@ class Daemon:
         }
 
 
-class _MemoryPlanner:
-    """The hooks' memory values for [strategy.memory_qos], except while the engine's reconcile
-    pass ([cgroup] reconcile_interval_s) runs at least as often as the manager's memory pass
-    ([qos_manager] reconcile_interval_s): that pass already reads every pod's values, memory
-    included, and restores what another writer changed, so planning and reading them again in
-    the manager would double the work for nothing. memory_qos then keeps the node watermarks."""
-
-    note = ("none: the pods' memory values are kept by the reconcile pass ([cgroup] reconcile_interval_s), "
-            "which runs at least as often; node watermarks only")
-
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-
-    def __call__(self) -> list[CgroupWrite] | None:
-        daemon = self._daemon
-        if daemon.qos is None:
-            return []
-        engine_every = daemon.config.cgroup.reconcile_interval_s
-        if 0 < engine_every <= daemon.config.qos_manager.reconcile_interval_s:
-            return None
-        return daemon.qos.memory_plan()
-
-
 def _value_at(table: dict[str, Any], key: str) -> Any:
     value: Any = table
     for part in key.split("."):
@@ -640,6 +608,10 @@ def _net_section(config: Config) -> NetQoSConfig:
     return config.net
 
 
+def _not_measured(*_: Any) -> None:
+    return None  # without the QoS manager, nothing is measured to report
+
+
 def _threads_unknown(cgroup: str) -> list[int] | None:
     return None  # without the QoS engine's executor, nobody reads cgroup tasks
 
@@ -647,20 +619,6 @@ def _threads_unknown(cgroup: str) -> list[int] | None:
 def _roots(config: Config) -> dict[str, str]:
     """Where the kernel's filesystems are: the executors and collectors keep them until restart."""
     return {"cgroup": config.cgroup.root, "procfs": config.procfs.root, "sysfs": config.sysfs.root}
-
-
-def _add_be_memory_bounds(snapshot: dict[str, Any], qos_manager: Any) -> None:
-    """Each BE pod's memory bound from the QoS manager's be_memory strategy, beside the pod."""
-    strategies = qos_manager.get("strategies") if isinstance(qos_manager, dict) else None
-    be_memory = strategies.get("be_memory") if isinstance(strategies, dict) else None
-    if not isinstance(be_memory, dict) or not be_memory.get("enabled", True):
-        return
-    bounds = be_memory.get("pod_bounds") or {}
-    for pod in snapshot.get("pods", []):
-        if pod.get("qos_class") == "BE":
-            bound = bounds.get(pod["sandbox_id"])
-            pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.get("budget_bytes")}
-                                      if bound is not None else None)
 
 
 def _safe(fn: Callable[[], Any]) -> Any:

@@ -36,6 +36,7 @@ import structlog
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
+from koordnode.policy.strategies.be_memory import BeMemoryState
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
@@ -184,6 +185,19 @@ class QoSManager:
     def forgets(self, cgroup: str) -> bool:
         """Whether nothing measured of `cgroup` is kept any more."""
         return self._measure.forgets(cgroup)
+
+    def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Add each BE pod's memory bound from [strategy.be_memory] to a NodeState snapshot
+        (after the engine's decorate, which gives the pods their class); nothing while it is off."""
+        be_memory = self._runner.state_of(BeMemoryState)
+        if be_memory is None:
+            return snapshot
+        for pod in snapshot.get("pods", []):
+            if pod.get("qos_class") == "BE":
+                bound = be_memory.pod_bounds.get(pod["sandbox_id"])
+                pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.budget_bytes}
+                                          if bound is not None else None)
+        return snapshot
 
     def reconfigure(self, settings: ManagerSettings) -> None:
         """Apply a reloaded configuration; what a strategy leaves behind is undone next tick."""
