@@ -150,6 +150,13 @@ class Daemon:
         self.interference = PodInterferenceReader(self.state, config.cgroup, config.procfs.root)
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
+        # Every part that writes to the kernel, changes CRI calls or evicts: dry run switches them.
+        self._dry_run_parts: list[DryRunSwitch] = [
+            self.handler, self.resctrl, self.netqos, self.eviction,
+            *([self.qos.executor] if self.qos is not None else []),
+            *([self.qos_manager] if self.qos_manager is not None else []),
+            *([self.nri] if self.nri is not None else []),
+        ]
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
         # One config change at a time: SIGHUP reloads and NodeSLO updates take the same path.
@@ -252,16 +259,8 @@ class Daemon:
             else:
                 log.warning("dry_run_off", detail="decisions are applied")
         self.dry_run = dry_run
-        self.handler.dry_run = dry_run
-        if self.qos is not None:
-            self.qos.executor.dry_run = dry_run
-        if self.qos_manager is not None:
-            self.qos_manager.set_dry_run(dry_run)
-        self.resctrl.dry_run = dry_run
-        self.netqos.dry_run = dry_run
-        self.eviction.dry_run = dry_run
-        if self.nri is not None:
-            self.nri.dry_run = dry_run
+        for part in self._dry_run_parts:
+            part.dry_run = dry_run
         self.metrics.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -517,12 +516,7 @@ class Daemon:
         if self.qos is not None:
             snapshot = self.qos.decorate(snapshot)
         if self.cluster is not None:
-            for pod in snapshot.get("pods", []):
-                facts = self.cluster.facts_of(pod.get("uid", ""))
-                pod["api"] = "not known to the API server (planned from CRI alone)" if facts is None else {
-                    "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
-                    "priority_class": facts.priority_class, "owners": list(facts.owners),
-                    "terminating": facts.terminating}
+            snapshot = self.cluster.decorate(snapshot)
 
         qos_manager = _safe(self.qos_manager.status) if self.qos_manager is not None else None
         if self.qos_manager is not None:
@@ -598,6 +592,10 @@ class Reconfigurable(Protocol):
     """A component a reload hands its new settings (its own type: what `settings_of` gives)."""
 
     def reconfigure(self, settings: Any, /) -> None: ...
+
+
+class DryRunSwitch(Protocol):
+    dry_run: bool
 
 
 def _cgroup_section(config: Config) -> CgroupConfig:

@@ -156,6 +156,10 @@ class QoSManager:
     def dry_run(self) -> bool:
         return self._dry_run
 
+    @dry_run.setter
+    def dry_run(self, dry_run: bool) -> None:
+        self.set_dry_run(dry_run)
+
     def set_dry_run(self, dry_run: bool) -> None:
         """Switch dry-run on or off (start-up, config reload); the pressure watch is restarted
         when that changes whether it may register PSI triggers."""
