@@ -49,11 +49,11 @@ from koordnode.metrics import start as start_metrics
 from koordnode.model.state import NodeState, NodeView
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.policy.net import PodNetwork
+from koordnode.policy.plan import CgroupWrite
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.eviction import BeEviction
 from koordnode.qos.manager import QoSManager
-from koordnode.qos.memory_planner import HookMemoryPlanner
 from koordnode.qos.metrics_feed import PodInterferenceReader, TickMetrics
 from koordnode.qos.net_control import NetQoSController
 from koordnode.qos.pod_networks import PodNetworks
@@ -111,16 +111,14 @@ class Daemon:
         hooks.append(HardwareQoSHook(networks=self.pod_networks, resctrl=self.resctrl_placement))
         self.eviction = BeEviction(self.state, self.backend, metrics)
         self.qos_manager: QoSManager | None = None
-        self.memory_planner: HookMemoryPlanner | None = None
         if self.qos is not None:
             try:
-                self.memory_planner = HookMemoryPlanner(self.qos, ManagerSettings.of(config))
                 self.qos_manager = QoSManager(
                     ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
                     evict=self.eviction,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
-                    memory_plan=self.memory_planner,
+                    memory_plan=_MemoryPlanner(self),
                     reserved_cpus=lambda: engine.allocator.reserved,
                     on_tick=TickMetrics(metrics),
                 )
@@ -177,7 +175,6 @@ class Daemon:
         self._reconfigurable: list[tuple[Callable[[Config], Any], Reconfigurable]] = [
             *([(EngineSettings.of, self.qos)] if self.qos is not None else []),
             *([(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
-            *([(ManagerSettings.of, self.memory_planner)] if self.memory_planner is not None else []),
             (ResctrlSettings.of, self.resctrl),
             (_cgroup_section, self.resctrl_placement),
             (_net_section, self.netqos),
@@ -579,6 +576,29 @@ class Daemon:
             "calls_failure_policy_would_fail": self.stats.dry_run_would_fail,
             "last_request_changes": dict(self.handler.last_dry_run_changes),
         }
+
+
+class _MemoryPlanner:
+    """The hooks' memory values for [strategy.memory_qos], except while the engine's reconcile
+    pass ([cgroup] reconcile_interval_s) runs at least as often as the manager's memory pass
+    ([qos_manager] reconcile_interval_s): that pass already reads every pod's values, memory
+    included, and restores what another writer changed, so planning and reading them again in
+    the manager would double the work for nothing. memory_qos then keeps the node watermarks."""
+
+    note = ("none: the pods' memory values are kept by the reconcile pass ([cgroup] reconcile_interval_s), "
+            "which runs at least as often; node watermarks only")
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def __call__(self) -> list[CgroupWrite] | None:
+        daemon = self._daemon
+        if daemon.qos is None:
+            return []
+        engine_every = daemon.config.cgroup.reconcile_interval_s
+        if 0 < engine_every <= daemon.config.qos_manager.reconcile_interval_s:
+            return None
+        return daemon.qos.memory_plan()
 
 
 def _value_at(table: dict[str, Any], key: str) -> Any:
