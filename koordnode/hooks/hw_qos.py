@@ -4,6 +4,7 @@ hook only says when."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -22,6 +23,11 @@ class PodNetworkBook(Protocol):
 
 
 class ResctrlPlacement(Protocol):
+    @property
+    def enabled(self) -> bool:
+        """Whether containers are placed at all ([resctrl] enable)."""
+        ...
+
     def place_container(self, container_id: str) -> None:
         """Put a started container's threads in its class's resctrl group (blocking I/O)."""
 
@@ -40,7 +46,7 @@ class HardwareQoSHook:
         post = Phase.POST
         return (
             Stage.on_loop("RunPodSandbox", post, self.pod_started),
-            Stage.in_thread("StartContainer", post, self.container_started),
+            Stage.on_loop("StartContainer", post, self.container_started),
             Stage.on_loop("StopPodSandbox", post, self.pod_gone),
             Stage.on_loop("RemovePodSandbox", post, self.pod_gone),
         )
@@ -53,9 +59,10 @@ class HardwareQoSHook:
         else:
             await self._networks.record_pod_network(call.response.pod_sandbox_id)
 
-    def container_started(self, call: CallContext) -> None:
-        if call.succeeded and call.response is not None:
-            self._resctrl.place_container(call.request.container_id)
+    async def container_started(self, call: CallContext) -> None:
+        # On the loop, to a thread only where resctrl is on (NRI: the runtime waits for this answer).
+        if call.succeeded and call.response is not None and self._resctrl.enabled:
+            await asyncio.to_thread(self._resctrl.place_container, call.request.container_id)
 
     async def pod_gone(self, call: CallContext) -> None:
         # A pod stopped or went away: its IPs leave the network classes now.

@@ -253,8 +253,12 @@ class ResctrlPlacement:
     def reconfigure(self, cgroup: CgroupConfig) -> None:
         self._driver = cgroup.driver
 
+    @property
+    def enabled(self) -> bool:
+        return self._controller.config.enable
+
     def place_container(self, container_id: str) -> None:
-        if not self._controller.config.enable:
+        if not self.enabled:
             return
         pod = self._state.pod_of_container(container_id)
         group = group_of_class(pod.qos_class) if pod is not None else None
@@ -269,7 +273,7 @@ class ResctrlPlacement:
     def groups(self) -> dict[str, list[str]]:
         """For the reconcile pass (on the loop): the containers of each group; none while
         disabled (the pass then only removes koordnode's groups)."""
-        if not self._controller.config.enable:
+        if not self.enabled:
             return {}
         return containers_by_group(self._state, self._driver)
 
