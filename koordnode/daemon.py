@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Coroutine
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -172,13 +172,13 @@ class Daemon:
             self._start_cluster_link(config)
         # What a reload hands new settings to (in a worker thread, in this order): each component
         # with the settings it reads.
-        self._reconfigurable: list[tuple[Callable[[Config], Any], Reconfigurable]] = [
-            *([(EngineSettings.of, self.qos)] if self.qos is not None else []),
-            *([(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
-            (ResctrlSettings.of, self.resctrl),
-            (_cgroup_section, self.resctrl_placement),
-            (_net_section, self.netqos),
-            (_cgroup_section, self.interference),
+        self._reloads: list[Reload[Any]] = [
+            *([reload_of(EngineSettings.of, self.qos)] if self.qos is not None else []),
+            *([reload_of(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
+            reload_of(ResctrlSettings.of, self.resctrl),
+            reload_of(_cgroup_section, self.resctrl_placement),
+            reload_of(_net_section, self.netqos),
+            reload_of(_cgroup_section, self.interference),
         ]
 
     # ---- [kubernetes] ---------------------------------------------------------------------
@@ -484,8 +484,8 @@ class Daemon:
         await self.reconcile_once()
 
     def _reconfigure_components(self, new: Config) -> None:
-        for settings_of, component in self._reconfigurable:
-            component.reconfigure(settings_of(new))
+        for reload in self._reloads:
+            reload.apply(new)
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -494,7 +494,7 @@ class Daemon:
         request (one round trip), so it reports the runtime as it is, not as it was at start-up."""
         try:
             await self.backend.call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
-                                       pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
+                                    pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
         except CriError as exc:
             return f"down: {exc.code_name}: {exc.details}"
         except Exception as exc:  # a status request must answer whatever the probe hit
@@ -608,10 +608,31 @@ def _value_at(table: dict[str, Any], key: str) -> Any:
     return value
 
 
-class Reconfigurable(Protocol):
-    """A component a reload hands its new settings (its own type: what `settings_of` gives)."""
+Settings = TypeVar("Settings")
+Settings_contra = TypeVar("Settings_contra", contravariant=True)
 
-    def reconfigure(self, settings: Any, /) -> None: ...
+
+class Reconfigurable(Protocol[Settings_contra]):
+    """A component a reload hands its new settings, of its own type."""
+
+    def reconfigure(self, settings: Settings_contra, /) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Reload(Generic[Settings]):
+    """One component of the reload, and how its settings are taken from a Config (mypy checks
+    that the two agree)."""
+
+    settings_of: Callable[[Config], Settings]
+    component: Reconfigurable[Settings]
+
+    def apply(self, config: Config) -> None:
+        self.component.reconfigure(self.settings_of(config))
+
+
+def reload_of(settings_of: Callable[[Config], Settings], component: Reconfigurable[Settings]) -> Reload[Any]:
+    """A Reload whose two halves mypy checks against each other (a list of Reload[Any] would not)."""
+    return Reload(settings_of, component)
 
 
 class DryRunSwitch(Protocol):
