@@ -283,7 +283,7 @@ class Daemon:
         except BaseException:
             self.node_lock.release()
             raise
-        self.metrics.follow_hook_failures(lambda: self.chain.failures)
+        self.metrics.follow_hook_failures(self.chain.failure_counts)
         self.metrics.follow_proxy_stats(self.stats)
         self.metrics.follow_interference(self.interference)
         self._start_metrics()

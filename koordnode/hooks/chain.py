@@ -217,6 +217,10 @@ class HookChain:
         """What runs in `phase` of a `method` call, in order."""
         return self._table.get((method, phase), ())
 
+    def failure_counts(self) -> dict[tuple[str, str, str], int]:
+        """{(hook, phase, kind): count} so far, a copy (the metrics read it from their thread)."""
+        return dict(self.failures)
+
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
         self.timeout_s = timeout_s
         self.failure_policy = failure_policy
