@@ -77,6 +77,7 @@ from koordnode import __version__
 from koordnode.config.metrics import MetricsConfig, parse_listen
 from koordnode.cri import api_pb2 as _cri
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
+from koordnode.model.interference import PodInterference
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
 from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
@@ -85,7 +86,6 @@ __all__ = [
     "Metrics",
     "MetricsServer",
     "MetricsStartError",
-    "PodInterference",
     "start",
 ]
 
@@ -576,17 +576,6 @@ class _FollowHookFailures:
         for (hook, phase, kind), count in sorted(snapshot.items()):
             family.add_metric([hook, phase, kind], count)
         yield family
-
-
-@dataclasses.dataclass(frozen=True)
-class PodInterference:
-    """What a non-BE pod feels from the others, as the kernel counts it (seconds, cumulative)."""
-
-    namespace: str
-    pod: str
-    qos_class: str
-    cpu_pressure_s: float | None  # cpu.pressure some total
-    cpu_throttled_s: float | None  # cpu.stat throttled time
 
 
 class _FollowInterference:

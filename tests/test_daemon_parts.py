@@ -8,7 +8,7 @@ import types
 
 from koordnode.config import CgroupConfig, NetQoSConfig
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriError
+from koordnode.cri.client import CriError, RuntimeBackend
 from koordnode.hooks.chain import CallContext, CallFacts, HookChain
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.model.state import ContainerRecord, NodeState, PodRecord
@@ -17,8 +17,11 @@ from koordnode.qos.pod_networks import PodNetworks
 from koordnode.qos.resctrl_control import ResctrlPlacement
 
 
-class _Backend:
+class _Backend(RuntimeBackend):
+    """The real RuntimeBackend (its status parsing included) with the call answered here."""
+
     def __init__(self, fail: bool = False) -> None:
+        super().__init__("/nonexistent.sock")
         self.fail = fail
 
     async def call(self, path, request, response_cls, timeout):

@@ -594,8 +594,8 @@ def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_an
             return "evicted", targets[0]
 
     class Backend:
-        async def call(self, method: str, request: Any, response: Any, timeout: float) -> None:
-            stopped.append(request.container_id)
+        async def stop_container(self, container_id: str, timeout_s: int) -> None:
+            stopped.append(container_id)
 
     evict = stub = BeEviction(state, Backend(), Metrics(process_metrics=False), cluster=Link())
     stub.priority_of = priorities.get

@@ -4,14 +4,10 @@ when the API server does not answer, the container stopped through the runtime."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import RuntimeBackend
-from koordnode.cri.methods import RUNTIME_SERVICE
-from koordnode.metrics import Metrics
 from koordnode.model.state import POD_READY, NodeState
 
 if TYPE_CHECKING:
@@ -20,14 +16,26 @@ if TYPE_CHECKING:
 log = structlog.get_logger("koordnode")
 
 
+class ContainerStopper(Protocol):
+    """The runtime (cri.client.RuntimeBackend)."""
+
+    async def stop_container(self, container_id: str, timeout_s: int) -> None: ...
+
+
+class EvictionCounter(Protocol):
+    """Where evictions are counted (metrics.Metrics)."""
+
+    def record_eviction(self, reason: str, count: int = 1) -> None: ...
+
+
 class BeEviction:
     """The QoS manager's `evict` (on the event loop)."""
 
-    def __init__(self, state: NodeState, backend: RuntimeBackend, metrics: Metrics,
+    def __init__(self, state: NodeState, runtime: ContainerStopper, counter: EvictionCounter,
                  cluster: ClusterLink | None = None) -> None:
         self._state = state
-        self._backend = backend
-        self._metrics = metrics
+        self._runtime = runtime
+        self._metrics = counter
         self.cluster = cluster  # set by the daemon once the cluster link exists (made after the QoS side)
         self.dry_run = False
 
@@ -57,11 +65,7 @@ class BeEviction:
                     return
         log.warning("evicting_be_container", container_id=container_id, reason=reason)
         self._metrics.record_eviction(reason)
-        await self._backend.call(
-            RUNTIME_SERVICE + "StopContainer",
-            pb.StopContainerRequest(container_id=container_id, timeout=10),
-            pb.StopContainerResponse, timeout=30,
-        )
+        await self._runtime.stop_container(container_id, 10)
 
     def _eviction_targets(self, container_id: str) -> list[Any]:
         """The container's pod first, then the other BE pods on the node (lowest priority first),

@@ -1,5 +1,6 @@
 """What the QoS side hands to the metrics: each tick's outcome, and the pods' CPU interference
-read at scrape time. Each feeder owns its reading; the daemon only constructs and wires them.
+read at scrape time. Each feeder owns its reading; the daemon only constructs and wires them
+(qos/ does not import the metrics: `TickGauges` is what a tick needs of `metrics.Metrics`).
 
 Both run outside the event loop (the tick's thread, the metrics server's thread): `Metrics`
 is thread-safe, and each feeder keeps what it reads to itself (a Collector is not shared
@@ -7,20 +8,31 @@ across threads)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
 from koordnode.config.cgroup import CgroupConfig
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.metrics import Metrics, PodInterference
+from koordnode.model.interference import PodInterference
 from koordnode.model.state import POD_READY, NodeState
 from koordnode.policy.strategies.common import BeBudget, fact
 from koordnode.qos.collect import Collector
 from koordnode.qos.tick import TickReport
 
 
+class TickGauges(Protocol):
+    def record_writes(self, results: Iterable[Any]) -> None: ...
+
+    def set_pressures(self, pressures: Mapping[str, Any], *, scope: str = "node") -> None: ...
+
+    def set_be_cpu(self, quota_cores: float | None, suppress_ratio: float = 1.0) -> None: ...
+
+
 class TickMetrics:
     """After every QoS manager tick (its `on_tick`, in the tick's thread): the kernel writes,
     the node's pressure, and the BE tier's CPU budget as cpu_suppress decided it."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: TickGauges) -> None:
         self._metrics = metrics
 
     def __call__(self, report: TickReport) -> None:

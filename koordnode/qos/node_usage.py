@@ -12,10 +12,9 @@ import datetime
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from koordnode.kube.nodemetric import PodUsage, node_metric_status
-from koordnode.metrics import Metrics
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
 from koordnode.qos.collect import Collector
@@ -49,10 +48,16 @@ class NodeUsage:
                 "at": self.at.timestamp(), "inputs": self.inputs}
 
 
+class BatchAllocatableGauge(Protocol):
+    """Where the batch allocatable is exported (metrics.Metrics)."""
+
+    def set_batch_allocatable(self, cpu_cores: float | None, memory_bytes: float | None) -> None: ...
+
+
 class NodeUsageReporter:
     """Each refresh also sets `koordnode_batch_allocatable`."""
 
-    def __init__(self, manager: QoSManager, procfs_root: str, cgroup_root: str, metrics: Metrics,
+    def __init__(self, manager: QoSManager, procfs_root: str, cgroup_root: str, metrics: BatchAllocatableGauge,
                  priority_of: Callable[[str], int | None] = lambda sandbox_id: None) -> None:
         """`priority_of(sandbox_id)`: the pod's spec.priority from the API (None: unknown)."""
         self._manager = manager

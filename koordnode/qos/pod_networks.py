@@ -5,46 +5,40 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
-import structlog
-
-from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriError, RuntimeBackend
-from koordnode.cri.methods import RUNTIME_SERVICE
-from koordnode.model.network import pod_network_from_status
 from koordnode.model.state import POD_READY, NodeState
 from koordnode.policy.net import PodNetwork
 from koordnode.qos.net_control import NetQoSController
 
-log = structlog.get_logger("koordnode")
-
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
+class PodNetworkSource(Protocol):
+    """The runtime's view of a pod's network (cri.client.RuntimeBackend)."""
+
+    async def pod_network(self, sandbox_id: str) -> tuple[tuple[str, ...], bool] | None:
+        """(IPs, host network); None when the runtime cannot say (it logs why)."""
+        ...
 
 
 class PodNetworks:
     """On the event loop (the state's writer); the tc and nft work goes to a thread through
     `spawn` (the daemon's, which cancels what is left at stop)."""
 
-    def __init__(self, state: NodeState, controller: NetQoSController, backend: RuntimeBackend,
+    def __init__(self, state: NodeState, controller: NetQoSController, runtime: PodNetworkSource,
                  spawn: Spawn) -> None:
         self._state = state
         self._controller = controller
-        self._backend = backend
+        self._runtime = runtime
         self._spawn = spawn
 
     async def record_pod_network(self, sandbox_id: str) -> None:
         """A new pod's IPs, then the classes with it."""
-        try:
-            resp = await self._backend.call(
-                RUNTIME_SERVICE + "PodSandboxStatus",
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
-                pb.PodSandboxStatusResponse, timeout=2,
-            )
-        except CriError as exc:
-            log.warning("pod_network_status_unreadable", sandbox_id=sandbox_id, error=str(exc))
+        network = await self._runtime.pod_network(sandbox_id)
+        if network is None:
             return
-        ips, host_network = pod_network_from_status(resp.status)
+        ips, host_network = network
         self._state.set_pod_network(sandbox_id, ips, host_network)
         self.refresh_network_classes()
 
