@@ -90,7 +90,7 @@ def main() -> int:
                 for _ in range(args.passes):
                     view = kn.call(daemon.state.view)
                     groups = kn.call(lambda: containers_by_group(daemon.state, daemon.config.cgroup.driver))
-                    networks = kn.call(daemon._pod_networks)
+                    networks = kn.call(daemon.pod_networks.ready_pods)
                     if profiler is not None:
                         profiler.enable()
                     rows["engine"].append(_timed(engine.reconcile, False, view))

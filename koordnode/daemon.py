@@ -9,31 +9,32 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
 from koordnode.config import (
+    CgroupConfig,
     Config,
     ConfigError,
     EngineSettings,
     ManagerSettings,
+    NetQoSConfig,
+    ResctrlSettings,
     key_sources,
     reload_config,
     to_dict,
     with_nodeslo,
 )
-from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri.client import CriClient, CriError
+from koordnode.cri.client import CriClient, CriError, RuntimeBackend
+from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.cri.methods import RUNTIME_SERVICE
-from koordnode.qos.net_control import NetQoSController
-from koordnode.model.network import pod_network_from_status
-from koordnode.executor.executor import CgroupExecutor
-from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
@@ -43,27 +44,26 @@ from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.logsetup import configure_logging
-from koordnode.cri.kubelet_calls import kubelet_view
-from koordnode.metrics import METRICS, MetricsServer, MetricsStartError, PodInterference
+from koordnode.metrics import METRICS, Metrics, MetricsServer, MetricsStartError
 from koordnode.metrics import start as start_metrics
+from koordnode.model.kubelet_layout import KubeletLayout
+from koordnode.model.state import NodeState, NodeView
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
+from koordnode.policy.net import PodNetwork
+from koordnode.executor.executor import CgroupExecutor
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
+from koordnode.qos.eviction import BeEviction
 from koordnode.qos.manager import QoSManager
-from koordnode.policy.net import PodNetwork
-from koordnode.policy.plan import CgroupWrite
-from koordnode.policy.resctrl import group_of_class
-from koordnode.qos.resctrl_control import ResctrlController, containers_by_group
-from koordnode.cri.rebuild import rebuild, rebuild_until_done
-from koordnode.model.kubelet_layout import KubeletLayout
-from koordnode.model.state import POD_READY, NodeState, NodeView
+from koordnode.qos.metrics_feed import PodInterferenceReader, TickMetrics
+from koordnode.qos.net_control import NetQoSController
+from koordnode.qos.pod_networks import PodNetworks
+from koordnode.qos.resctrl_control import ResctrlController, ResctrlPlacement
 
 if TYPE_CHECKING:
     from koordnode.kube.agent import ClusterLink
     from koordnode.nri.plugin import NriPlugin
     from koordnode.qos.node_usage import NodeUsageReporter
-    from koordnode.qos.collect import Collector
-    from koordnode.qos.tick import TickReport
 
 log = structlog.get_logger("koordnode")
 
@@ -77,14 +77,16 @@ BACKEND_PROBE_TIMEOUT_S = 1.0
 class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, metrics: Metrics = METRICS) -> None:
         config = config_for_mode(config)
         self.config = config
+        self.metrics = metrics
         self.started_at = time.time()
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self.state = NodeState()
         self.stats = ProxyStats()
-        self._scrape_collector: Collector | None = None  # the metrics thread's own (Collector is not shared across threads)
+        self._background: set[asyncio.Task[Any]] = set()
+        self.backend = RuntimeBackend(config.proxy.backend)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
@@ -104,25 +106,28 @@ class Daemon:
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
             log.error("qos_hooks_disabled", detail="proxying without them", error=str(exc))
-        hooks.append(HardwareQoSHook(record_pod_network=self.record_pod_network,
-                                     refresh_network_classes=self.refresh_network_classes,
-                                     place_container_resctrl=self.place_container_resctrl))
+        resctrl_settings = ResctrlSettings.of(config)
         self.resctrl = ResctrlController(
-            config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
+            resctrl_settings.resctrl, resctrl_settings.classes,
+            threads_of=partial(self.qos.executor.read_pids, threads=True) if self.qos is not None else _threads_unknown,
         )
+        self.resctrl_placement = ResctrlPlacement(self.resctrl, self.state, config.cgroup)
         self.netqos = NetQoSController(config.net)
+        self.pod_networks = PodNetworks(self.state, self.netqos, self.backend, self.spawn)
+        hooks.append(HardwareQoSHook(networks=self.pod_networks, resctrl=self.resctrl_placement))
+        self.eviction = BeEviction(self.state, self.backend, metrics)
         self.qos_manager: QoSManager | None = None
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
-                    ManagerSettings.of(config), self.state, executor,
+                    ManagerSettings.of(config), self.state, engine.executor,
                     procfs_root=config.procfs.root,
                     layout=self.layout,
-                    evict=self.evict,
+                    evict=self.eviction,
                     # [strategy.memory_qos]: the pods' memory values when the engine's pass does not keep them.
                     memory_plan=engine.memory_fallback,
                     reserved_cpus=engine.reserved_cpus,
-                    on_tick=self._on_qos_tick,
+                    on_tick=TickMetrics(metrics),
                 )
             except Exception as exc:
                 log.error("qos_manager_disabled", error=str(exc))
@@ -132,8 +137,8 @@ class Daemon:
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
-        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for), self.stats,
-                                           on_completed=METRICS.observe_cri_call)
+        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, metrics),
+                                           self.stats, on_completed=metrics.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
         self.nri: NriPlugin | None = None
@@ -147,10 +152,16 @@ class Daemon:
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.admin = AdminServer(config.admin.socket, self.status)
         self.metrics_server: MetricsServer | None = None
-        self._backend_client: CriClient | None = None
+        self.interference = PodInterferenceReader(self.state, config.cgroup, config.procfs.root)
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
-        self._background: set[asyncio.Task[Any]] = set()
+        # Every part that writes to the kernel, changes CRI calls or evicts: dry run switches them.
+        self._dry_run_parts: list[DryRunSwitch] = [
+            self.handler, self.resctrl, self.netqos, self.eviction,
+            *([self.qos.executor] if self.qos is not None else []),
+            *([self.qos_manager] if self.qos_manager is not None else []),
+            *([self.nri] if self.nri is not None else []),
+        ]
         self.dry_run = False
         self._set_dry_run(config.daemon.dry_run)
         # One config change at a time: SIGHUP reloads and NodeSLO updates take the same path.
@@ -160,12 +171,23 @@ class Daemon:
         if self.qos_manager is not None:
             from koordnode.qos.node_usage import NodeUsageReporter
 
-            self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root,
-                                           priority_of=self._priority_of)
+            self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root, metrics,
+                                           priority_of=self.eviction.priority_of)
         self.cluster: ClusterLink | None = None
         self.cluster_error: str | None = None
         if config.kubernetes.enable:
             self._start_cluster_link(config)
+        # What a reload hands new settings to (in a worker thread, in this order): each component
+        # with the settings it reads.
+        self._reloads: list[Reload[Any]] = [
+            *([reload_of(_kubelet_layout_of, self.layout)] if self.layout is not None else []),
+            *([reload_of(EngineSettings.of, self.qos)] if self.qos is not None else []),
+            *([reload_of(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
+            reload_of(ResctrlSettings.of, self.resctrl),
+            reload_of(_cgroup_section, self.resctrl_placement),
+            reload_of(_net_section, self.netqos),
+            reload_of(_cgroup_section, self.interference),
+        ]
 
     # ---- [kubernetes] ---------------------------------------------------------------------
 
@@ -173,35 +195,22 @@ class Daemon:
         from koordnode.kube.agent import ClusterLink  # only a node in a cluster loads it
         from koordnode.kube.credentials import CredentialsError
 
+        usage = self.usage
         try:
             self.cluster = ClusterLink(config.kubernetes, apply_nodeslo=self.apply_nodeslo,
                                        on_pod_facts=self._facts_changed.set,
-                                       node_metric_status=self._node_metric_status,
-                                       memory_total_bytes=self._memory_total, observe=_observe_cluster)
+                                       node_metric_status=usage.node_metric_status if usage else _not_measured,
+                                       memory_total_bytes=usage.memory_total_bytes if usage else _not_measured,
+                                       observe=self.metrics.observe_cluster)
         except (CredentialsError, ValueError) as exc:
             # The node keeps working from its file: say why the cluster part is off.
             self.cluster_error = f"[kubernetes] not started: {exc}"
             log.error("kubernetes_not_started", detail="working from the local file alone", error=str(exc))
             return
+        # Made after the QoS side, whose numbers it reports: those two learn of it now.
+        self.eviction.cluster = self.cluster
         if self.qos is not None:
             self.qos.set_pod_facts(self.cluster.facts_of)
-
-    def _priority_of(self, sandbox_id: str) -> int | None:
-        pod = self.state.pods.get(sandbox_id)
-        facts = self.cluster.facts_of(pod.uid) if self.cluster is not None and pod is not None else None
-        return facts.priority if facts is not None else None
-
-    def _memory_total(self) -> int | None:
-        snap = self.qos_manager.last_snapshot if self.qos_manager is not None else None
-        return snap.memory_total_bytes if snap is not None else None
-
-    def _node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
-        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
-        usage = self.usage.refresh(interval_s) if self.usage is not None else None
-        if usage is None:
-            return None
-        METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
-        return usage.node_metric_status()
 
     async def apply_nodeslo(self, values: dict[str, Any] | None) -> None:
         """A NodeSLO's table (None: no NodeSLO) below the local file, applied the way SIGHUP
@@ -234,16 +243,13 @@ class Daemon:
         while True:
             await asyncio.sleep(10.0)
             if self.cluster is not None:
-                METRICS.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
+                self.metrics.kube_api_up.set(1 if self.cluster.reachable()[0] else 0)
             if self.usage is None:
                 continue
             try:
-                usage = await asyncio.to_thread(self.usage.refresh)
+                await asyncio.to_thread(self.usage.refresh)  # sets the metric
             except Exception:
                 log.exception("node_usage_failed")
-                continue
-            if usage is not None:
-                METRICS.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
 
     def _be_cpuset(self) -> frozenset[int] | None:
         """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""
@@ -258,16 +264,9 @@ class Daemon:
             else:
                 log.warning("dry_run_off", detail="decisions are applied")
         self.dry_run = dry_run
-        self.handler.dry_run = dry_run
-        if self.qos is not None:
-            self.qos.executor.dry_run = dry_run
-        if self.qos_manager is not None:
-            self.qos_manager.set_dry_run(dry_run)
-        self.resctrl.dry_run = dry_run
-        self.netqos.dry_run = dry_run
-        if self.nri is not None:
-            self.nri.dry_run = dry_run
-        METRICS.dry_run.set(1 if dry_run else 0)
+        for part in self._dry_run_parts:
+            part.dry_run = dry_run
+        self.metrics.dry_run.set(1 if dry_run else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -292,9 +291,9 @@ class Daemon:
         except BaseException:
             self.node_lock.release()
             raise
-        METRICS.follow_hook_failures(lambda: self.chain.failures)
-        METRICS.follow_proxy_stats(self.stats)
-        METRICS.follow_interference(self._interference)
+        self.metrics.follow_hook_failures(self.chain.failure_counts)
+        self.metrics.follow_proxy_stats(self.stats)
+        self.metrics.follow_interference(self.interference)
         self._start_metrics()
         if self.nri is not None:
             self.spawn(self._run_nri())
@@ -350,99 +349,9 @@ class Daemon:
         except Exception:
             log.exception("qos_manager_failed")
 
-    def _on_qos_tick(self, report: TickReport) -> None:
-        METRICS.record_writes(report.writes)
-        node = self.qos_manager.last_node if self.qos_manager is not None else None
-        if node is not None:
-            METRICS.set_pressures(node.pressure)
-        suppress = report.results.get("cpu_suppress")
-        if suppress is None:
-            return
-        inputs = suppress.explanation.inputs
-        quota = inputs.get("current_quota_us")
-        for result in report.writes:
-            write = result.write  # sysctl writes (memory_qos watermarks) are in the list too
-            if result.ok and isinstance(write, CgroupWrite) and write.resource == "cpu.cfs_quota_us" \
-                    and write.cgroup == inputs.get("be_tier"):
-                quota = write.value
-        period = inputs.get("period_us") or 0
-        cores = quota / period if isinstance(quota, (int, float)) and quota > 0 and period else None
-        METRICS.set_be_cpu(cores, inputs.get("pressure_ratio") or 1.0)
-
-    def _interference(self) -> list[PodInterference]:
-        """CPU pressure and throttling of the non-BE pods, read at scrape time (in the metrics
-        server's thread, with a collector of its own)."""
-        if self._scrape_collector is None:
-            from koordnode.qos.collect import Collector
-
-            self._scrape_collector = Collector(self.config.procfs.root, self.config.cgroup.root)
-        collector = self._scrape_collector
-        driver = self.config.cgroup.driver
-        rows = []
-        for pod in list(self.state.pods.values()):
-            if pod.state != POD_READY or not pod.qos_class or pod.qos_class == "BE":
-                continue
-            try:
-                cgroup = pod_cgroup_path(pod.cgroup_parent, driver)
-                containers = [container_cgroup_path(pod.cgroup_parent, c.container_id, driver)
-                              for c in self.state.containers_of(pod.sandbox_id)]
-            except UnsafePathError:
-                continue
-            pressure = collector.pressure(cgroup, "cpu")
-            throttled = None
-            for cg in [cgroup, *containers]:  # a quota throttles the cgroup it is set on
-                stat = collector.cpu_stat(cg)
-                if stat is not None:
-                    throttled = (throttled or 0.0) + stat.throttled_ns / 1e9
-            rows.append(PodInterference(pod.namespace, pod.name, pod.qos_class,
-                                        pressure.some.total_us / 1e6 if pressure is not None else None, throttled))
-        return rows
-
-    async def evict(self, container_id: str, reason: str) -> None:
-        """BE eviction: through the Eviction API when [kubernetes] is on (PodDisruptionBudgets
-        honoured; a refused pod is reported and the next BE pod tried), else, or when the API
-        server does not answer, stop the container through the runtime."""
-        if self.dry_run:  # the QoS manager does not call this in a dry run; a last guard
-            log.warning("dry_run_would_evict_be_container", container_id=container_id, reason=reason)
-            return
-        if self.cluster is not None:
-            from koordnode.kube.client import Unreachable
-
-            targets = self._eviction_targets(container_id)
-            if targets:
-                try:
-                    result, _ = await self.cluster.evict(targets, reason)
-                except Unreachable as exc:
-                    log.warning("eviction_api_unreachable", detail="stopping the container through the runtime",
-                                error=str(exc))
-                else:
-                    if result == "evicted":
-                        METRICS.record_eviction(reason)
-                    return
-        log.warning("evicting_be_container", container_id=container_id, reason=reason)
-        METRICS.record_eviction(reason)
-        await self._backend().call(
-            RUNTIME_SERVICE + "StopContainer",
-            pb.StopContainerRequest(container_id=container_id, timeout=10),
-            pb.StopContainerResponse, timeout=30,
-        )
-
-    def _eviction_targets(self, container_id: str) -> list[Any]:
-        """The container's pod first, then the other BE pods on the node (lowest priority first),
-        for the Eviction API to try in turn."""
-        from koordnode.kube.agent import EvictTarget
-
-        first = self.state.pod_of_container(container_id)
-        if first is None or not first.uid:
-            return []
-        others = [p for p in list(self.state.pods.values())
-                  if p.sandbox_id != first.sandbox_id and p.state == POD_READY and p.qos_class == "BE" and p.uid]
-        others.sort(key=lambda p: (self._priority_of(p.sandbox_id) or 0, p.namespace, p.name))
-        return [EvictTarget(p.namespace, p.name, p.uid) for p in [first, *others]]
-
     def _start_metrics(self) -> None:
         try:
-            self.metrics_server = start_metrics(self.config.metrics)
+            self.metrics_server = start_metrics(self.config.metrics, self.metrics)
         except MetricsStartError as exc:
             log.error("metrics_endpoint_not_started", error=str(exc))
             self.metrics_server = None
@@ -484,8 +393,7 @@ class Daemon:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._backend_client is not None:
-            await self._backend_client.close()
+        await self.backend.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
@@ -505,8 +413,8 @@ class Daemon:
         # What the workers need from the state, taken here on the loop; the pods' containers and
         # networks only for the features that use them (a disabled one only removes leftovers).
         view = self.state.view()
-        groups = containers_by_group(self.state, self.config.cgroup.driver) if self.config.resctrl.enable else {}
-        networks = self._pod_networks() if self.config.net.enable else []
+        groups = self.resctrl_placement.groups()
+        networks = self.pod_networks.for_reconcile()
         classes = await asyncio.to_thread(self._reconcile_pass, view, groups, networks)  # one thread hop
         if classes:
             self._record_classes(classes)
@@ -532,61 +440,6 @@ class Daemon:
             log.exception("net_qos_reconcile_failed")
         return classes
 
-    # ---- hardware QoS helpers -------------------------------------------------------------
-
-    @staticmethod
-    def _resctrl_classes(config: Config) -> dict[str, Any]:
-        return {c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES}
-
-    def _threads_of(self, cgroup: str) -> list[int] | None:
-        if self.qos is None:
-            return None
-        return self.qos.executor.read_pids(cgroup, threads=True)
-
-    def _pod_networks(self) -> list[PodNetwork]:
-        return [
-            PodNetwork(p.sandbox_id, f"{p.namespace}/{p.name}", p.qos_class, p.ips, p.host_network, p.annotations)
-            for p in list(self.state.pods.values())
-            if p.state == POD_READY
-        ]
-
-    def _backend(self) -> CriClient:
-        if self._backend_client is None:
-            self._backend_client = CriClient(self.config.proxy.backend)
-        return self._backend_client
-
-    async def record_pod_network(self, sandbox_id: str) -> None:
-        """A new pod's IPs, for the network classes (kubelet's own status calls are not parsed)."""
-        try:
-            resp = await self._backend().call(
-                RUNTIME_SERVICE + "PodSandboxStatus",
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
-                pb.PodSandboxStatusResponse, timeout=2,
-            )
-        except CriError as exc:
-            log.warning("pod_network_status_unreadable", sandbox_id=sandbox_id, error=str(exc))
-            return
-        ips, host_network = pod_network_from_status(resp.status)
-        self.state.set_pod_network(sandbox_id, ips, host_network)
-        self.refresh_network_classes()
-
-    def refresh_network_classes(self) -> None:
-        if self.config.net.enable:
-            self.spawn(asyncio.to_thread(self.netqos.reconcile, self._pod_networks()))
-
-    def place_container_resctrl(self, container_id: str) -> None:
-        if not self.config.resctrl.enable:
-            return
-        pod = self.state.pod_of_container(container_id)
-        group = group_of_class(pod.qos_class) if pod is not None else None
-        if pod is None or group is None:
-            return
-        try:
-            cgroup = container_cgroup_path(pod.cgroup_parent, container_id, self.config.cgroup.driver)
-        except UnsafePathError:
-            return
-        self.resctrl.place_container(group, cgroup)
-
     # ---- reload ---------------------------------------------------------------------------
 
     async def reload(self) -> None:
@@ -599,7 +452,7 @@ class Daemon:
                 for error in exc.errors:
                     log.error("config_reload_rejected", detail="keeping the running config", error=error)
                 self.last_reload = {"result": "rejected", "at": time.time(), "errors": exc.errors}
-                METRICS.record_config_reload(False)
+                self.metrics.record_config_reload(False)
                 sdnotify.ready()
                 return
             await self._apply_config(new, trigger="sighup")
@@ -612,9 +465,7 @@ class Daemon:
         self.chain.configure(timeout_s=new.proxy.hook_timeout_ms / 1000.0,
                              failure_policy=new.proxy.failure_policy)
         self.server.backend = new.proxy.backend
-        if new.proxy.backend != old.proxy.backend and self._backend_client is not None:
-            await self._backend_client.close()
-            self._backend_client = None
+        await self.backend.reconfigure(new.proxy.backend)
         if new.runtime != old.runtime or new.nri != old.nri:
             log.warning("runtime_mode_change_needs_restart",
                         detail="[runtime] and [nri] take effect at the next restart",
@@ -628,15 +479,7 @@ class Daemon:
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))
-        if self.layout is not None:
-            self.layout.configure(new.cgroup.driver, new.qos_manager.kubepods_cgroup)
-        if self.qos is not None:
-            await asyncio.to_thread(self.qos.reconfigure, EngineSettings.of(new))
-        if self.qos_manager is not None:
-            await asyncio.to_thread(self.qos_manager.reconfigure, ManagerSettings.of(new))
-        self.resctrl.update_config(new.resctrl, self._resctrl_classes(new))
-        self.resctrl.forget_probe()  # resctrl may have been mounted since
-        self.netqos.update_config(new.net)
+        await asyncio.to_thread(self._reconfigure_components, new)
         self._set_dry_run(new.daemon.dry_run)
         if new.metrics != old.metrics or self.metrics_server is None:
             if self.metrics_server is not None:
@@ -644,9 +487,13 @@ class Daemon:
             self._start_metrics()
         if trigger == "sighup":
             self.last_reload = {"result": "applied", "at": time.time(), "source": new.source}
-            METRICS.record_config_reload(True)
+            self.metrics.record_config_reload(True)
             log.info("config_reloaded", source=new.source)
         await self.reconcile_once()
+
+    def _reconfigure_components(self, new: Config) -> None:
+        for reload in self._reloads:
+            reload.apply(new)
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -654,8 +501,8 @@ class Daemon:
         """"ok" when containerd answers a Version call now; else why not. Asked at each status
         request (one round trip), so it reports the runtime as it is, not as it was at start-up."""
         try:
-            await self._backend().call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
-                                       pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
+            await self.backend.call(RUNTIME_SERVICE + "Version", pb.VersionRequest(),
+                                    pb.VersionResponse, timeout=BACKEND_PROBE_TIMEOUT_S)
         except CriError as exc:
             return f"down: {exc.code_name}: {exc.details}"
         except Exception as exc:  # a status request must answer whatever the probe hit
@@ -674,15 +521,11 @@ class Daemon:
         if self.qos is not None:
             snapshot = self.qos.decorate(snapshot)
         if self.cluster is not None:
-            for pod in snapshot.get("pods", []):
-                facts = self.cluster.facts_of(pod.get("uid", ""))
-                pod["api"] = "not known to the API server (planned from CRI alone)" if facts is None else {
-                    "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
-                    "priority_class": facts.priority_class, "owners": list(facts.owners),
-                    "terminating": facts.terminating}
+            snapshot = self.cluster.decorate(snapshot)
 
         qos_manager = _safe(self.qos_manager.status) if self.qos_manager is not None else None
-        _add_be_memory_bounds(snapshot, qos_manager)
+        if self.qos_manager is not None:
+            _safe(partial(self.qos_manager.decorate, snapshot))  # a failure leaves the pods as they were
         return {
             "version": __version__,
             "mode": self.mode,
@@ -700,14 +543,14 @@ class Daemon:
                 "connections_open": self.stats.connections_open,
                 "connections_total": self.stats.connections_total,
                 "intercepted_calls": self.stats.intercepted_calls,
-                "calls_by_method": METRICS.cri_calls_by_method(),
+                "calls_by_method": self.metrics.cri_calls_by_method(),
                 "hook_failures": {
                     f"{hook}.{phase}.{kind}": n for (hook, phase, kind), n in self.chain.failures.items()
                 },
             },
             "nri": _safe(self.nri.status) if self.nri is not None else None,
             # Proxy mode only: in NRI mode kubelet's calls do not pass through koordnode.
-            "kubelet": kubelet_view(METRICS.cri_calls_by_method(), self.config.cgroup.be_idle_group)
+            "kubelet": kubelet_view(self.metrics.cri_calls_by_method(), self.config.cgroup.be_idle_group)
                        if self.mode == "proxy" else None,
             "qos": self.qos.status() if self.qos is not None else {"error": self.qos_error},
             "qos_manager": qos_manager,
@@ -743,13 +586,6 @@ class Daemon:
         }
 
 
-def _observe_cluster(kind: str, result: str) -> None:
-    if kind == "nodeslo":
-        METRICS.record_nodeslo(result == "applied")
-    elif kind == "eviction":
-        METRICS.record_api_eviction(result)
-
-
 def _value_at(table: dict[str, Any], key: str) -> Any:
     value: Any = table
     for part in key.split("."):
@@ -757,23 +593,60 @@ def _value_at(table: dict[str, Any], key: str) -> Any:
     return value
 
 
+Settings = TypeVar("Settings")
+Settings_contra = TypeVar("Settings_contra", contravariant=True)
+
+
+class Reconfigurable(Protocol[Settings_contra]):
+    """A component a reload hands its new settings, of its own type."""
+
+    def reconfigure(self, settings: Settings_contra, /) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Reload(Generic[Settings]):
+    """One component of the reload, and how its settings are taken from a Config (mypy checks
+    that the two agree)."""
+
+    settings_of: Callable[[Config], Settings]
+    component: Reconfigurable[Settings]
+
+    def apply(self, config: Config) -> None:
+        self.component.reconfigure(self.settings_of(config))
+
+
+def reload_of(settings_of: Callable[[Config], Settings], component: Reconfigurable[Settings]) -> Reload[Any]:
+    """A Reload whose two halves mypy checks against each other (a list of Reload[Any] would not)."""
+    return Reload(settings_of, component)
+
+
+class DryRunSwitch(Protocol):
+    dry_run: bool
+
+
+def _kubelet_layout_of(config: Config) -> tuple[str, str]:
+    return config.cgroup.driver, config.qos_manager.kubepods_cgroup
+
+
+def _cgroup_section(config: Config) -> CgroupConfig:
+    return config.cgroup
+
+
+def _net_section(config: Config) -> NetQoSConfig:
+    return config.net
+
+
+def _not_measured(*_: Any) -> None:
+    return None  # without the QoS manager, nothing is measured to report
+
+
+def _threads_unknown(cgroup: str) -> list[int] | None:
+    return None  # without the QoS engine's executor, nobody reads cgroup tasks
+
+
 def _roots(config: Config) -> dict[str, str]:
     """Where the kernel's filesystems are: the executors and collectors keep them until restart."""
     return {"cgroup": config.cgroup.root, "procfs": config.procfs.root, "sysfs": config.sysfs.root}
-
-
-def _add_be_memory_bounds(snapshot: dict[str, Any], qos_manager: Any) -> None:
-    """Each BE pod's memory bound from the QoS manager's be_memory strategy, beside the pod."""
-    strategies = qos_manager.get("strategies") if isinstance(qos_manager, dict) else None
-    be_memory = strategies.get("be_memory") if isinstance(strategies, dict) else None
-    if not isinstance(be_memory, dict) or not be_memory.get("enabled", True):
-        return
-    bounds = be_memory.get("pod_bounds") or {}
-    for pod in snapshot.get("pods", []):
-        if pod.get("qos_class") == "BE":
-            bound = bounds.get(pod["sandbox_id"])
-            pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.get("budget_bytes")}
-                                      if bound is not None else None)
 
 
 def _safe(fn: Callable[[], Any]) -> Any:

@@ -1,8 +1,10 @@
 """Prometheus metrics: what koordnode did and what it sees, on a private registry.
 
-One :class:`Metrics` object owns every metric (``koordnode_...``), recorded from the event
-loop through the methods below; :func:`start` serves it over HTTP at ``/metrics`` from a
-thread. Names follow Prometheus conventions: counters end in ``_total``, values are in base
+One :class:`Metrics` object owns every metric (``koordnode_...``); the daemon constructs it and
+hands it to whoever records. Recording is thread-safe: the event loop (CRI calls), hook threads
+and reconcile passes (applied values, writes), the QoS tick's thread and the metrics server's
+scrapes all use it at once; prometheus_client's metrics lock themselves, and the bookkeeping
+here is under one lock. :func:`start` serves it over HTTP at ``/metrics`` from a thread. Names follow Prometheus conventions: counters end in ``_total``, values are in base
 units (seconds, bytes, cores, ratios 0..1).
 
 Exported metrics (labels in braces):
@@ -75,6 +77,7 @@ from koordnode import __version__
 from koordnode.config.metrics import MetricsConfig, parse_listen
 from koordnode.cri import api_pb2 as _cri
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
+from koordnode.model.interference import PodInterference
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
 from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
@@ -83,7 +86,6 @@ __all__ = [
     "Metrics",
     "MetricsServer",
     "MetricsStartError",
-    "PodInterference",
     "start",
 ]
 
@@ -135,7 +137,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._clock = clock
-        self._lock = threading.Lock()  # guards the bookkeeping below; gauges lock themselves
+        self._lock = threading.Lock()  # guards the bookkeeping below (any thread); gauges lock themselves
         self._applied: dict[tuple[str, str, str], _AppliedSeries] = {}
         self._followers: dict[str, Any] = {}
         # Gauges the QoS tick sets every tick, with the value last set: unchanged values are not
@@ -339,6 +341,14 @@ class Metrics:
     def record_api_eviction(self, result: str) -> None:
         self.api_evictions.labels(result).inc()
 
+    def observe_cluster(self, kind: str, result: str) -> None:
+        """The cluster link's outcomes (its `observe`): a NodeSLO applied or refused, an eviction
+        asked of the API."""
+        if kind == "nodeslo":
+            self.record_nodeslo(result == "applied")
+        elif kind == "eviction":
+            self.record_api_eviction(result)
+
     def set_batch_allocatable(self, cpu_cores: float | None, memory_bytes: float | None) -> None:
         for resource, value in (("cpu", cpu_cores), ("memory", memory_bytes)):
             if value is not None:
@@ -365,15 +375,18 @@ class Metrics:
         for kind, percent in (("some", some_avg10), ("full", full_avg10)):
             if percent is not None:
                 value = float(percent) / 100.0
-                if self._changed(("psi", scope, resource, kind), value):  # the labelled lookup only then
-                    self.psi.labels(scope, resource, kind).set(value)
+                with self._lock:
+                    if self._changed(("psi", scope, resource, kind), value):  # the labelled lookup only then
+                        self.psi.labels(scope, resource, kind).set(value)
 
     def _set_if_changed(self, key: tuple[Any, ...], gauge: Gauge, value: float) -> None:
-        if self._changed(key, value):
-            gauge.set(value)
+        with self._lock:  # the check and the set together: another thread's newer value is not undone
+            if self._changed(key, value):
+                gauge.set(value)
 
     def _changed(self, key: tuple[Any, ...], value: float) -> bool:
-        """Whether `value` differs from the last one set under `key` (and remember it)."""
+        """Whether `value` differs from the last one set under `key` (and remember it); the
+        caller holds the lock."""
         if self._gauge_last.get(key) == value:
             return False
         self._gauge_last[key] = value
@@ -565,17 +578,6 @@ class _FollowHookFailures:
         yield family
 
 
-@dataclasses.dataclass(frozen=True)
-class PodInterference:
-    """What a non-BE pod feels from the others, as the kernel counts it (seconds, cumulative)."""
-
-    namespace: str
-    pod: str
-    qos_class: str
-    cpu_pressure_s: float | None  # cpu.pressure some total
-    cpu_throttled_s: float | None  # cpu.stat throttled time
-
-
 class _FollowInterference:
     def __init__(self, source: Callable[[], Iterable[PodInterference]]) -> None:
         self._source = source
@@ -645,7 +647,8 @@ class _FollowProxyStats:
                                   "unchanged", value=dry_run_changed)
 
 
-# The daemon's metrics. Tests build their own Metrics() for isolation.
+# The process's default instance: the daemon's unless it is handed another. The QoS engine still
+# records here directly (until it is handed the daemon's). Tests build their own Metrics().
 METRICS = Metrics()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.chain import RuntimeHook
+from koordnode.hooks.chain import Phase, Stage
 from koordnode.model.cpulist import parse_cpu_list
 from koordnode.executor.process import oom_score_adj_floor
 from support.cri import Cri, Pods, container_config, run_pod, sandbox_config
@@ -368,9 +368,11 @@ def test_koordnode_restart_synchronize_fixes_pods_created_in_the_gap(nri_bed, cr
         kn.stop()
 
 
-class HangingCreateHook(RuntimeHook):
+class HangingCreateHook:
     name = "hangs"
-    methods = frozenset({"CreateContainer"})
+
+    def stages(self):
+        return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
 
     def pre(self, call) -> None:
         time.sleep(30)

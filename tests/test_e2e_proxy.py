@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.chain import CallContext, RuntimeHook
+from koordnode.hooks.chain import CallContext, Phase, Stage
 from support.cri import (
     Cri,
     container_config,
@@ -219,17 +219,20 @@ def test_unknown_method_and_old_api_are_forwarded(containerd_bed, cri_proxy, cri
     assert b"v1alpha2" in answer
 
 
-class _Raising(RuntimeHook):
+class _PreOfThree:
+    def stages(self):
+        return [Stage.in_thread(m, Phase.PRE, self.pre) for m in ("RunPodSandbox", "CreateContainer", "StartContainer")]
+
+
+class _Raising(_PreOfThree):
     name = "test-raising"
-    methods = frozenset({"RunPodSandbox", "CreateContainer", "StartContainer"})
 
     def pre(self, call: CallContext) -> None:
         raise RuntimeError("deliberate failure")
 
 
-class _Hanging(RuntimeHook):
+class _Hanging(_PreOfThree):
     name = "test-hanging"
-    methods = frozenset({"RunPodSandbox", "CreateContainer", "StartContainer"})
 
     def pre(self, call: CallContext) -> None:
         time.sleep(5)

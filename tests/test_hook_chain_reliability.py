@@ -18,17 +18,22 @@ import pytest
 from structlog.testing import capture_logs
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.hooks.chain import CallContext, HookChain, HookFailed, RuntimeHook
+from koordnode.hooks.chain import CallContext, HookChain, HookFailed, Phase, RunsOn, Stage
+from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.qos_hook import QoSHook
+from koordnode.hooks.state_recorder import StateRecorder
+from koordnode.model.state import NodeState
 from koordnode.cri.methods import INTERCEPTED_METHODS
 from test_relay import RS, Env, create_request, run
 
 
-class CountingPost(RuntimeHook):
-    """A bookkeeping Post hook slower than the timeout (plain: it runs in the thread pool)."""
+class CountingPost:
+    """A bookkeeping Post hook slower than the timeout (a thread stage: it runs in the pool)."""
 
     name = "counting"
-    methods = frozenset({"RemovePodSandbox"})
+
+    def stages(self):
+        return [Stage.in_thread("RemovePodSandbox", Phase.POST, self.post)]
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -41,9 +46,11 @@ class CountingPost(RuntimeHook):
             self.seen[call.request.pod_sandbox_id] += 1
 
 
-class AsyncCountingPost(RuntimeHook):
+class AsyncCountingPost:
     name = "async-counting"
-    methods = frozenset({"RemovePodSandbox"})
+
+    def stages(self):
+        return [Stage.on_loop("RemovePodSandbox", Phase.POST, self.post)]
 
     def __init__(self) -> None:
         self.seen: Counter[str] = Counter()
@@ -85,17 +92,21 @@ def test_post_hooks_queued_past_their_timeout_still_run_exactly_once():
 def test_a_late_post_hook_finishes_before_the_next_hook_of_the_call():
     order: list[str] = []
 
-    class Slow(RuntimeHook):
+    class Slow:
         name = "slow"
-        methods = frozenset({"RemovePodSandbox"})
+
+        def stages(self):
+            return [Stage.in_thread("RemovePodSandbox", Phase.POST, self.post)]
 
         def post(self, call):
             time.sleep(0.05)
             order.append("slow")
 
-    class Next(RuntimeHook):
+    class Next:
         name = "next"
-        methods = frozenset({"RemovePodSandbox"})
+
+        def stages(self):
+            return [Stage.on_loop("RemovePodSandbox", Phase.POST, self.post)]
 
         async def post(self, call):
             order.append("next")
@@ -112,9 +123,11 @@ def test_a_stuck_post_hook_does_not_delay_later_calls():
     """A Post hook that never returns is waited for once (its timeout), not by every call."""
     release = threading.Event()
 
-    class Stuck(RuntimeHook):
+    class Stuck:
         name = "stuck"
-        methods = frozenset({"RemovePodSandbox", "CreateContainer"})
+
+        def stages(self):
+            return [Stage.in_thread(m, Phase.POST, self.post) for m in ("RemovePodSandbox", "CreateContainer")]
 
         def post(self, call):
             release.wait(10)
@@ -144,16 +157,21 @@ async def _schedule(chain: HookChain, n: int) -> None:
         chain.schedule_post(call)
 
 
-class SlowCreatePre(RuntimeHook):
+class SlowCreatePre:
     """Changes CreateContainer requests only; Post-only bookkeeping for the rest."""
 
     name = "slow-create"
-    methods = frozenset(INTERCEPTED_METHODS)
-    pre_methods = frozenset({"CreateContainer"})
+
+    def stages(self):
+        return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre),
+                *(Stage.in_thread(m, Phase.POST, self.post) for m in INTERCEPTED_METHODS)]
 
     def pre(self, call: CallContext) -> None:
         time.sleep(0.5)
         call.request.config.linux.resources.cpu_shares = 2
+
+    def post(self, call: CallContext) -> None:
+        pass
 
 
 def _occupy(chain: HookChain, seconds: float) -> None:
@@ -199,16 +217,49 @@ class _Decision:
     why = "test"
 
 
-@pytest.mark.parametrize("method", INTERCEPTED_METHODS)
-def test_qos_hook_declares_exactly_the_requests_its_pre_changes(method):
-    """Its `pre` is skipped for the other methods, so it must do nothing there."""
+def test_the_qos_hooks_pre_stages_are_exactly_the_requests_it_changes():
+    """Only these calls can fail under failure_policy = "fail"; all its stages run in threads
+    (they write cgroup files) but the inline rewrite, which must survive a dropped Pre."""
+    chain = HookChain([QoSHook(_RecordingEngine())])
+    try:
+        pre = {m for m in INTERCEPTED_METHODS if chain.at(m, Phase.PRE)}
+        assert pre == {"RunPodSandbox", "CreateContainer", "UpdateContainerResources", "UpdatePodSandboxResources"}
+        assert [r.stage.runs_on for r in chain.at("CreateContainer", Phase.PRE_INLINE)] == [RunsOn.LOOP]
+        for method in INTERCEPTED_METHODS:
+            for phase in (Phase.PRE, Phase.POST):
+                assert all(r.stage.runs_on is RunsOn.THREAD for r in chain.at(method, phase)), (method, phase)
+            assert chain.wants(method), method
+    finally:
+        chain.close()
+
+
+@pytest.mark.parametrize("method", ["RunPodSandbox", "CreateContainer", "UpdateContainerResources",
+                                    "UpdatePodSandboxResources"])
+def test_each_pre_stage_of_the_qos_hook_asks_the_engine(method):
     engine = _RecordingEngine()
-    hook = QoSHook(engine)
-    request = getattr(pb, f"{method}Request")()
-    call = CallContext(method=method, request=request)
-    hook.pre(call)
-    touches = bool(engine.calls) or bool(call.scratch)
-    assert touches == (method in hook.pre_methods), (method, engine.calls)
+    chain = HookChain([QoSHook(engine)])
+    try:
+        call = CallContext(method=method, request=getattr(pb, f"{method}Request")())
+        for registered in chain.at(method, Phase.PRE):
+            registered.stage.handler(call)
+    finally:
+        chain.close()
+    assert engine.calls, method
+    if method == "RunPodSandbox":
+        assert call.facts.pod_class is not None and call.facts.pod_class.qos_class == "LS"
+
+
+def test_the_state_recorder_posts_first_on_the_loop():
+    """The other hooks' Post stages read what it recorded (or, for a removed pod, the facts)."""
+    state = NodeState()
+    chain = HookChain([StateRecorder(state), QoSHook(_RecordingEngine()), HardwareQoSHook(networks=None, resctrl=None)])
+    try:
+        for method in ("RunPodSandbox", "RemovePodSandbox", "StopPodSandbox"):
+            first = chain.at(method, Phase.POST)[0]
+            assert (first.hook, first.stage.runs_on) == ("state-recorder", RunsOn.LOOP), method
+        assert [r.hook for r in chain.at("RemovePodSandbox", Phase.POST)] == ["state-recorder", "qos", "hw-qos"]
+    finally:
+        chain.close()
 
 
 def test_failure_policy_fail_with_a_busy_pool_and_the_qos_hook(tmp_path):
@@ -230,9 +281,12 @@ def test_failure_policy_fail_with_a_busy_pool_and_the_qos_hook(tmp_path):
 
 
 def test_hook_failed_log_lines_name_the_pod_and_container():
-    class Raising(RuntimeHook):
+    class Raising:
         name = "raising"
-        methods = frozenset({"CreateContainer", "StopPodSandbox"})
+
+        def stages(self):
+            return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre),
+                    Stage.in_thread("StopPodSandbox", Phase.POST, self.post)]
 
         def pre(self, call):
             raise RuntimeError("boom")
@@ -263,12 +317,14 @@ def test_hook_failed_log_lines_name_the_pod_and_container():
     assert stop["pod_sandbox_id"] == "sb-9" and stop["phase"] == "post"
 
 
-class FollowsThenStalls(RuntimeHook):
+class FollowsThenStalls:
     """Rewrites the cgroup parent inline, then overruns its `pre` (as the QoS hook can on a slow
     node waiting for the engine's lock)."""
 
     name = "follows"
-    methods = frozenset({"CreateContainer"})
+
+    def stages(self):
+        return [Stage.inline("CreateContainer", self.pre_inline), Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
 
     def __init__(self, *, inline_raises: bool = False) -> None:
         self.release = threading.Event()

@@ -569,12 +569,11 @@ def test_node_name_defaults_to_the_host_name_as_kubelet() -> None:
 
 
 def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_answer() -> None:
-    """Daemon.evict's choice (the daemon itself is built in the e2e tests): the container's pod
+    """BeEviction's choice (the daemon wires it as the QoS manager's evict): the container's pod
     first, then the node's other BE pods by priority; CRI stop when the API does not answer."""
-    import types
-
     from koordnode.cri import api_pb2 as pb
-    from koordnode.daemon import Daemon
+    from koordnode.metrics import Metrics
+    from koordnode.qos.eviction import BeEviction
     from koordnode.model.state import ContainerRecord, NodeState, PodRecord
 
     state = NodeState()
@@ -595,13 +594,11 @@ def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_an
             return "evicted", targets[0]
 
     class Backend:
-        async def call(self, method: str, request: Any, response: Any, timeout: float) -> None:
-            stopped.append(request.container_id)
+        async def stop_container(self, container_id: str, timeout_s: int) -> None:
+            stopped.append(container_id)
 
-    stub = types.SimpleNamespace(dry_run=False, cluster=Link(), state=state, _priority_of=priorities.get,
-                                 _backend=lambda: Backend())
-    stub._eviction_targets = types.MethodType(Daemon._eviction_targets, stub)
-    evict = types.MethodType(Daemon.evict, stub)
+    evict = stub = BeEviction(state, Backend(), Metrics(process_metrics=False), cluster=Link())
+    stub.priority_of = priorities.get
     run(evict("c1", "memory"))
     assert tried == [["be-big", "be-low", "be-high"]] and stopped == []
     stub.cluster.answer = Unreachable("connection refused")

@@ -466,7 +466,7 @@ def test_the_default_instance_serves_process_metrics() -> None:
 
 
 def test_interference_per_pod_and_class_read_at_each_scrape(metrics: Metrics) -> None:
-    from koordnode.metrics import PodInterference
+    from koordnode.model.interference import PodInterference
 
     rows = [PodInterference("default", "web-0", "LS", 1.5, 0.25),
             PodInterference("default", "web-1", "LS", 0.5, None),

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.chain import CallContext, CallFacts, HookChain, Phase, Stage
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.nri import api_pb2 as nri
@@ -23,11 +23,17 @@ from support.koordnode_runner import short_socket_dir
 from support.nri_runtime import CallFailed, FakeRuntime
 
 
-class SharesHook(RuntimeHook):
+class CreatePre:
+    """A hook with one thread stage: Pre of CreateContainer (its `pre`)."""
+
+    def stages(self):
+        return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
+
+
+class SharesHook(CreatePre):
     """Doubles the CPU shares and annotates, like a QoS hook would."""
 
     name = "shares"
-    methods = frozenset({"CreateContainer"})
 
     def pre(self, call: CallContext) -> None:
         res = call.request.config.linux.resources
@@ -35,9 +41,8 @@ class SharesHook(RuntimeHook):
         call.request.config.annotations["example.io/seen"] = "yes"
 
 
-class SleepingHook(RuntimeHook):
+class SleepingHook(CreatePre):
     name = "sleeps"
-    methods = frozenset({"CreateContainer"})
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -160,9 +165,8 @@ def test_a_hook_slower_than_the_runtime_allows_yields_an_answer_without_changes(
 
 
 def test_a_failing_hook_yields_an_answer_without_changes() -> None:
-    class Raises(RuntimeHook):
+    class Raises(CreatePre):
         name = "raises"
-        methods = frozenset({"CreateContainer"})
 
         def pre(self, call):
             call.request.config.linux.resources.cpu_shares = 9
@@ -348,14 +352,16 @@ def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
     """UpdateContainer comes before the runtime applies kubelet's values (the hooks are told:
     `runtime_applies_later`, so no cgroup write is made then); PostUpdateContainer comes after
     it, and the engine writes the class values of what the runtime reports back again."""
-    seen: list[dict] = []
+    seen: list[CallFacts] = []
 
-    class Recorder(RuntimeHook):
+    class Recorder:
         name = "recorder"
-        methods = frozenset({"UpdateContainerResources"})
+
+        def stages(self):
+            return [Stage.in_thread("UpdateContainerResources", Phase.POST, self.post)]
 
         def post(self, call: CallContext) -> None:
-            seen.append(dict(call.scratch))
+            seen.append(call.facts)
 
     class Engine:
         def has_kubelet_resources(self, cid):
@@ -395,7 +401,7 @@ def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
             update.linux_resources.cpu.shares.value = 2048
             resp = await h.runtime.call("UpdateContainer", update, nri.UpdateContainerResponse)
             assert list(resp.update) == [] and engine.updated == []
-            assert seen and seen[0].get("runtime_applies_later") is True
+            assert seen and seen[0].runtime_applies_later is True
             await h.runtime.call("PostUpdateContainer", nri.PostUpdateContainerRequest(pod=pod(), container=container()),
                                  nri.PostUpdateContainerResponse)
             assert engine.updated == ["c1"]

@@ -1292,9 +1292,9 @@ def test_a_create_pre_hook_that_times_out_holds_no_cpus_even_without_a_post_step
     finished = threading.Event()
 
     class Watched(QoSHook):
-        def pre(self, call):
+        def plan_container(self, call):
             try:
-                return super().pre(call)
+                return super().plan_container(call)
             finally:
                 finished.set()
 

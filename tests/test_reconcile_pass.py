@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import koordnode.daemon as daemon_module
+import koordnode.qos.resctrl_control as resctrl_control
 from faketree import make_cgroup_tree
 from koordnode.config import parse_config
 from koordnode.daemon import Daemon
@@ -36,8 +36,8 @@ def test_disabled_resctrl_and_net_get_nothing_prepared_on_the_loop(tmp_path, mon
         calls["networks"] += 1
         return []
 
-    monkeypatch.setattr(daemon_module, "containers_by_group", groups)
-    monkeypatch.setattr(daemon, "_pod_networks", networks)
+    monkeypatch.setattr(resctrl_control, "containers_by_group", groups)
+    monkeypatch.setattr(daemon.pod_networks, "ready_pods", networks)
     monkeypatch.setattr(daemon.resctrl, "reconcile", lambda g: calls["resctrl"].append(g))
     monkeypatch.setattr(daemon.netqos, "reconcile", lambda n: calls["net"].append(n))
     asyncio.run(daemon.reconcile_once())

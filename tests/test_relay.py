@@ -13,8 +13,9 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri import api_pb2_grpc as pb_grpc
-from koordnode.hooks.chain import CallContext, HookChain, RuntimeHook
+from koordnode.hooks.chain import CallContext, HookChain, Phase, Stage
 from koordnode.hooks.interceptor import ChainInterceptor
+from koordnode.metrics import Metrics
 from koordnode.proxy.handler import InterceptingHandler
 from koordnode.proxy.server import ProxyServer
 from koordnode.model.state import NodeState
@@ -65,13 +66,16 @@ class Backend(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(unary)
 
 
-class Recorder(RuntimeHook):
+class Recorder:
     name = "recorder"
-    methods = frozenset({"CreateContainer", "RunPodSandbox", "StopContainer"})
 
     def __init__(self) -> None:
         self.pre_calls: list[str] = []
         self.post_calls: list[CallContext] = []
+
+    def stages(self):
+        return [Stage.on_loop(m, phase, fn) for m in ("CreateContainer", "RunPodSandbox", "StopContainer")
+                for phase, fn in ((Phase.PRE, self.pre), (Phase.POST, self.post))]
 
     async def pre(self, call: CallContext) -> None:
         self.pre_calls.append(call.method)
@@ -80,11 +84,17 @@ class Recorder(RuntimeHook):
         self.post_calls.append(call)
 
 
-class Grow(RuntimeHook):
+class CreatePre:
+    """A hook with one thread stage: Pre of CreateContainer (its `pre`)."""
+
+    def stages(self):
+        return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
+
+
+class Grow(CreatePre):
     """Changes the request: adds `size` bytes of annotation (and a cpu_shares tag)."""
 
     name = "grow"
-    methods = frozenset({"CreateContainer"})
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -97,18 +107,16 @@ class Grow(RuntimeHook):
             call.request.config.annotations.clear()
 
 
-class Raising(RuntimeHook):
+class Raising(CreatePre):
     name = "raising"
-    methods = frozenset({"CreateContainer"})
 
     def pre(self, call: CallContext) -> None:
         call.request.config.linux.resources.cpu_shares = 1  # must be dropped
         raise RuntimeError("boom")
 
 
-class Hanging(RuntimeHook):
+class Hanging(CreatePre):
     name = "hanging"
-    methods = frozenset({"CreateContainer"})
 
     def pre(self, call: CallContext) -> None:
         call.request.config.linux.resources.cpu_shares = 1  # must be dropped
@@ -135,7 +143,7 @@ class Env:
             await self.server.start()
         self.state = NodeState()
         self.chain = HookChain(self.hooks, timeout_s=self.timeout_s, failure_policy=self.failure_policy)
-        self.proxy = ProxyServer(self.proxy_sock, self.backend_sock, InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for)))
+        self.proxy = ProxyServer(self.proxy_sock, self.backend_sock, InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, Metrics())))
         await self.proxy.start()
         self.channel = grpc.aio.insecure_channel(f"unix://{self.proxy_sock}")
         self.rt = pb_grpc.RuntimeServiceStub(self.channel)

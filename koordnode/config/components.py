@@ -14,11 +14,12 @@ from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
 from koordnode.config.node import NodeConfig
 from koordnode.config.qos_manager import QoSManagerConfig
+from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES, ResctrlClassConfig, ResctrlConfig
 from koordnode.config.root import Config
 from koordnode.config.runtime import ProxyConfig
 from koordnode.config.strategies import StrategyConfig
 
-__all__ = ["EngineSettings", "ManagerSettings"]
+__all__ = ["EngineSettings", "ManagerSettings", "ResctrlSettings"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,16 @@ class ManagerSettings:
     def of(cls, config: Config) -> ManagerSettings:
         return cls(strategy=config.strategy, qos_manager=config.qos_manager, cgroup=config.cgroup,
                    node=config.node, sysfs=config.sysfs, qos_mapping=config.qos_mapping)
+
+
+@dataclass(frozen=True)
+class ResctrlSettings:
+    """What the resctrl controller reads: [resctrl] and each group class's [qos.<CLASS>.resctrl]."""
+
+    resctrl: ResctrlConfig = field(default_factory=ResctrlConfig)
+    classes: dict[str, ResctrlClassConfig] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Config) -> ResctrlSettings:
+        return cls(resctrl=config.resctrl,
+                   classes={c: getattr(config.qos, c).resctrl for c in RESCTRL_GROUP_CLASSES})

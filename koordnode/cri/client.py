@@ -17,8 +17,10 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import structlog
 from google.protobuf.message import DecodeError, Message
 
+from koordnode.cri import api_pb2 as pb
 from koordnode.cri.grpc_wire import (
     GrpcFramingError,
     Status,
@@ -28,8 +30,12 @@ from koordnode.cri.grpc_wire import (
     unescape_grpc_message,
     unframe_grpc_message,
 )
+from koordnode.cri.methods import RUNTIME_SERVICE
+from koordnode.model.network import pod_network_from_status
 
-__all__ = ["CriClient", "CriError"]
+__all__ = ["CriClient", "CriError", "RuntimeBackend"]
+
+log = structlog.get_logger("koordnode")
 
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = (
     Status.OK, Status.CANCELLED, Status.UNKNOWN, Status.DEADLINE_EXCEEDED, Status.INTERNAL,
@@ -329,3 +335,44 @@ def _response(call: _Call, response_cls: type[M]) -> M:
         return response_cls.FromString(message_bytes)
     except DecodeError as exc:
         raise CriError.of(INTERNAL, f"cannot parse the answer: {exc}") from None
+
+
+class RuntimeBackend:
+    """The runtime koordnode itself calls (health probes, pod status, evictions): one client,
+    made at the first call and replaced when [proxy] backend changes. On the event loop."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._client: CriClient | None = None
+
+    async def call(self, path: str, request: Message, response_cls: type[M], timeout: float) -> M:
+        if self._client is None:
+            self._client = CriClient(self.address)
+        return await self._client.call(path, request, response_cls, timeout)
+
+    async def stop_container(self, container_id: str, timeout_s: int) -> None:
+        """Stop a container (BE evictions without the Eviction API); CriError when it fails."""
+        await self.call(RUNTIME_SERVICE + "StopContainer",
+                        pb.StopContainerRequest(container_id=container_id, timeout=timeout_s),
+                        pb.StopContainerResponse, timeout=timeout_s + 20)
+
+    async def pod_network(self, sandbox_id: str) -> tuple[tuple[str, ...], bool] | None:
+        """A pod's IPs and whether it uses the node's network; None (logged) when unreadable."""
+        try:
+            resp = await self.call(RUNTIME_SERVICE + "PodSandboxStatus",
+                                   pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
+                                   pb.PodSandboxStatusResponse, timeout=2)
+        except CriError as exc:
+            log.warning("pod_network_status_unreadable", sandbox_id=sandbox_id, error=str(exc))
+            return None
+        return pod_network_from_status(resp.status)
+
+    async def reconfigure(self, address: str) -> None:
+        if address != self.address:
+            await self.close()
+            self.address = address
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()

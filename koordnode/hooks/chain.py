@@ -1,10 +1,22 @@
-"""The in-process runtime hook chain.
+"""The in-process runtime hook chain and the contract its hooks implement.
 
-Pre hooks may change the request of an intercepted CRI call; Post hooks observe the outcome.
+A hook (`RuntimeHook`) names itself and lists its `stages()`: for a CRI method and a phase, the
+function to call and where it runs (`runs_on`: the event loop or a worker thread). The chain
+keeps them in one table, so what runs at, say, CreateContainer Pre is `chain.at("CreateContainer",
+Phase.PRE)`, in the order the hooks were given.
+
+Phases, in order: `PRE_INLINE` rewrites of the request the runtime must see even when a later
+Pre fails (on the loop, cheap, no blocking I/O); `PRE` may change the request and may return a
+`PreEffect`; `POST` observes the outcome. Facts a hook learns for another (the pod's class from
+the QoS hook's Pre, for the state recorder's Post) travel in the call's typed `facts`.
+
 The chain is fail-open: a hook that raises or overruns its timeout is logged and counted, its
 changes are dropped, and the call goes on with the request as it was before that hook
 (with a single hook: the original request). `failure_policy = "fail"` turns a hook failure
 into a failed CRI call instead, for operators who prefer that.
+
+Loop stages may read and write `NodeState` (it has the loop as its single writer); thread
+stages must not write it.
 """
 
 from __future__ import annotations
@@ -12,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import inspect
+import enum
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
-from collections.abc import Awaitable
 
 import structlog
+
+from koordnode.model.state import PodRecord
 
 log = structlog.get_logger("koordnode.hooks")
 
@@ -29,6 +43,32 @@ def skip_requested(labels: dict[str, str]) -> bool:
     """True when a pod's labels ask koordnode to leave it alone."""
     value = labels.get(SKIP_LABEL, "")
     return len(value) == 4 and value.lower() == "true"  # bounded: label values are pod input
+
+
+@dataclasses.dataclass(frozen=True)
+class PodClassified:
+    """The class a Pre hook gave a new pod, and why."""
+
+    qos_class: str
+    reason: str
+
+
+@dataclasses.dataclass
+class CallFacts:
+    """What the parties of one call learn about it besides its request and response. Each
+    field names who sets it and who reads it; nothing else passes between hooks."""
+
+    # Set by the QoS hook's Pre at RunPodSandbox; the state recorder's Post records it with the pod.
+    pod_class: PodClassified | None = None
+    # Set by the NRI plugin at RunPodSandbox: the IPs the runtime gave the pod. None (the proxy):
+    # the pod's network is asked of CRI after the call.
+    pod_ips: tuple[str, ...] | None = None
+    # Set by the NRI plugin at UpdateContainer: the runtime writes kubelet's values after the
+    # hooks' answer, so the class values follow at PostUpdateContainer, not in this call's Post.
+    runtime_applies_later: bool = False
+    # Set by the state recorder's Post at RemovePodSandbox (the first Post hook): the pod as it
+    # was, for the Post hooks after it (the state no longer has it).
+    removed_pod: PodRecord | None = None
 
 
 @dataclasses.dataclass
@@ -43,8 +83,7 @@ class CallContext:
     grpc_message: str = ""
     started: float = dataclasses.field(default_factory=time.monotonic)
     hook_failures: list[str] = dataclasses.field(default_factory=list)
-    # Hooks may leave facts here for their own Post step (e.g. a container id they planned for).
-    scratch: dict[str, Any] = dataclasses.field(default_factory=dict)
+    facts: CallFacts = dataclasses.field(default_factory=CallFacts)
 
     @property
     def skip_hooks(self) -> bool:
@@ -66,27 +105,70 @@ class PreEffect(Protocol):
     def release(self) -> None: ...
 
 
-class RuntimeHook:
-    """Base class: override `pre` and/or `post` (plain or async) for the methods you list.
+class Phase(enum.Enum):
+    """A stage's place in a call; the value is the phase in failure counters and logs."""
 
-    `pre` may return a PreEffect (see there); anything else it returns is ignored."""
+    PRE_INLINE = "pre_inline"
+    PRE = "pre"
+    POST = "post"
 
-    name = "hook"
-    methods: frozenset[str] = frozenset()
-    # The methods whose request `pre` may change; `pre` runs for these only, so only these calls
-    # can fail under failure_policy = "fail". None: all of `methods`.
-    pre_methods: frozenset[str] | None = None
 
-    def pre(self, call: CallContext) -> PreEffect | None:  # noqa: B027 - optional override
-        pass
+class RunsOn(enum.Enum):
+    LOOP = "loop"  # awaited on the event loop: no blocking I/O; may touch NodeState
+    THREAD = "thread"  # in the chain's thread pool: may block (cgroup writes); bounded by the timeout
 
-    def pre_inline(self, call: CallContext) -> None:  # noqa: B027 - optional override
-        """A rewrite the runtime must see even when `pre` fails or overruns its timeout (a
-        container's cgroup parent following its sandbox's: dropped, the two would be split).
-        Runs on the event loop, before `pre`, for `pre_methods`: cheap, no blocking I/O."""
 
-    def post(self, call: CallContext) -> Awaitable[None] | None:  # noqa: B027 - optional override
-        pass
+LoopHandler = Callable[["CallContext"], Awaitable["PreEffect | None"]]
+ThreadHandler = Callable[["CallContext"], "PreEffect | None"]
+InlineHandler = Callable[["CallContext"], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One thing a hook does in one phase of one CRI method. Build it with `on_loop`,
+    `in_thread` or `inline`: each takes the handler shape its `runs_on` needs."""
+
+    method: str
+    phase: Phase
+    runs_on: RunsOn
+    handler: Callable[[CallContext], Any]
+
+    @classmethod
+    def on_loop(cls, method: str, phase: Phase, handler: LoopHandler) -> Stage:
+        if phase is Phase.PRE_INLINE:
+            raise ValueError("an inline rewrite is a plain function: use Stage.inline")
+        return cls(method, phase, RunsOn.LOOP, handler)
+
+    @classmethod
+    def in_thread(cls, method: str, phase: Phase, handler: ThreadHandler) -> Stage:
+        if phase is Phase.PRE_INLINE:
+            raise ValueError("an inline rewrite runs on the loop: use Stage.inline")
+        return cls(method, phase, RunsOn.THREAD, handler)
+
+    @classmethod
+    def inline(cls, method: str, handler: InlineHandler) -> Stage:
+        """A request rewrite kept even when this hook's `PRE` fails or overruns (a container's
+        cgroup parent following its sandbox's: dropped, the two would be split). Runs on the
+        loop, before every `PRE`, and must be cheap; one that raises is dropped whole."""
+        return cls(method, Phase.PRE_INLINE, RunsOn.LOOP, handler)
+
+
+class RuntimeHook(Protocol):
+    """What the chain needs of a hook. Hooks state conformance where they are defined with a
+    line mypy checks: `_: type[RuntimeHook] = MyHook`."""
+
+    @property
+    def name(self) -> str: ...
+
+    def stages(self) -> Iterable[Stage]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A stage in the chain's table, with the hook it belongs to."""
+
+    hook: str
+    stage: Stage
 
 
 class HookFailed(Exception):
@@ -100,22 +182,44 @@ class HookFailed(Exception):
 class HookChain:
     def __init__(
         self,
-        hooks: list[RuntimeHook],
+        hooks: Iterable[RuntimeHook],
         *,
         timeout_s: float = 0.2,
         failure_policy: str = "ignore",
         max_threads: int = 8,
     ) -> None:
-        self.hooks = list(hooks)
+        self._hooks: list[RuntimeHook] = []
+        self._table: dict[tuple[str, Phase], tuple[Registered, ...]] = {}
+        for hook in hooks:
+            self.add(hook)
         self.timeout_s = timeout_s
         self.failure_policy = failure_policy
-        # Plain hooks run in threads so a hung one cannot stall the relay's event loop.
+        # Thread stages run here so a hung one cannot stall the relay's event loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="hook")
         self._pending_post: set[asyncio.Task[Any]] = set()
         # The Post tasks a new call waits for: not those already late, or one stuck hook would
         # cost every later call the full timeout.
         self._awaited_post: set[asyncio.Task[Any]] = set()
         self.failures: Counter[tuple[str, str, str]] = Counter()  # (hook, phase, kind)
+
+    @property
+    def hooks(self) -> tuple[RuntimeHook, ...]:
+        return tuple(self._hooks)
+
+    def add(self, hook: RuntimeHook) -> None:
+        """Append a hook: its stages run after those of the hooks already in the chain."""
+        self._hooks.append(hook)
+        for stage in hook.stages():
+            key = (stage.method, stage.phase)
+            self._table[key] = (*self._table.get(key, ()), Registered(hook.name, stage))
+
+    def at(self, method: str, phase: Phase) -> tuple[Registered, ...]:
+        """What runs in `phase` of a `method` call, in order."""
+        return self._table.get((method, phase), ())
+
+    def failure_counts(self) -> dict[tuple[str, str, str], int]:
+        """{(hook, phase, kind): count} so far, a copy (the metrics read it from their thread)."""
+        return dict(self.failures)
 
     def configure(self, *, timeout_s: float, failure_policy: str) -> None:
         self.timeout_s = timeout_s
@@ -128,45 +232,39 @@ class HookChain:
         await self._run_post(call)
 
     def wants(self, method: str) -> bool:
-        return any(method in h.methods for h in self.hooks)
-
-    @staticmethod
-    def _runs_pre(hook: RuntimeHook, method: str, phase: str = "pre") -> bool:
-        if method not in hook.methods or not _overrides(hook, phase):
-            return False
-        return hook.pre_methods is None or method in hook.pre_methods
+        """Whether any hook has a stage for `method` (else the call is relayed untouched)."""
+        return any(self.at(method, phase) for phase in Phase)
 
     async def run_pre(self, call: CallContext) -> None:
-        """Run Pre hooks; raises HookFailed only under failure_policy = "fail"."""
+        """Run the inline rewrites, then the Pre stages; raises HookFailed only under
+        failure_policy = "fail"."""
         # Post hooks of earlier calls first: kubelet only sends this call after it saw their
         # responses, so their effects (e.g. the pod being recorded) must be visible now.
         await self.drain_post(self.timeout_s)
         if call.skip_hooks:
             return
-        for hook in self.hooks:
-            if self._runs_pre(hook, call.method, "pre_inline"):
-                self._rewrite_inline(hook, call)
-            if not self._runs_pre(hook, call.method):
-                continue
+        for registered in self.at(call.method, Phase.PRE_INLINE):
+            self._rewrite_inline(registered, call)
+        for registered in self.at(call.method, Phase.PRE):
             before = _hand_a_copy(call)
-            ok = await self._invoke(hook, "pre", call)
+            ok = await self._invoke(registered, call)
             if not ok:
                 call.request = before
-                # Its effect (if it ever returns one) goes with its dropped result: _settle_pre.
+                # Its effect (if it ever returns one) goes with its dropped result: _release_when_done.
                 if self.failure_policy == "fail":
-                    raise HookFailed(hook.name, "pre", call.hook_failures[-1])
+                    raise HookFailed(registered.hook, Phase.PRE.value, call.hook_failures[-1])
 
-    def _rewrite_inline(self, hook: RuntimeHook, call: CallContext) -> None:
-        """A hook's `pre_inline`: kept whatever its `pre` does; one that raises is dropped whole."""
+    def _rewrite_inline(self, registered: Registered, call: CallContext) -> None:
+        """An inline rewrite: kept whatever the Pre stages do; one that raises is dropped whole."""
         before = _hand_a_copy(call)
         started = time.monotonic()
         try:
-            hook.pre_inline(call)
+            registered.stage.handler(call)
         except Exception as exc:
             call.request = before
-            self._failed(hook, "pre_inline", call, "error", repr(exc), started)
+            self._failed(registered, call, "error", repr(exc), started)
             if self.failure_policy == "fail":
-                raise HookFailed(hook.name, "pre_inline", call.hook_failures[-1]) from exc
+                raise HookFailed(registered.hook, Phase.PRE_INLINE.value, call.hook_failures[-1]) from exc
 
     def schedule_post(self, call: CallContext) -> None:
         if call.skip_hooks or not self.wants(call.method):
@@ -180,67 +278,66 @@ class HookChain:
     async def _run_post(self, call: CallContext) -> None:
         # In order, each to its end: a Post hook keeps books (state, CPU release), so one that
         # overruns its timeout is counted late but still runs, exactly once, before the next.
-        for hook in self.hooks:
-            if call.method in hook.methods and _overrides(hook, "post"):
-                await self._invoke(hook, "post", call, run_to_end=True)
+        for registered in self.at(call.method, Phase.POST):
+            await self._invoke(registered, call, run_to_end=True)
 
     async def drain_post(self, timeout_s: float) -> None:
         if self._awaited_post:
             await asyncio.wait(list(self._awaited_post), timeout=timeout_s)
 
-    async def _invoke(self, hook: RuntimeHook, phase: str, call: CallContext,
-                      run_to_end: bool = False) -> bool:
-        """Run one hook within the timeout; False if it failed or overran.
+    async def _invoke(self, registered: Registered, call: CallContext, run_to_end: bool = False) -> bool:
+        """Run one stage within the timeout; False if it failed or overran.
 
-        A Pre hook that overruns is cancelled (its changes are dropped anyway). With
-        `run_to_end`, an overrunning hook is reported as a timeout but awaited to its end:
+        A Pre stage that overruns is cancelled (its changes are dropped anyway). With
+        `run_to_end`, an overrunning stage is reported as a timeout but awaited to its end:
         cancelling it while still queued for a thread would mean it never runs at all."""
-        fn = getattr(hook, phase)
+        stage = registered.stage
         started = time.monotonic()
         timeout = self.timeout_s
-        if inspect.iscoroutinefunction(fn):
-            work = asyncio.ensure_future(fn(call))
+        if stage.runs_on is RunsOn.LOOP:
+            work = asyncio.ensure_future(stage.handler(call))
             source: asyncio.Future[Any] | concurrent.futures.Future[Any] = work
         else:
             # The thread's own future: it still carries the result when the hook ends after
             # the chain gave up on it (the asyncio wrapper is cancelled by then).
-            source = self._pool.submit(fn, call)
+            source = self._pool.submit(stage.handler, call)
             work = asyncio.wrap_future(source)
         try:
             if run_to_end:
                 await asyncio.wait({work}, timeout=timeout)
                 if not work.done():
                     self._awaited_post.discard(asyncio.current_task())
-                    self._failed(hook, phase, call, "timeout", f"exceeded {timeout * 1000:.0f} ms",
+                    self._failed(registered, call, "timeout", f"exceeded {timeout * 1000:.0f} ms",
                                  started, "running to its end")
                     try:
                         await asyncio.shield(work)
                     except Exception as exc:
-                        log.warning("late_hook_failed", hook=hook.name, phase=phase,
+                        log.warning("late_hook_failed", hook=registered.hook, phase=stage.phase.value,
                                     method=call.method, **call_ids(call), reason=repr(exc))
                     return False
                 work.result()
             else:
                 result = await asyncio.wait_for(work, timeout)
-                if phase == "pre" and _is_effect(result):
+                if stage.phase is Phase.PRE and _is_effect(result):
                     result.commit()  # the chain keeps this result: here, before the call goes on
             return True
         except TimeoutError:
             kind, reason = "timeout", f"exceeded {timeout * 1000:.0f} ms"
         except Exception as exc:
             kind, reason = "error", repr(exc)
-        if phase == "pre":
-            _release_when_done(source, hook.name)
-        self._failed(hook, phase, call, kind, reason, started)
+        if stage.phase is Phase.PRE:
+            _release_when_done(source, registered.hook)
+        self._failed(registered, call, kind, reason, started)
         return False
 
-    def _failed(self, hook: RuntimeHook, phase: str, call: CallContext, kind: str, reason: str,
+    def _failed(self, registered: Registered, call: CallContext, kind: str, reason: str,
                 started: float, then: str | None = None) -> None:
-        self.failures[(hook.name, phase, kind)] += 1
-        call.hook_failures.append(f"{hook.name}.{phase}: {reason}")
+        phase = registered.stage.phase.value
+        self.failures[(registered.hook, phase, kind)] += 1
+        call.hook_failures.append(f"{registered.hook}.{phase}: {reason}")
         log.warning(
             "hook_failed",
-            hook=hook.name,
+            hook=registered.hook,
             phase=phase,
             method=call.method,
             **call_ids(call),
@@ -320,6 +417,3 @@ def call_ids(call: CallContext) -> dict[str, str]:
         ids["pod"] = f"{sandbox_config.metadata.namespace}/{sandbox_config.metadata.name}"
     return ids
 
-
-def _overrides(hook: RuntimeHook, phase: str) -> bool:
-    return getattr(type(hook), phase) is not getattr(RuntimeHook, phase)

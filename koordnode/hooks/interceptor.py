@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
-from koordnode.metrics import METRICS
+from koordnode.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,11 @@ class ChainInterceptor:
     once the outcome is known. ``pod_labels_for(method, request)`` gives the labels of the pod a
     call is about (the skip label), read from a snapshot of the node state."""
 
-    def __init__(self, chain: HookChain, pod_labels_for: Callable[[str, Any], dict[str, str]]) -> None:
+    def __init__(self, chain: HookChain, pod_labels_for: Callable[[str, Any], dict[str, str]],
+                 metrics: Metrics) -> None:
         self._chain = chain
         self._pod_labels_for = pod_labels_for
+        self._metrics = metrics
 
     async def before(self, method: str, request: Any) -> Interception:
         call = CallContext(method=method, request=request, pod_labels=self._pod_labels_for(method, request))
@@ -40,7 +42,7 @@ class ChainInterceptor:
         except HookFailed as exc:
             return Interception(request=request, failure=str(exc), token=call, log_fields=call_ids(call))
         finally:
-            METRICS.observe_hook_delay(method, time.monotonic() - call.started)
+            self._metrics.observe_hook_delay(method, time.monotonic() - call.started)
         return Interception(request=call.request, token=call, log_fields=call_ids(call))
 
     def after(self, token: Any, sent_request: Any, response: Any, grpc_status: int | None,

@@ -2,83 +2,110 @@
 
 from __future__ import annotations
 
-from koordnode.hooks.chain import CallContext, RuntimeHook
-from koordnode.cri.methods import INTERCEPTED_METHODS
+from collections.abc import Iterable
+
+from koordnode.hooks.chain import CallContext, Phase, PodClassified, RuntimeHook, Stage
 from koordnode.hooks.cpu_pools import CpuReservation
 from koordnode.hooks.qos_engine import QoSEngine
 
 UNIMPLEMENTED = 12  # grpc status code
 
 
-class QoSHook(RuntimeHook):
-    """Plain (threaded) methods: they write cgroup files, and a stuck write must not stall the
-    relay's event loop; the chain's timeout bounds them."""
+class QoSHook:
+    """Thread stages: they write cgroup files, and a stuck write must not stall the relay's
+    event loop; the chain's timeout bounds them. Pre stages only for the requests it changes,
+    so a slow node can never fail the other calls under failure_policy = "fail"."""
 
     name = "qos"
-    methods = frozenset(INTERCEPTED_METHODS)
-    # The only requests `pre` changes; the other calls' bookkeeping is all in `post`, so a slow
-    # node can never fail them under failure_policy = "fail".
-    pre_methods = frozenset({"RunPodSandbox", "CreateContainer", "UpdateContainerResources",
-                             "UpdatePodSandboxResources"})
 
     def __init__(self, engine: QoSEngine) -> None:
         self.engine = engine
 
-    def pre(self, call: CallContext) -> CpuReservation | None:
-        """Rewrites the request; returns the CPUs reserved for a CreateContainer (the chain
-        commits them with the kept request, or cancels them with a dropped one)."""
-        req = call.request
-        if call.method == "RunPodSandbox":
-            decision = self.engine.pod_sandbox_pre(req.config)
-            self.engine.place_be_pod(req.config, decision)
-            # Read by the state recorder when it records the pod.
-            call.scratch["qos_class"] = decision.qos_class.value
-            call.scratch["qos_reason"] = decision.why
-        elif call.method == "CreateContainer":
-            _, reservation = self.engine.plan_create(req)
-            return reservation
-        elif call.method == "UpdateContainerResources":
-            self.engine.update_resources_pre(req)
-        elif call.method == "UpdatePodSandboxResources":
-            self.engine.pod_resources_pre(req)
-        return None
+    def stages(self) -> Iterable[Stage]:
+        pre, post = Phase.PRE, Phase.POST
+        return (
+            Stage.in_thread("RunPodSandbox", pre, self.classify_pod),
+            Stage.inline("CreateContainer", self.follow_sandbox_parent),
+            Stage.in_thread("CreateContainer", pre, self.plan_container),
+            Stage.in_thread("UpdateContainerResources", pre, self.resize_container),
+            Stage.in_thread("UpdatePodSandboxResources", pre, self.resize_pod),
+            Stage.in_thread("RunPodSandbox", post, self.pod_started),
+            Stage.in_thread("CreateContainer", post, self.container_created),
+            Stage.in_thread("StartContainer", post, self.container_started),
+            Stage.in_thread("UpdateContainerResources", post, self.container_updated),
+            Stage.in_thread("StopContainer", post, self.container_gone),
+            Stage.in_thread("RemoveContainer", post, self.container_gone),
+            Stage.in_thread("UpdatePodSandboxResources", post, self.pod_resized),
+            Stage.in_thread("StopPodSandbox", post, self.pod_gone),
+            Stage.in_thread("RemovePodSandbox", post, self.pod_gone),
+        )
 
-    def pre_inline(self, call: CallContext) -> None:
+    # ---- Pre ---------------------------------------------------------------------------
+
+    def classify_pod(self, call: CallContext) -> None:
+        config = call.request.config
+        decision = self.engine.pod_sandbox_pre(config)
+        self.engine.place_be_pod(config, decision)
+        call.facts.pod_class = PodClassified(decision.qos_class.value, decision.why)
+
+    def follow_sandbox_parent(self, call: CallContext) -> None:
         """CreateContainer into a pod koordnode moved to the BE group: the container goes where
-        its sandbox is even when `pre` overruns (a dict lookup; a stat of kernfs for a pod not
-        recorded yet)."""
-        if call.method == "CreateContainer":
-            self.engine.follow_sandbox_parent(call.request)
+        its sandbox is even when the Pre stage overruns (a dict lookup; a stat of kernfs for a pod
+        not recorded yet)."""
+        self.engine.follow_sandbox_parent(call.request)
 
-    def post(self, call: CallContext) -> None:
-        req, resp = call.request, call.response
-        ok = call.succeeded and resp is not None
-        if call.method == "RunPodSandbox":
-            if ok:
-                self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
-        elif call.method == "CreateContainer":
-            self.engine.container_created(req, resp.container_id if ok else None)
-        elif call.method == "StartContainer":
-            if ok:
-                self.engine.container_started(req.container_id)
-        elif call.method == "UpdateContainerResources":
-            # The runtime has written kubelet's values (also when it failed half-way): the
-            # class values of what it reports back go to the files again. NRI: at
-            # PostUpdateContainer instead (this call comes before the runtime applies).
-            if not call.scratch.get("runtime_applies_later"):
-                self.engine.container_updated(req.container_id)
-        elif call.method in ("StopContainer", "RemoveContainer"):
-            if ok:
-                self.engine.container_gone(req.container_id)
-        elif call.method == "UpdatePodSandboxResources":
-            # kubelet has resized the pod cgroup before this notification; a runtime without
-            # the method (UNIMPLEMENTED, which kubelet tolerates) still gets the class values.
-            if ok or call.grpc_status == UNIMPLEMENTED:
-                self.engine.pod_resources_updated(req.pod_sandbox_id)
-        elif call.method in ("StopPodSandbox", "RemovePodSandbox"):
-            if ok:
-                self.engine.pod_gone(req.pod_sandbox_id, removed=call.method == "RemovePodSandbox")
-                # The state recorder ran first: a removed pod is only in the call's scratch.
-                pod = self.engine.state.pods.get(req.pod_sandbox_id) or call.scratch.get("removed_pod")
-                self.engine.remove_be_pod_cgroup(pod.cgroup_parent if pod is not None else "",
-                                                 removed=call.method == "RemovePodSandbox")
+    def plan_container(self, call: CallContext) -> CpuReservation | None:
+        """Rewrites the request; returns the CPUs reserved for it (the chain commits them with the
+        kept request, or cancels them with a dropped one)."""
+        _, reservation = self.engine.plan_create(call.request)
+        return reservation
+
+    def resize_container(self, call: CallContext) -> None:
+        self.engine.update_resources_pre(call.request)
+
+    def resize_pod(self, call: CallContext) -> None:
+        self.engine.pod_resources_pre(call.request)
+
+    # ---- Post --------------------------------------------------------------------------
+
+    def pod_started(self, call: CallContext) -> None:
+        if call.succeeded and call.response is not None:
+            self.engine.pod_sandbox_started(call.response.pod_sandbox_id, call.request.config)
+
+    def container_created(self, call: CallContext) -> None:
+        ok = call.succeeded and call.response is not None
+        self.engine.container_created(call.request, call.response.container_id if ok else None)
+
+    def container_started(self, call: CallContext) -> None:
+        if call.succeeded and call.response is not None:
+            self.engine.container_started(call.request.container_id)
+
+    def container_updated(self, call: CallContext) -> None:
+        # The runtime has written kubelet's values (also when it failed half-way): the class
+        # values of what it reports back go to the files again. NRI: at PostUpdateContainer
+        # instead (this call comes before the runtime applies).
+        if not call.facts.runtime_applies_later:
+            self.engine.container_updated(call.request.container_id)
+
+    def container_gone(self, call: CallContext) -> None:
+        if call.succeeded and call.response is not None:
+            self.engine.container_gone(call.request.container_id)
+
+    def pod_resized(self, call: CallContext) -> None:
+        # kubelet has resized the pod cgroup before this notification; a runtime without the
+        # method (UNIMPLEMENTED, which kubelet tolerates) still gets the class values.
+        if (call.succeeded and call.response is not None) or call.grpc_status == UNIMPLEMENTED:
+            self.engine.pod_resources_updated(call.request.pod_sandbox_id)
+
+    def pod_gone(self, call: CallContext) -> None:
+        if not call.succeeded or call.response is None:
+            return
+        sandbox_id = call.request.pod_sandbox_id
+        removed = call.method == "RemovePodSandbox"
+        self.engine.pod_gone(sandbox_id, removed=removed)
+        # The state recorder's Post ran first: a removed pod is only in the call's facts.
+        pod = self.engine.state.pods.get(sandbox_id) or call.facts.removed_pod
+        self.engine.remove_be_pod_cgroup(pod.cgroup_parent if pod is not None else "", removed=removed)
+
+
+_: type[RuntimeHook] = QoSHook

@@ -194,6 +194,16 @@ class ClusterLink:
     def facts_of(self, uid: str) -> PodFacts | None:
         return self.facts.get(uid)
 
+    def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Add what the API server says of each pod of a NodeState snapshot (`koordnode status`)."""
+        for pod in snapshot.get("pods", []):
+            facts = self.facts_of(pod.get("uid", ""))
+            pod["api"] = "not known to the API server (planned from CRI alone)" if facts is None else {
+                "memory_requests": dict(facts.memory_requests), "priority": facts.priority,
+                "priority_class": facts.priority_class, "owners": list(facts.owners),
+                "terminating": facts.terminating}
+        return snapshot
+
     # ---- evictions -----------------------------------------------------------------------------
 
     def _terminating(self, uid: str) -> bool:

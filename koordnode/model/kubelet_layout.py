@@ -78,6 +78,10 @@ class KubeletLayout:
             self._paths = None
         self.paths()
 
+    def reconfigure(self, settings: tuple[str, str]) -> None:
+        """The reload's entry: (cgroup driver, [qos_manager] kubepods_cgroup)."""
+        self.configure(*settings)
+
     @property
     def driver(self) -> str:
         return self._driver

@@ -25,7 +25,7 @@ import structlog
 
 from koordnode.cri import api_pb2 as cri
 from koordnode.executor.process import oom_score_adj_floor, oom_score_adj_wanted, set_oom_score_adj
-from koordnode.hooks.chain import CallContext, HookChain, HookFailed
+from koordnode.hooks.chain import CallContext, CallFacts, HookChain, HookFailed
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.nri import api_pb2 as nri
@@ -333,11 +333,10 @@ class NriPlugin:
     # ---- events as CRI calls --------------------------------------------------------------
 
     async def _hooks(self, method: str, request: Any, response: Any, labels: dict[str, str],
-                     scratch: dict[str, Any] | None = None) -> CallContext:
+                     facts: CallFacts | None = None) -> CallContext:
         original = type(request)()
         original.CopyFrom(request)
-        call = CallContext(method=method, request=request, pod_labels=labels)
-        call.scratch.update(scratch or {})
+        call = CallContext(method=method, request=request, pod_labels=labels, facts=facts or CallFacts())
         await self.chain.run_pre(call)
         if self.dry_run:  # the Post hooks (state recorder) see what the runtime really has
             call.request = original
@@ -355,7 +354,7 @@ class NriPlugin:
     async def _run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         req = cri.RunPodSandboxRequest(config=convert.sandbox_config(pod), runtime_handler=pod.runtime_handler)
         await self._hooks("RunPodSandbox", req, cri.RunPodSandboxResponse(pod_sandbox_id=pod.id), dict(pod.labels),
-                          scratch={"pod_ips": tuple(pod.ips)})
+                          facts=CallFacts(pod_ips=tuple(pod.ips)))
 
     async def _stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         await self._hooks("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.id),
@@ -448,7 +447,7 @@ class NriPlugin:
         # The runtime applies the update after this answer: the class values of what it
         # writes from kubelet's request follow at PostUpdateContainer.
         call = await self._hooks("UpdateContainerResources", request, cri.UpdateContainerResourcesResponse(),
-                                 dict(req.pod.labels), scratch={"runtime_applies_later": True})
+                                 dict(req.pod.labels), facts=CallFacts(runtime_applies_later=True))
         delta = convert.resources_delta(asked, call.request.linux)
         if delta is None:
             return nri.UpdateContainerResponse()

@@ -37,6 +37,7 @@ from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteSta
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
+from koordnode.policy.strategies.be_memory import BeMemoryState
 from koordnode.policy.strategies.common import Eviction
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
@@ -100,7 +101,7 @@ class QoSManager:
             from [node] reserved_cpus the CPU allocator's way (on `topology`, default read
             under [sysfs] root).
         strategies: the strategies to run (default: policy/strategies/registry.py).
-        on_tick: called in the tick's thread after every tick (the daemon feeds its metrics from it).
+        on_tick: called in the tick's thread after every tick (the daemon hands qos.metrics_feed.TickMetrics).
         """
         self._settings = settings.qos_manager
         self.state = state
@@ -159,6 +160,10 @@ class QoSManager:
     def dry_run(self) -> bool:
         return self._dry_run
 
+    @dry_run.setter
+    def dry_run(self, dry_run: bool) -> None:
+        self.set_dry_run(dry_run)
+
     def set_dry_run(self, dry_run: bool) -> None:
         """Switch dry-run on or off (start-up, config reload); the pressure watch is restarted
         when that changes whether it may register PSI triggers."""
@@ -188,6 +193,19 @@ class QoSManager:
     def forgets(self, cgroup: str) -> bool:
         """Whether nothing measured of `cgroup` is kept any more."""
         return self._measure.forgets(cgroup)
+
+    def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Add each BE pod's memory bound from [strategy.be_memory] to a NodeState snapshot
+        (after the engine's decorate, which gives the pods their class); nothing while it is off."""
+        be_memory = self._runner.state_of(BeMemoryState)
+        if be_memory is None:
+            return snapshot
+        for pod in snapshot.get("pods", []):
+            if pod.get("qos_class") == "BE":
+                bound = be_memory.pod_bounds.get(pod["sandbox_id"])
+                pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.budget_bytes}
+                                          if bound is not None else None)
+        return snapshot
 
     def reconfigure(self, settings: ManagerSettings) -> None:
         """Apply a reloaded configuration; what a strategy leaves behind is undone next tick."""
@@ -474,7 +492,7 @@ class QoSManager:
     def _tick_locked(self, inventory: Inventory, woken_by: str | None) -> TickReport:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
-        self.last_node = measured.node
+        self.last_node = report.node = measured.node
         self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies
             collector, targets = self.collector, measured.watch_targets

@@ -33,6 +33,8 @@ class NetQoSController:
         self.config = config
         self._clean_while_disabled = False  # the reload's pass looks again
 
+    reconfigure = update_config  # what the daemon's reload calls on each component
+
     def uplinks(self) -> list[str]:
         return list(self.config.interfaces) or self.executor.default_route_interfaces()
 

@@ -12,7 +12,7 @@ import datetime
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from koordnode.kube.nodemetric import PodUsage, node_metric_status
 from koordnode.model.qos_class import QoSClass
@@ -48,11 +48,20 @@ class NodeUsage:
                 "at": self.at.timestamp(), "inputs": self.inputs}
 
 
+class BatchAllocatableGauge(Protocol):
+    """Where the batch allocatable is exported (metrics.Metrics)."""
+
+    def set_batch_allocatable(self, cpu_cores: float | None, memory_bytes: float | None) -> None: ...
+
+
 class NodeUsageReporter:
-    def __init__(self, manager: QoSManager, procfs_root: str, cgroup_root: str,
+    """Each refresh also sets `koordnode_batch_allocatable`."""
+
+    def __init__(self, manager: QoSManager, procfs_root: str, cgroup_root: str, metrics: BatchAllocatableGauge,
                  priority_of: Callable[[str], int | None] = lambda sandbox_id: None) -> None:
         """`priority_of(sandbox_id)`: the pod's spec.priority from the API (None: unknown)."""
         self._manager = manager
+        self._metrics = metrics
         self._collector = Collector(procfs_root, cgroup_root)
         self._probe = CollectorProbe(self._collector, None)
         self._priority_of = priority_of
@@ -109,4 +118,14 @@ class NodeUsageReporter:
                         "node_used_memory_bytes": node_memory, "pods_used_memory_bytes": pods_memory,
                         "ls_used_memory_bytes": ls_memory})
             self.last = usage
-            return usage
+        self._metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
+        return usage
+
+    def node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
+        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
+        usage = self.refresh(interval_s)
+        return usage.node_metric_status() if usage is not None else None
+
+    def memory_total_bytes(self) -> int | None:
+        snap = self._manager.last_snapshot
+        return snap.memory_total_bytes if snap is not None else None

@@ -19,6 +19,8 @@ from koordnode.executor.resctrl import (
     ResctrlUnsupported,
     detect_resctrl,
 )
+from koordnode.config.cgroup import CgroupConfig
+from koordnode.config.components import ResctrlSettings
 from koordnode.config.resctrl import (
     RESCTRL_GROUP_CLASSES,
     ResctrlClassConfig,
@@ -119,6 +121,12 @@ class ResctrlController:
             self._executor, self._info, self._unsupported = None, None, None
         self.config = config
         self.class_configs = self._with_defaults(class_configs)
+
+    def reconfigure(self, settings: ResctrlSettings) -> None:
+        """A reload: the new settings, and the machine probed again (resctrl may have been
+        mounted since)."""
+        self.update_config(settings.resctrl, settings.classes)
+        self.forget_probe()
 
     @property
     def group_names(self) -> dict[str, str]:
@@ -230,6 +238,44 @@ class ResctrlController:
             "groups": dict(report.groups),
             "failures": [f"{r.action} {r.group}: {r.detail}" for r in report.failures],
         }
+
+
+class ResctrlPlacement:
+    """Which resctrl group a pod's containers belong in, from the node state: a started
+    container's threads moved at once (the hw-qos hook's StartContainer Post, in a thread), and
+    every container's cgroup for the reconcile pass."""
+
+    def __init__(self, controller: ResctrlController, state: NodeState, cgroup: CgroupConfig) -> None:
+        self._controller = controller
+        self._state = state
+        self._driver = cgroup.driver
+
+    def reconfigure(self, cgroup: CgroupConfig) -> None:
+        self._driver = cgroup.driver
+
+    @property
+    def enabled(self) -> bool:
+        return self._controller.config.enable
+
+    def place_container(self, container_id: str) -> None:
+        if not self.enabled:
+            return
+        pod = self._state.pod_of_container(container_id)
+        group = group_of_class(pod.qos_class) if pod is not None else None
+        if pod is None or group is None:
+            return
+        try:
+            cgroup = container_cgroup_path(pod.cgroup_parent, container_id, self._driver)
+        except UnsafePathError:
+            return
+        self._controller.place_container(group, cgroup)
+
+    def groups(self) -> dict[str, list[str]]:
+        """For the reconcile pass (on the loop): the containers of each group; none while
+        disabled (the pass then only removes koordnode's groups)."""
+        if not self.enabled:
+            return {}
+        return containers_by_group(self._state, self._driver)
 
 
 def containers_by_group(

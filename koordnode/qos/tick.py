@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from koordnode.config.strategies import StrategyConfig
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult
@@ -20,6 +20,9 @@ from koordnode.policy.strategies.base import Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction, StrategyResult
 from koordnode.qos.collect import Collector
 from koordnode.qos.status import StatusBook
+
+
+State = TypeVar("State")
 
 
 @dataclass
@@ -36,6 +39,7 @@ class TickReport:
     usage_targets: dict[str, str] = field(default_factory=dict)  # name -> cgroup dir for perf events
     # strategy name of each eviction, in the order of `evictions`
     eviction_owners: tuple[str, ...] = ()
+    node: Any = None  # the NodeSample measured for it (its pressure goes to the metrics)
 
 
 def strategy_configs(registry: Sequence[Strategy], strategy_config: StrategyConfig) -> dict[str, Any]:
@@ -164,3 +168,12 @@ class StrategyRunner:
 
     def status(self) -> dict[str, dict[str, Any]]:
         return self._status.strategies(self.registry, self.configs, self.states)
+
+    def state_of(self, kind: type[State]) -> State | None:
+        """The state of type `kind` an enabled strategy keeps between ticks (None: no such
+        strategy, or it is off). States are replaced whole, never changed: any thread."""
+        for strategy in self.registry:
+            state = self.states.get(strategy.name)
+            if self.configs[strategy.name].enable and isinstance(state, kind):
+                return state
+        return None

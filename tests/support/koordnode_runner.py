@@ -152,7 +152,8 @@ class InProcessKoordnode:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self.daemon = Daemon(self.config)
-            self.daemon.chain.hooks.extend(self.extra_hooks)
+            for hook in self.extra_hooks:
+                self.daemon.chain.add(hook)
             await self.daemon.start()
             self._ready.set()
             await self.daemon.serve_forever()

@@ -26,7 +26,7 @@ from typing import Any
 
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
-from koordnode.policy.strategies.common import Eviction, Explanation, StrategyResult, rounded
+from koordnode.policy.strategies.common import BeBudget, Eviction, Explanation, StrategyResult, fact, rounded
 from koordnode.config.strategies import BeEvictConfig
 
 NAME = "be_evict"
@@ -209,9 +209,8 @@ class BeEvict:
     def decide(self, snap: TickSnapshot, cfg: BeEvictConfig, state: BeEvictState,
                earlier: Mapping[str, StrategyResult]) -> StrategyResult:
         # The BE CPU budget cpu_suppress found this tick (None: it is off or warming up).
-        suppress = earlier.get("cpu_suppress")
-        budget = suppress.facts.get("be_budget_cpus") if suppress is not None else None
-        return decide_be_evict(evict_input(snap, cfg, budget), cfg, state)
+        budget = fact(earlier.get("cpu_suppress"), BeBudget)
+        return decide_be_evict(evict_input(snap, cfg, budget.cpus if budget is not None else None), cfg, state)
 
     def restore_config(self, old: BeEvictConfig | None, new: BeEvictConfig) -> None:
         return None  # stopped containers are kubelet's to restart

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from koordnode.policy.plan import CgroupWrite
@@ -43,7 +42,7 @@ from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
-from koordnode.policy.strategies.common import Explanation, StrategyResult, rounded
+from koordnode.policy.strategies.common import BeBudget, Explanation, StrategyResult, rounded
 from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
 
 NAME = "cpu_suppress"
@@ -343,6 +342,16 @@ def at_minimum(inp: CpuSuppressInput, cfg: CpuSuppressConfig, result: StrategyRe
     return isinstance(quota, int) and 0 < quota <= cfg.min_quota_us
 
 
+def budget_fact(inp: CpuSuppressInput, cfg: CpuSuppressConfig, result: StrategyResult) -> BeBudget:
+    """The decision as a typed fact for the strategies after this one and the metrics."""
+    budget = be_budget(inp, cfg)
+    if cfg.policy == "cpuset":
+        return BeBudget(budget.cpus, budget.ratio)
+    quota_write = next((w for w in result.writes if w.resource == "cpu.cfs_quota_us"), None)
+    return BeBudget(budget.cpus, budget.ratio, quota_us=inp.current_quota_us, period_us=inp.period_us,
+                    quota_write=quota_write)
+
+
 class CpuSuppress:
     name = NAME
     early = True  # the reason for pressure and usage wake-ups
@@ -360,7 +369,7 @@ class CpuSuppress:
         result = decide_cpu_suppress(inp, cfg)
         return StrategyResult(
             result.explanation, writes=result.writes,
-            facts=MappingProxyType({"be_budget_cpus": be_budget(inp, cfg).cpus}),
+            facts=(budget_fact(inp, cfg, result),),
             saturated=at_minimum(inp, cfg, result),
         )
 
