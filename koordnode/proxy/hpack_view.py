@@ -81,6 +81,3 @@ class HeaderBlock:
             return False
         self.fragments.append(bytes(fragment))
         return True
-
-    def joined(self) -> bytes:
-        return b"".join(self.fragments)

@@ -121,46 +121,44 @@ class RelayCore:
     # ---- byte streams -------------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        try:
-            self._client_bytes(data)
-        except Exception:  # a parsing bug must cost one connection, never the daemon
-            log.exception("relay_failed_on_client_data", detail="closing the connection")
-            self.close()
-
-    def backend_data(self, data: bytes) -> None:
-        try:
-            self._backend_bytes(data)
-        except Exception:
-            log.exception("relay_failed_on_runtime_data", detail="closing the connection")
-            self.close()
-
-    def _client_bytes(self, data: bytes) -> None:
         if self._opaque:
             self._to_backend(data)
             return
         if self.closed:
             return
-        buf = self._cbuf
-        buf += data
-        start = 0
-        if not self._preface_done:
-            if len(buf) < len(w.PREFACE):
-                if not w.PREFACE.startswith(bytes(buf)):
-                    self._go_opaque()
-                return
-            if bytes(buf[: len(w.PREFACE)]) != w.PREFACE:
-                self._go_opaque()
-                return
-            self._preface_done = True
-            start = len(w.PREFACE)
-        self._walk(buf, start, self._client_handlers, self._to_backend, client=True)
+        self._cbuf += data
+        try:
+            start = 0 if self._preface_done else self._read_preface()
+            if start is not None:
+                self._walk(self._cbuf, start, self._client_handlers, self._to_backend, client=True)
+        except Exception:  # a parsing bug must cost one connection, never the daemon
+            log.exception("relay_failed_on_client_data", detail="closing the connection")
+            self.close()
 
-    def _backend_bytes(self, data: bytes) -> None:
+    def backend_data(self, data: bytes) -> None:
         if self._opaque:
             self._to_client(data)
             return
         self._bbuf += data
-        self._walk(self._bbuf, 0, self._backend_handlers, self._to_client, client=False)
+        try:
+            self._walk(self._bbuf, 0, self._backend_handlers, self._to_client, client=False)
+        except Exception:
+            log.exception("relay_failed_on_runtime_data", detail="closing the connection")
+            self.close()
+
+    def _read_preface(self) -> int | None:
+        """Where the frames start once the client's preface is whole; None until then, or when
+        the client does not speak HTTP/2 with prior knowledge (then bytes are relayed blindly)."""
+        buf = self._cbuf
+        if len(buf) < len(w.PREFACE):
+            if not w.PREFACE.startswith(bytes(buf)):
+                self._go_opaque()
+            return None
+        if bytes(buf[: len(w.PREFACE)]) != w.PREFACE:
+            self._go_opaque()
+            return None
+        self._preface_done = True
+        return len(w.PREFACE)
 
     def _walk(self, buf: bytearray, pos: int, handlers: dict[int, FrameHandler], forward: Send,
               client: bool) -> None:
@@ -169,9 +167,12 @@ class RelayCore:
         frame, kept for the next bytes."""
         out_start = 0
         n = len(buf)
+        # Frames the runtime did not agree to receive are refused; any 24-bit length may come back.
+        limit = self.flow.max_frame if client else 0xFFFFFF
+        data_type = w.DATA
         while n - pos >= 9:
             length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            if client and length > self.flow.max_frame:
+            if length > limit:
                 # Refused at the header, before buffering it: larger than the runtime announced.
                 forward(bytes(buf[out_start:pos]))
                 self._connection_error(w.ERROR_FRAME_SIZE, f"frame of {length} bytes larger than "
@@ -183,7 +184,7 @@ class RelayCore:
             ftype = buf[pos + 3]
             handle = handlers.get(ftype)
             if handle is not None:
-                if client and ftype == w.DATA and pos > out_start and self.streams:
+                if ftype == data_type and client and pos > out_start and self.streams:
                     # A held call's frame may make us write to the backend (a refusal's
                     # RST_STREAM): what came before it must reach the backend first.
                     forward(bytes(buf[out_start:pos]))
@@ -218,7 +219,7 @@ class RelayCore:
     def _client_data(self, flags: int, sid: int, payload: memoryview, length: int) -> bytes | None:
         st = self.streams.get(sid)
         if st is None or st.phase is not Phase.HOLDING:
-            self.flow.forwarded(length)
+            self.flow.conn_window -= length  # FlowLedger.forwarded, inlined: most DATA frames pass here
             return None
         try:
             chunk = w.frame_payload(w.DATA, flags, payload)
@@ -278,15 +279,23 @@ class RelayCore:
         return None
 
     def _request_headers(self, block: HeaderBlock) -> None:
-        headers = self._decode(self._c2s_hpack, block, "request_headers_undecodable")
-        if headers is None:
+        if self._hpack_broken:
+            return
+        fragments = block.fragments  # most blocks are one HEADERS frame: no join
+        try:
+            headers = self._c2s_hpack.decode(fragments[0] if len(fragments) == 1 else b"".join(fragments))
+        except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
+            self._decoding_failed("request_headers_undecodable", exc)
             return
         sid = block.sid
         if sid <= self._seen_streams_hwm:
             return  # trailers of an existing stream
         self._seen_streams_hwm = sid
-        path = next((value for name, value in headers if name == ":path"), None)
-        if path is None:
+        for name, value in headers:
+            if name == ":path":
+                path = value
+                break
+        else:
             return
         self.open_streams[sid] = (path, time.monotonic())
         if block.flags & w.FLAG_END_STREAM:
@@ -295,15 +304,9 @@ class RelayCore:
         if spec is not None:
             self.streams[sid] = HeldCall(sid, spec, self.flow.initial_window)
 
-    def _decode(self, decoder: HeaderDecoder, block: HeaderBlock, event: str) -> list[tuple[str, str]] | None:
-        if self._hpack_broken:
-            return None
-        try:
-            return decoder.decode(block.joined())
-        except Exception as exc:  # any HPACK failure: stay a blind relay for new streams
-            self._hpack_broken = True
-            log.error(event, detail="interception disabled on this connection", error=repr(exc))
-            return None
+    def _decoding_failed(self, event: str, exc: Exception) -> None:
+        self._hpack_broken = True
+        log.error(event, detail="interception disabled on this connection", error=repr(exc))
 
     def _give_up_decoding(self, reason: str) -> None:
         self._hpack_broken = True
@@ -446,6 +449,9 @@ class RelayCore:
             return None
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
+            if not self.flow.debt and not self._sending:  # the usual case: nothing to adjust
+                self.flow.conn_window += increment
+                return None
             passed = self.flow.backend_conn_update(increment)
             if self._sending:
                 self._pump_all()
@@ -483,8 +489,15 @@ class RelayCore:
         return None
 
     def _response_headers(self, block: HeaderBlock) -> None:
-        headers = self._decode(self._s2c_hpack, block, "response_headers_undecodable")
-        if headers is None or not block.flags & w.FLAG_END_STREAM:
+        if self._hpack_broken:
+            return
+        fragments = block.fragments
+        try:
+            headers = self._s2c_hpack.decode(fragments[0] if len(fragments) == 1 else b"".join(fragments))
+        except Exception as exc:
+            self._decoding_failed("response_headers_undecodable", exc)
+            return
+        if not block.flags & w.FLAG_END_STREAM:
             return
         status: int | None = None
         message = ""
