@@ -46,15 +46,17 @@ FrameHandler = Callable[[int, int, memoryview, int], "bytes | None"]
 class RelayCore:
     """One relayed connection's protocol state.
 
-    `to_client` / `to_backend` send bytes; `spawn` runs the handler's `before` (a coroutine)
+    `to_client` sends bytes to the client; bytes for the backend are queued until
+    `backend_connected` hands over its sender. `spawn` runs the handler's `before` (a coroutine)
     concurrently; `on_close` closes both connections (called once, by `close`).
     """
 
-    def __init__(self, handler: CallHandler, *, to_client: Send, to_backend: Send, spawn: Spawn,
+    def __init__(self, handler: CallHandler, *, to_client: Send, spawn: Spawn,
                  on_close: Callable[[], None]) -> None:
         self.handler = handler
         self._send_client = to_client
-        self._send_backend = to_backend
+        self._backend_queue: list[bytes] = []
+        self._send_backend: Send = self._backend_queue.append
         self._spawn = spawn
         self._on_close = on_close
         self.closed = False
@@ -89,6 +91,13 @@ class RelayCore:
     def connection_made(self) -> None:
         self.handler.opened()
 
+    def backend_connected(self, to_backend: Send) -> None:
+        """The backend connection is up: what the client sent meanwhile goes first."""
+        for chunk in self._backend_queue:
+            to_backend(chunk)
+        self._backend_queue.clear()
+        self._send_backend = to_backend
+
     def close(self) -> None:
         if self.closed:
             return
@@ -97,6 +106,7 @@ class RelayCore:
             st.cancelled = True
             st.outgoing = b""
         self._sending.clear()
+        self._backend_queue.clear()
         self._on_close()
         self.handler.closed()
 
