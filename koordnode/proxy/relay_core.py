@@ -41,6 +41,12 @@ Spawn = Callable[[Coroutine[Any, Any, None]], None]
 # A frame handler: (flags, stream id, payload, length) -> None to forward the frame as it came,
 # bytes to send instead (b"" drops it).
 FrameHandler = Callable[[int, int, memoryview, int], "bytes | None"]
+# Indexed by frame type (one byte): other types are forwarded without a look.
+DispatchTable = list[FrameHandler | None]
+
+
+def _dispatch_table(handlers: dict[int, FrameHandler]) -> DispatchTable:
+    return [handlers.get(ftype) for ftype in range(256)]
 
 
 class RelayCore:
@@ -75,16 +81,16 @@ class RelayCore:
         self._seen_streams_hwm = 0  # highest client stream id seen (new-stream detection)
         # Every call in flight, intercepted or not: stream id -> (method path, start time).
         self.open_streams: dict[int, tuple[str, float]] = {}
-        self._client_handlers: dict[int, FrameHandler] = {
+        self._client_handlers = _dispatch_table({
             w.DATA: self._client_data, w.HEADERS: self._client_headers_frame,
             w.CONTINUATION: self._client_continuation, w.RST_STREAM: self._client_reset,
             w.SETTINGS: self._client_settings,
-        }
-        self._backend_handlers: dict[int, FrameHandler] = {
+        })
+        self._backend_handlers = _dispatch_table({
             w.DATA: self._backend_data, w.HEADERS: self._backend_headers_frame,
             w.CONTINUATION: self._backend_continuation, w.RST_STREAM: self._backend_reset,
             w.SETTINGS: self._backend_settings, w.WINDOW_UPDATE: self._backend_window_update,
-        }
+        })
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -140,7 +146,7 @@ class RelayCore:
         try:
             start = 0 if self._preface_done else self._read_preface()
             if start is not None:
-                self._walk(self._cbuf, start, self._client_handlers, self._to_backend, client=True)
+                self._walk(self._cbuf, start, self._client_handlers, self._to_backend, True)
         except Exception:  # a parsing bug must cost one connection, never the daemon
             log.exception("relay_failed_on_client_data", detail="closing the connection")
             self.close()
@@ -151,7 +157,7 @@ class RelayCore:
             return
         self._bbuf += data
         try:
-            self._walk(self._bbuf, 0, self._backend_handlers, self._to_client, client=False)
+            self._walk(self._bbuf, 0, self._backend_handlers, self._to_client, False)
         except Exception:
             log.exception("relay_failed_on_runtime_data", detail="closing the connection")
             self.close()
@@ -170,7 +176,7 @@ class RelayCore:
         self._preface_done = True
         return len(w.PREFACE)
 
-    def _walk(self, buf: bytearray, pos: int, handlers: dict[int, FrameHandler], forward: Send,
+    def _walk(self, buf: bytearray, pos: int, handlers: DispatchTable, forward: Send,
               client: bool) -> None:
         """Hand each whole frame in `buf` from `pos` on to its handler and forward the bytes
         between replaced frames unchanged (the client's preface too); what is left is a partial
@@ -184,7 +190,8 @@ class RelayCore:
             length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
             if length > limit:
                 # Refused at the header, before buffering it: larger than the runtime announced.
-                forward(bytes(buf[out_start:pos]))
+                if pos > out_start:
+                    forward(bytes(buf[out_start:pos]))
                 self._connection_error(w.ERROR_FRAME_SIZE, f"frame of {length} bytes larger than "
                                        f"SETTINGS_MAX_FRAME_SIZE {self.flow.max_frame}")
                 return
@@ -192,7 +199,7 @@ class RelayCore:
             if end > n:
                 break
             ftype = buf[pos + 3]
-            handle = handlers.get(ftype)
+            handle = handlers[ftype]
             if handle is not None:
                 if ftype == data_type and client and pos > out_start and self.streams:
                     # A held call's frame may make us write to the backend (a refusal's
@@ -202,11 +209,14 @@ class RelayCore:
                 sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
                 replacement = handle(buf[pos + 4], sid, memoryview(buf)[pos + 9 : end], length)
                 if replacement is not None:
-                    forward(bytes(buf[out_start:pos]))
-                    forward(replacement)
+                    if pos > out_start:
+                        forward(bytes(buf[out_start:pos]))
+                    if replacement:
+                        forward(replacement)
                     out_start = end
             pos = end
-        forward(bytes(buf[out_start:pos]))
+        if pos > out_start:
+            forward(bytes(buf[out_start:pos]))
         del buf[:pos]
 
     def _connection_error(self, code: int, reason: str) -> None:
@@ -242,7 +252,9 @@ class RelayCore:
         st.add_request_chunk(chunk)
         st.held += length
         # Give the client back the window it spent: the backend won't, it never sees it.
-        self._to_client(self.flow.hold(sid, length))
+        updates = self.flow.hold(sid, length)
+        if updates:
+            self._to_client(updates)
         if st.req_bytes > MAX_INTERCEPTED_BODY or (st.declared or 0) > MAX_INTERCEPTED_BODY:
             self._refuse_oversized(st, max(st.declared or 0, st.req_bytes - 5))
         elif flags & w.FLAG_END_STREAM:
@@ -337,7 +349,9 @@ class RelayCore:
         """A held body left memory: return the window withheld while over the budget."""
         if st.held:
             held, st.held = st.held, 0
-            self._to_client(self.flow.release(held, self.streams))
+            updates = self.flow.release(held, self.streams)
+            if updates:
+                self._to_client(updates)
 
     def _answer_client(self, st: HeldCall, code: int, message: str, trailer: bytes = b"") -> None:
         """End a held call without the runtime: reset its stream there, answer the client."""
