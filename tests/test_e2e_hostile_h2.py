@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri import api_pb2_grpc as pb_grpc
+from support import api_pb2_grpc as pb_grpc
 from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
 from support.h2raw import RS, RawConnection, frame_header, request_headers, unary_call

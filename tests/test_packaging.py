@@ -9,13 +9,16 @@ deb-systemd-helper, to check what they ask systemd for when it runs (it does not
 
 from __future__ import annotations
 
+import ast
 import gzip
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +211,8 @@ def test_deb_contents(packages: Packages, tmp_path: Path) -> None:
     # One library directory for every CPython >= 3.11: no grpcio (the daemon does not use it),
     # extension modules only abi3, no byte code (it is per interpreter: made at install time).
     assert not [p for p in files if p.startswith(f"{site}/grpc")]
+    assert f"{site}/koordnode/cri/api_pb2.py" in files
+    assert not [p for p in files if p.endswith("_grpc.py")]  # the tests' gRPC client stays theirs
     extensions = [p for p in files if p.endswith(".so")]
     assert extensions and all(p.endswith(".abi3.so") for p in extensions), extensions
     assert not [p for p in files if p.endswith(".pyc") or "__pycache__" in p]
@@ -229,6 +234,40 @@ def test_deb_contents(packages: Packages, tmp_path: Path) -> None:
         assert os.access(shipped, os.X_OK)
         run(["sh", "-n", shipped])
     assert (tmp_path / "DEBIAN" / "md5sums").read_text().count("\n") > len(sources)
+
+
+def _modules_importing_grpc(package_root: Path) -> list[str]:
+    """koordnode's modules under `package_root` that import grpc, or are generated gRPC stubs."""
+    offenders = []
+    for path in sorted(package_root.rglob("*.py")):
+        if path.name.endswith("_grpc.py"):
+            offenders.append(str(path.relative_to(package_root)))
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name == "grpc" or name.startswith("grpc.") for name in names):
+                offenders.append(str(path.relative_to(package_root)))
+    return offenders
+
+
+def test_wheel_ships_no_grpc_client_stub(tmp_path: Path) -> None:
+    """The generated gRPC client (tests/support/api_pb2_grpc.py) is the tests' own: grpcio is not
+    bundled, so a product module that imported it could not be imported where koordnode runs.
+    Checked on the wheel packaging/build.sh installs (built from a copy of the tree, as it does)."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "koordnode", src / "koordnode", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", src)
+    (src / "README.md").write_text("")
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", tmp_path / "wheels", src], timeout=300)
+    [wheel] = (tmp_path / "wheels").glob("koordnode-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path / "installed")
+    assert "koordnode/cri/api_pb2.py" in names  # the messages ship: the proxy decodes them
+    assert not [n for n in names if n.startswith("tests/") or n.endswith("_grpc.py")]
+    assert _modules_importing_grpc(tmp_path / "installed" / "koordnode") == []
 
 
 def test_rpm_contents(packages: Packages) -> None:
@@ -697,6 +736,12 @@ def unpacked_deb(packages: Packages, tmp_path_factory: pytest.TempPathFactory) -
     root = tmp_path_factory.mktemp("unpacked")
     run(["dpkg-deb", "-x", packages.current.deb, root])
     return root
+
+
+def test_installed_tree_has_no_module_importing_grpc(unpacked_deb: Path) -> None:
+    installed = unpacked_deb / "opt/koordnode/lib/koordnode"
+    assert (installed / "cri" / "api_pb2.py").is_file()
+    assert _modules_importing_grpc(installed) == []
 
 
 def test_library_runs_on_every_supported_cpython(unpacked_deb: Path, tmp_path: Path) -> None:

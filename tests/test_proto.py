@@ -19,10 +19,12 @@ from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koordnode.cri import api_pb2, api_pb2_grpc
+from koordnode.cri import api_pb2
+from support import api_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-GENERATED_FILES = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+# Where the generator writes each file, under the repository root (or its output directory).
+GENERATED_FILES = ("koordnode/cri/api_pb2.py", "koordnode/cri/api_pb2.pyi", "tests/support/api_pb2_grpc.py")
 
 
 # ---------------------------------------------------------------------------
@@ -89,14 +91,13 @@ def test_checked_in_generated_code_matches_fresh_generation(tmp_path: Path) -> N
         capture_output=True,
         timeout=60,
     )
-    fresh_dir = tmp_path / "koordnode" / "cri"
-    checked_in_dir = REPO_ROOT / "koordnode" / "cri"
     for name in GENERATED_FILES:
-        fresh, checked_in = fresh_dir / name, checked_in_dir / name
+        fresh, checked_in = tmp_path / name, REPO_ROOT / name
         assert fresh.is_file(), f"generator did not produce {name}"
         assert filecmp.cmp(fresh, checked_in, shallow=False), (
-            f"koordnode/cri/{name} is stale: run scripts/gen-protos.sh"
+            f"{name} is stale: run scripts/gen-protos.sh"
         )
+    assert not (tmp_path / "koordnode" / "cri" / "api_pb2_grpc.py").exists()
 
 
 def test_generated_module_is_built_from_our_proto() -> None:

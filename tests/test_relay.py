@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri import api_pb2_grpc as pb_grpc
+from support import api_pb2_grpc as pb_grpc
 from koordnode.hooks.chain import CallContext, HookChain, Phase, Stage
 from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.metrics import Metrics

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from koordnode.cri.grpc_wire import encode_grpc_message
 from koordnode.proxy import h2wire as w
-from koordnode.proxy import relay
+from koordnode.proxy import flow_ledger
 from support.h2raw import RS, parse_frames, request_headers
 from test_relay import Env, Recorder, create_request, run
 
@@ -104,7 +104,7 @@ def test_held_request_bytes_per_connection_are_bounded_by_flow_control(tmp_path)
                     client.open_stream(sid)
                     held += await client.send_body(sid, 15 * MiB)
                 # Two bodies fit the budget; the third waits for window that does not come.
-                assert relay.MAX_HELD_PER_CONNECTION <= held <= relay.MAX_HELD_PER_CONNECTION + 2 * w.DEFAULT_WINDOW
+                assert flow_ledger.MAX_HELD_PER_CONNECTION <= held <= flow_ledger.MAX_HELD_PER_CONNECTION + 2 * w.DEFAULT_WINDOW
                 assert held < 45 * MiB
                 # Cancelling one held call frees its bytes: the withheld window comes back.
                 client.writer.write(w.rst_stream(1))

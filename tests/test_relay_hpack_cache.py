@@ -6,7 +6,7 @@ import hpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koordnode.proxy.relay import _HeaderDecoder
+from koordnode.proxy.hpack_view import HeaderDecoder
 
 NAMES = [":path", "content-type", "grpc-status", "grpc-message", "x-a", "x-b", "grpc-timeout"]
 VALUES = ["/runtime.v1.RuntimeService/Version", "application/grpc", "0", "", "1", "2", "999m", "v" * 40]
@@ -21,7 +21,7 @@ def test_cached_decoding_matches_a_plain_decoder(sequence, table_size):
     encoder = hpack.Encoder()
     encoder.header_table_size = table_size  # small tables evict: indices shift under the cache
     reference = hpack.Decoder()
-    cached = _HeaderDecoder()
+    cached = HeaderDecoder()
     for headers in sequence:
         block = encoder.encode(headers)
         assert cached.decode(block) == reference.decode(block, raw=False) == headers
@@ -29,7 +29,7 @@ def test_cached_decoding_matches_a_plain_decoder(sequence, table_size):
 
 def test_repeated_indexed_blocks_are_served_from_the_cache():
     encoder = hpack.Encoder()
-    cached = _HeaderDecoder()
+    cached = HeaderDecoder()
     headers = [(":status", "200"), ("content-type", "application/grpc")]
     first = encoder.encode(headers)
     cached.decode(first)

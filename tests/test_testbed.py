@@ -179,7 +179,7 @@ def test_fixture_skips_without_prerequisites_but_fails_in_ci(tmp_path: Path) -> 
 
 try:
     from koordnode.cri import api_pb2 as api
-    from koordnode.cri import api_pb2_grpc as api_grpc
+    from support import api_pb2_grpc as api_grpc
 except ImportError:  # the generated stubs are a build product
     api = api_grpc = None
 

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 from koordnode.cri.grpc_wire import Status, decode_grpc_message, encode_grpc_message
 from koordnode.proxy.interceptor import Interceptor
 from koordnode.cri.methods import OLD_API_PREFIX, SPECS_BY_PATH, MethodSpec
-from koordnode.proxy.relay import BeforeResult
+from koordnode.proxy.call_handler import BeforeResult
 
 log = structlog.get_logger("koordnode.proxy")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import structlog
 
-from koordnode.proxy.relay import CallHandler, Relay, client_protocol_factory
+from koordnode.proxy.call_handler import CallHandler
+from koordnode.proxy.relay import Relay, UnixBackend, client_protocol_factory
 
 log = structlog.get_logger("koordnode.proxy")
 
@@ -69,7 +70,7 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         # The backend is read per connection: a config reload may change it.
         self._server = await loop.create_unix_server(
-            lambda: client_protocol_factory(self.handler, self.backend, self.relays)(), self.listen,
+            lambda: client_protocol_factory(self.handler, UnixBackend(self.backend), self.relays)(), self.listen,
             backlog=listen_backlog(),
         )
         os.chmod(self.listen, 0o660)

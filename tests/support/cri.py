@@ -8,7 +8,7 @@ import uuid
 import grpc
 
 from koordnode.cri import api_pb2 as pb
-from koordnode.cri import api_pb2_grpc as pb_grpc
+from . import api_pb2_grpc as pb_grpc  # relative: bench/ imports this as tests.support.cri
 
 
 class Cri:
