@@ -72,7 +72,15 @@ from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.metrics import METRICS
 from koordnode.policy.strategies.memory_qos import MEMORY_QOS_RESOURCES
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, KubeQoS, QoSClass, resolve_qos_class
-from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, POD_READY, NodeState, NodeView, PodRecord
+from koordnode.model.state import (
+    CONTAINER_CREATED,
+    CONTAINER_RUNNING,
+    POD_READY,
+    NodeState,
+    NodeView,
+    PodRecord,
+    RecordedResources,
+)
 from koordnode.model.pod_facts import PodFacts
 
 log = structlog.get_logger("koordnode.qos")
@@ -164,7 +172,7 @@ _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_by
                     "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes")
 
 
-def resources_from_pb(res: pb.LinuxContainerResources) -> ContainerResources:
+def resources_from_pb(res: RecordedResources) -> ContainerResources:
     return ContainerResources(
         **{f: getattr(res, f) for f in _RESOURCE_FIELDS}, unified=dict(res.unified)
     )
