@@ -32,7 +32,11 @@ from koordnode.cri.client import CriClient, CriError
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.qos.net_control import NetQoSController
 from koordnode.model.network import pod_network_from_status
+from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.netqos import NetQoSExecutor
+from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
+from koordnode.executor.restore import RestoreRoots, restore
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
@@ -88,10 +92,13 @@ class Daemon:
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
         self.qos: QoSEngine | None = None
         self.qos_error: str | None = None
+        # The originals of node-level values, kept before koordnode's first write (restore).
+        self.originals = OriginalsJournal(config.daemon.state_dir)
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized,
+            executor = CgroupExecutor(Path(config.cgroup.root), originals=self.originals)
+            engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, resized=resized, executor=executor,
                                           be_cpuset=self._be_cpuset, pool_updates=pool_updates)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
@@ -101,15 +108,16 @@ class Daemon:
                                      refresh_network_classes=self.refresh_network_classes,
                                      place_container_resctrl=self.place_container_resctrl))
         self.resctrl = ResctrlController(
-            config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of
+            config.resctrl, self._resctrl_classes(config), threads_of=self._threads_of, originals=self.originals
         )
-        self.netqos = NetQoSController(config.net)
+        self.netqos = NetQoSController(config.net, NetQoSExecutor(originals=self.originals))
         self.qos_manager: QoSManager | None = None
         if self.qos is not None:
             try:
                 self.qos_manager = QoSManager(
                     ManagerSettings.of(config), self.state, self.qos.executor,
                     procfs_root=config.procfs.root,
+                    originals=self.originals,
                     evict=self.evict,
                     # [strategy.memory_qos]: the pods' memory values, kept applied by the manager.
                     memory_plan=_MemoryPlanner(self),
@@ -481,7 +489,27 @@ class Daemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
+        if self.config.daemon.restore_on_stop and not self.dry_run:
+            await asyncio.to_thread(self._restore_originals)
         self.node_lock.release()
+
+    def _restore_originals(self) -> None:
+        """[daemon] restore_on_stop: node-level values back to their originals, once every writer
+        has stopped (a reconcile pass still finishing in its thread writes nothing more)."""
+        if self.qos is not None:
+            self.qos.executor.dry_run = True
+        if self.qos_manager is not None:
+            self.qos_manager.set_dry_run(True)
+        self.resctrl.dry_run = self.netqos.dry_run = True
+        cfg = self.config
+        report = restore(self.originals, RestoreRoots(cgroup=cfg.cgroup.root, procfs=cfg.procfs.root,
+                                                      resctrl=cfg.resctrl.root, resctrl_prefix=cfg.resctrl.group_prefix))
+        for action in report.actions:
+            log.info("restored_on_stop", kind=action.kind, target=action.target, outcome=action.outcome,
+                     detail=action.detail)
+        if not report.ok:
+            log.error("restore_on_stop_incomplete", error=report.error,
+                      left=[a.line() for a in report.actions if not a.done])
 
     # ---- periodic work --------------------------------------------------------------------
 

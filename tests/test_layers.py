@@ -42,7 +42,7 @@ MAY_IMPORT: dict[str, frozenset[str] | str] = {
     "koordnode.admin": frozenset({"koordnode.model", "koordnode.proxy", "koordnode.qos"}),
     "koordnode.doctor": frozenset({"koordnode.model", "koordnode.cri", "koordnode.executor", "koordnode.kube",
                                    "koordnode.qos"}),
-    "koordnode.cli": frozenset({"koordnode.config", "koordnode.admin", "koordnode.doctor"}),
+    "koordnode.cli": frozenset({"koordnode.config", "koordnode.executor", "koordnode.admin", "koordnode.doctor"}),
     "koordnode.daemon": "*",
     "koordnode.__main__": frozenset({"koordnode.cli"}),
 }
