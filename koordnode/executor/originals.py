@@ -185,9 +185,12 @@ class OriginalsJournal:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OriginalsError(f"{self.path} is not a regular file")
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                raise OriginalsError(f"{self.path} is owned by uid {st.st_uid} or writable by others "
-                                     f"(mode {stat.S_IMODE(st.st_mode):o}): refusing to trust it")
+            if st.st_uid != os.geteuid():
+                raise OriginalsError(f"{self.path} is owned by uid {st.st_uid}, not koordnode's "
+                                     f"({os.geteuid()}): refusing to trust it")
+            if st.st_mode & 0o022:
+                raise OriginalsError(f"{self.path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+                                     "refusing to trust it")
             if st.st_size > _MAX_FILE_BYTES:
                 raise OriginalsError(f"{self.path} is {st.st_size} bytes, more than an originals file holds")
             data = os.read(fd, _MAX_FILE_BYTES + 1)
