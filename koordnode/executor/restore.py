@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from koordnode.executor.cgroup import ConfinedRoot, read_file, resolve_beneath, write_file
 from koordnode.executor.executor import MEMBERSHIP_FILES, ProcfsExecutor, WriteStatus
@@ -40,9 +41,19 @@ class RestoreRoots:
     resctrl: str = "/sys/fs/resctrl"
     resctrl_prefix: str = "koordnode-"
     netns: str = ""  # "" the host's network namespace (the daemon's)
-    # Makes the tc/nft executor (tests give one running a fake `nft`).
-    net_executor: Callable[[str], NetQoSExecutor] = field(
-        default=lambda netns: NetQoSExecutor(netns=netns or None), compare=False)
+    # Makes the tc/nft executor for a netns, with restore's logger (tests give their own).
+    net_executor: Callable[[str, Any], NetQoSExecutor] = field(
+        default=lambda netns, logger: NetQoSExecutor(netns=netns or None, logger=logger), compare=False)
+
+
+class _Quiet:
+    """The executors' logger during a restore: the report is the record (one line per target,
+    printed by the CLI, logged by the daemon), so their own events would only repeat it."""
+
+    def _drop(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    debug = info = warning = error = _drop
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ class _Restorer:
         if entry.value is None:
             return self.action(entry, "skipped", "no recorded value")
         if self._procfs is None:
-            self._procfs = ProcfsExecutor(self.roots.procfs, dry_run=self.dry_run)
+            self._procfs = ProcfsExecutor(self.roots.procfs, dry_run=self.dry_run, logger=_Quiet())
         result = self._procfs.write(entry.target, entry.value, "restore: the original before koordnode")
         outcome = {WriteStatus.WRITTEN: "restored", WriteStatus.UNCHANGED: "unchanged",
                    WriteStatus.WOULD_WRITE: "would restore"}.get(result.status)
@@ -196,7 +207,7 @@ class _Restorer:
 
     def _resctrl_executor(self) -> ResctrlExecutor:
         if self._resctrl is None:
-            self._resctrl = ResctrlExecutor(self.roots.resctrl, dry_run=self.dry_run)
+            self._resctrl = ResctrlExecutor(self.roots.resctrl, dry_run=self.dry_run, logger=_Quiet())
         return self._resctrl
 
     def _resctrl_name(self, entry: Original) -> str | None:
@@ -238,7 +249,7 @@ class _Restorer:
         if not entry.target or len(entry.target) > 15 or "/" in entry.target or entry.target in (".", ".."):
             return self.action(entry, "skipped", "not a network device name: not touched")
         try:
-            outcome, detail = self.roots.net_executor(entry.root).restore_root(entry.target, entry.value,
+            outcome, detail = self.roots.net_executor(entry.root, _Quiet()).restore_root(entry.target, entry.value,
                                                                                dry_run=self.dry_run)
         except Exception as err:  # netlink errors are not OSErrors; one device must not stop the rest
             return self.action(entry, "failed", f"{type(err).__name__}: {err}")
@@ -247,7 +258,7 @@ class _Restorer:
     def _nft_table(self, entry: Original) -> RestoreAction:
         if entry.target != f"{NFT_FAMILY} {NFT_TABLE}" or entry.value is not None:
             return self.action(entry, "skipped", "not the table koordnode creates: not touched")
-        outcome, detail = self.roots.net_executor(entry.root).restore_table(dry_run=self.dry_run)
+        outcome, detail = self.roots.net_executor(entry.root, _Quiet()).restore_table(dry_run=self.dry_run)
         return self.action(entry, outcome, detail)
 
 
