@@ -388,3 +388,41 @@ def test_qdiscs_and_the_nft_table_koordnode_created_are_removed(netns: str, tmp_
                             capture_output=True, text=True).stdout
     assert "koordnode" not in listed
     assert journal.entries() == []
+
+
+# --- [daemon] restore_on_stop ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("restore_on_stop", "dry_run"), [(True, False), (False, False), (True, True)])
+def test_restore_on_stop(tmp_path: Path, restore_on_stop: bool, dry_run: bool) -> None:
+    """The daemon's executors keep originals in [daemon] state_dir; a clean stop restores them
+    only with restore_on_stop (and not in a dry run, which changed nothing)."""
+    import asyncio
+
+    from faketree import make_cgroup_tree
+    from koordnode.config import parse_config
+    from koordnode.daemon import Daemon
+
+    root = make_cgroup_tree(tmp_path / "tree", "v1", False, ["/kubepods/besteffort"])
+    procfs = _procfs(tmp_path)
+    sock = tmp_path / "s"
+    sock.mkdir()
+    daemon = Daemon(parse_config(
+        f'[proxy]\nlisten = "{sock}/k.sock"\n[admin]\nsocket = "{sock}/a.sock"\n'
+        f'[cgroup]\nroot = "{root}"\n[procfs]\nroot = "{procfs}"\n'
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nrestore_on_stop = {str(restore_on_stop).lower()}\n'))
+    assert daemon.qos is not None and daemon.qos_manager is not None
+    quota = root / "cpu" / "kubepods" / "besteffort" / "cpu.cfs_quota_us"
+    before = quota.read_text().strip()
+    # The executors the engine and the manager write through (cpu_suppress, memory_qos).
+    daemon.qos.executor.apply([CgroupWrite("/kubepods/besteffort", "cpu.cfs_quota_us", 5000, "test")])
+    daemon.qos_manager._procfs().write("vm.min_free_kbytes", 135168, "test")
+    assert quota.read_text().strip() == "5000"
+    assert {e.kind for e in OriginalsJournal(tmp_path / "state").entries()} == {"cgroup_file", "sysctl"}
+    daemon._set_dry_run(dry_run)
+
+    asyncio.run(daemon.stop())
+    restored = restore_on_stop and not dry_run
+    assert (quota.read_text().strip() == before) is restored
+    assert ((procfs / "sys/vm/min_free_kbytes").read_text().strip() == "67584") is restored
+    assert _state(tmp_path).exists() is not restored
