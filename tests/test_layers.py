@@ -2,7 +2,7 @@
 and only executor/ changes the kernel.
 
 Both checks read the source (AST), so an import inside a function counts like one at the top,
-and nothing is imported to check it. The README's layout section describes the same structure;
+and nothing is imported to check it. docs/architecture.md's layers section describes the same structure;
 a change of the structure changes both.
 """
 
@@ -140,9 +140,9 @@ def import_problem(importer: str, imported: str) -> str | None:
     """Why this import breaks the matrix, or None."""
     mine, theirs = unit_of(importer), unit_of(imported)
     if mine is None:
-        return f"{importer} has no row in tests/test_layers.py's MAY_IMPORT: add one (and to the README's table)"
+        return f"{importer} has no row in tests/test_layers.py's MAY_IMPORT: add one (and to docs/architecture.md's table)"
     if theirs is None:
-        return f"{imported} has no row in tests/test_layers.py's MAY_IMPORT: add one (and to the README's table)"
+        return f"{imported} has no row in tests/test_layers.py's MAY_IMPORT: add one (and to docs/architecture.md's table)"
     if theirs == mine:
         return None
     if mine in LEAVES:
@@ -453,7 +453,7 @@ def reexport_violations() -> list[str]:
 
 def test_every_module_has_a_row() -> None:
     missing = [module_name(p) for p in source_files() if unit_of(module_name(p)) is None]
-    assert not missing, f"modules without a row in MAY_IMPORT (tests/test_layers.py and the README's table): {missing}"
+    assert not missing, f"modules without a row in MAY_IMPORT (tests/test_layers.py and docs/architecture.md's table): {missing}"
 
 
 def test_imports_follow_the_matrix() -> None:
