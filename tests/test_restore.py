@@ -355,14 +355,15 @@ def netns() -> Iterator[str]:
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         subprocess.run(["ip", "-n", name, "link", "add", "up0", "type", "veth", "peer", "name", "up1"], check=True)
-        subprocess.run(["ip", "-n", name, "link", "set", "up0", "up"], check=True)
+        for device in ("up0", "up1"):
+            subprocess.run(["ip", "-n", name, "link", "set", device, "up"], check=True)
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def _root_qdisc(ns: str) -> str:
-    out = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "up0", "root"], check=True,
+def _root_qdisc(ns: str, device: str = "up0") -> str:
+    out = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", device, "root"], check=True,
                          capture_output=True, text=True).stdout
     return out.split()[1] if out.strip() else ""
 
@@ -370,20 +371,23 @@ def _root_qdisc(ns: str) -> str:
 def test_qdiscs_and_the_nft_table_koordnode_created_are_removed(netns: str, tmp_path: Path) -> None:
     # A root qdisc someone installed (pfifo: what this test kernel offers besides htb).
     subprocess.run(["tc", "-n", netns, "qdisc", "replace", "dev", "up0", "root", "handle", "77:", "pfifo"], check=True)
+    up1_before = _root_qdisc(netns, "up1")  # the kernel's default for a veth
     journal = _journal(tmp_path)
     executor = NetQoSExecutor(netns=netns, originals=journal)
     plan = NetPlan(trees=(HtbTree("up0", 2, (HtbClass(1, 0, 100_000_000, 100_000_000, 0, "root"),
-                                            HtbClass(2, 1, 10_000_000, 100_000_000, 1, "BE")), "uplink"),),
-                   uplinks=("up0",), egress4=(), egress6=(), ingress4=(), ingress6=())
+                                            HtbClass(2, 1, 10_000_000, 100_000_000, 1, "BE")), "uplink"),
+                          HtbTree("up1", 1, (HtbClass(1, 0, 50_000_000, 50_000_000, 0, "root"),), "uplink")),
+                   uplinks=("up0", "up1"), egress4=(), egress6=(), ingress4=(), ingress6=())
     report = executor.apply(plan)
     assert not report.failures, report.failures
-    assert _root_qdisc(netns) == "htb"
+    assert _root_qdisc(netns) == "htb" and _root_qdisc(netns, "up1") == "htb"
     kept = {(e.kind, e.target): e.value for e in journal.entries()}
     assert kept[("tc_root", "up0")] == "pfifo 77:" and kept[("nft_table", "inet koordnode")] is None
 
     restored = restore(journal, RestoreRoots(netns=netns))
     assert restored.ok, restored.text()
     assert _root_qdisc(netns) == "pfifo"  # installed again (default parameters)
+    assert _root_qdisc(netns, "up1") == up1_before  # the kernel's default is back (ours gone, its classes with it)
     listed = subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "tables"], check=True,
                             capture_output=True, text=True).stdout
     assert "koordnode" not in listed
