@@ -259,6 +259,24 @@ def test_koordnode_restore_returns_real_cgroups_to_their_originals(kubepods: str
 
 
 @real_v1
+def test_cpusets_narrow_back_children_first(kubepods: str, tmp_path: Path) -> None:
+    """Originals narrower than koordnode's sets: the parent cannot narrow while its child holds
+    more (v1), so restore retries it once the child is back."""
+    tier, pod = f"{kubepods}/besteffort", f"{kubepods}/besteffort/podbe1"
+    if len(_read("cpuset", kubepods, "cpuset.cpus").replace("-", ",").split(",")) < 2:
+        pytest.skip("needs two CPUs")
+    for cgroup in (pod, tier, kubepods):  # the node as koordnode found it: everything on CPU 0
+        (CGROUP / "cpuset" / cgroup.lstrip("/") / "cpuset.cpus").write_text("0")
+    journal = _journal(tmp_path)
+    executor = CgroupExecutor(CGROUP, originals=journal)
+    results = executor.apply([CgroupWrite(kubepods, "cpuset.cpus", "0-1", "t"), CgroupWrite(tier, "cpuset.cpus", "0-1", "t")])
+    assert all(r.status is WriteStatus.WRITTEN for r in results), results
+    report = restore(journal, RestoreRoots(cgroup=str(CGROUP)))
+    assert report.ok, report.text()
+    assert _read("cpuset", kubepods, "cpuset.cpus") == "0" and _read("cpuset", tier, "cpuset.cpus") == "0"
+
+
+@real_v1
 def test_restore_refuses_while_koordnode_runs(tmp_path: Path, capsys) -> None:
     from koordnode.nodelock import NodeLock, lock_path
 

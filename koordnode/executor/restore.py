@@ -271,10 +271,16 @@ def restore(journal: OriginalsJournal, roots: RestoreRoots, *, dry_run: bool = F
         report.error = f"{err}; nothing was restored (move the file away to start afresh)"
         return report
     restorer = _Restorer(roots, dry_run, entries)
-    for entry in _order(entries):
-        report.actions.append(restorer.one(entry))
+    ordered = _order(entries)
+    actions = [restorer.one(entry) for entry in ordered]
+    # A cpuset going back to a narrower original fails parents-first (v1: a child's set must
+    # stay inside its parent's) once the children are narrowed back: retry those children-first.
+    retry = [i for i, action in enumerate(actions) if action.outcome == "failed" and ordered[i].kind == "cgroup_file"]
+    for i in sorted(retry, key=lambda i: -_depth(ordered[i])):
+        actions[i] = restorer.one(ordered[i])
+    report.actions = actions
     if not dry_run:
-        done = {(a.kind, e.root, a.target) for a, e in zip(report.actions, _order(entries), strict=True) if a.done}
+        done = {(a.kind, e.root, a.target) for a, e in zip(actions, ordered, strict=True) if a.done}
         try:
             journal.forget(done)
         except OriginalsError as err:
