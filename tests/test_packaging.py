@@ -153,10 +153,15 @@ def test_unit_contract() -> None:
         "Wants": ["containerd.service"], "Before": ["kubelet.service"],
         "ProtectSystem": ["strict"], "NoNewPrivileges": ["yes"], "ProtectHome": ["yes"],
         "PrivateTmp": ["yes"], "WantedBy": ["multi-user.target"],
+        # [daemon] state_dir's default: writable for the originals under ProtectSystem=strict.
+        "StateDirectory": ["koordnode"], "StateDirectoryMode": ["0700"],
     }
     for key, value in expected.items():
         assert unit.get(key) == value, key
     assert "containerd.service" in unit["After"][0].split()
+    from koordnode.config import DaemonConfig  # the unit makes writable what the daemon writes
+
+    assert DaemonConfig().state_dir == "/var/lib/" + unit["StateDirectory"][0]
     assert re.fullmatch(r"\d+s", unit["WatchdogSec"][0])
     # Nothing that would stop cgroup, resctrl or sysctl writes, /proc/<pid> reads or netlink.
     for blocking in ("ProtectKernelTunables", "ProtectControlGroups", "PrivateDevices",
