@@ -199,6 +199,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(handler=_cmd_doctor)
 
+    restore = commands.add_parser(
+        "restore",
+        help="put the node-level values koordnode changed back to their originals (root)",
+        description="Return the node to the originals koordnode kept before its first write "
+        "([daemon] state_dir, originals.json): sysctls, the files of non-pod cgroups (the BE "
+        "tier's quota, the BE group's cpuset and memory bounds), and removes the cgroups, resctrl "
+        "groups, root qdiscs and nftables table that were absent before. Prints one line per "
+        "target. Refuses while koordnode runs (it would set its values again: stop it first). "
+        "Exit 0: all restored, 1: something stayed (the line says why; run again after fixing "
+        "it), 2: a bad config or state file.",
+    )
+    _add_config_option(restore)
+    restore.add_argument("--dry-run", action="store_true",
+                         help="list what would be restored and change nothing (also while koordnode runs)")
+    restore.add_argument("--json", action="store_true", help="print the report as JSON")
+    restore.set_defaults(handler=_cmd_restore)
+
     version = commands.add_parser(
         "version",
         help="print the koordnode, Python, h2 and protobuf versions",
@@ -292,6 +309,40 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(doctor.render_text(report), end="")
     return report.exit_code
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    from koordnode.executor.originals import OriginalsJournal
+    from koordnode.executor.restore import RestoreRoots, restore
+    from koordnode.nodelock import NodeLock, NodeLockError, lock_path
+
+    lock = NodeLock(lock_path(config.admin.socket))
+    if not args.dry_run:
+        try:
+            lock.acquire("restore", "koordnode restore")
+        except NodeLockError as exc:
+            print(f"koordnode restore: koordnode is running and would set its values again: stop it "
+                  f"first (systemctl stop koordnode), or use --dry-run. {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        except OSError as exc:
+            print(f"koordnode restore: cannot take the node lock: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    try:
+        roots = RestoreRoots(cgroup=config.cgroup.root, procfs=config.procfs.root, resctrl=config.resctrl.root,
+                             resctrl_prefix=config.resctrl.group_prefix)
+        report = restore(OriginalsJournal(config.daemon.state_dir), roots, dry_run=args.dry_run)
+    finally:
+        lock.release()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.text(), end="", file=sys.stderr if report.error and not report.actions else sys.stdout)
+    if report.error is not None and not report.actions:
+        return EXIT_USAGE  # the state file itself: nothing was touched
+    return EXIT_OK if report.ok else EXIT_FAILURE
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -35,6 +35,9 @@ from koordnode.cri.client import CriClient, CriError, RuntimeBackend
 from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
+from koordnode.executor.netqos import NetQoSExecutor
+from koordnode.executor.originals import OriginalsJournal
+from koordnode.executor.restore import RestoreRoots, restore
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
@@ -93,10 +96,12 @@ class Daemon:
         self.qos: QoSEngine | None = None
         self.layout: KubeletLayout | None = None
         self.qos_error: str | None = None
+        # The originals of node-level values, kept before koordnode's first write (restore).
+        self.originals = OriginalsJournal(config.daemon.state_dir)
         try:
             # Beside the admin socket: koordnode's runtime directory (/var/run/koordnode).
             resized = ResizedResources(Path(config.admin.socket).parent / "kubelet-resized.json")
-            executor = CgroupExecutor(Path(config.cgroup.root))
+            executor = CgroupExecutor(Path(config.cgroup.root), originals=self.originals)
             # Where kubelet keeps the pods, resolved here once for the engine and the QoS manager.
             self.layout = KubeletLayout(config.cgroup.driver, config.qos_manager.kubepods_cgroup,
                                         executor.cgroup_exists)
@@ -110,9 +115,10 @@ class Daemon:
         self.resctrl = ResctrlController(
             resctrl_settings.resctrl, resctrl_settings.classes,
             threads_of=partial(self.qos.executor.read_pids, threads=True) if self.qos is not None else _threads_unknown,
+            originals=self.originals,
         )
         self.resctrl_placement = ResctrlPlacement(self.resctrl, self.state, config.cgroup)
-        self.netqos = NetQoSController(config.net)
+        self.netqos = NetQoSController(config.net, NetQoSExecutor(originals=self.originals))
         self.pod_networks = PodNetworks(self.state, self.netqos, self.backend, self.spawn)
         hooks.append(HardwareQoSHook(networks=self.pod_networks, resctrl=self.resctrl_placement))
         self.eviction = BeEviction(self.state, self.backend, metrics)
@@ -123,6 +129,7 @@ class Daemon:
                     ManagerSettings.of(config), self.state, engine.executor,
                     procfs_root=config.procfs.root,
                     layout=self.layout,
+                    originals=self.originals,
                     evict=self.eviction,
                     # [strategy.memory_qos]: the pods' memory values when the engine's pass does not keep them.
                     memory_plan=engine.memory_fallback,
@@ -397,7 +404,27 @@ class Daemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.chain.close()
+        if self.config.daemon.restore_on_stop and not self.dry_run:
+            await asyncio.to_thread(self._restore_originals)
         self.node_lock.release()
+
+    def _restore_originals(self) -> None:
+        """[daemon] restore_on_stop: node-level values back to their originals, once every writer
+        has stopped (a reconcile pass still finishing in its thread writes nothing more)."""
+        if self.qos is not None:
+            self.qos.executor.dry_run = True
+        if self.qos_manager is not None:
+            self.qos_manager.set_dry_run(True)
+        self.resctrl.dry_run = self.netqos.dry_run = True
+        cfg = self.config
+        report = restore(self.originals, RestoreRoots(cgroup=cfg.cgroup.root, procfs=cfg.procfs.root,
+                                                      resctrl=cfg.resctrl.root, resctrl_prefix=cfg.resctrl.group_prefix))
+        for action in report.actions:
+            log.info("restored_on_stop", kind=action.kind, target=action.target, outcome=action.outcome,
+                     detail=action.detail)
+        if not report.ok:
+            log.error("restore_on_stop_incomplete", error=report.error,
+                      left=[a.line() for a in report.actions if not a.done])
 
     # ---- periodic work --------------------------------------------------------------------
 

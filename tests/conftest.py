@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from testbed.fixtures import containerd_bed  # noqa: F401  (the shared real containerd)
@@ -30,3 +32,21 @@ def cri_proxy(koordnode):
     yield cri
     cri.close()
 
+
+
+@pytest.fixture(autouse=True)
+def _originals_kept_in_the_test(monkeypatch, tmp_path_factory):
+    """Daemons built in-process keep the originals of node-level values (executor/originals.py)
+    in a directory of the test, never in the host's /var/lib/koordnode (the built-in
+    [daemon] state_dir): their cgroup and procfs roots are the test's own."""
+    from koordnode.executor import originals
+
+    real_init = originals.OriginalsJournal.__init__
+    default = Path("/var/lib/koordnode")
+
+    def init(self, state_dir):
+        if Path(state_dir) == default:
+            state_dir = tmp_path_factory.mktemp("state")
+        real_init(self, state_dir)
+
+    monkeypatch.setattr(originals.OriginalsJournal, "__init__", init)

@@ -156,10 +156,15 @@ def test_unit_contract() -> None:
         "Wants": ["containerd.service"], "Before": ["kubelet.service"],
         "ProtectSystem": ["strict"], "NoNewPrivileges": ["yes"], "ProtectHome": ["yes"],
         "PrivateTmp": ["yes"], "WantedBy": ["multi-user.target"],
+        # [daemon] state_dir's default: writable for the originals under ProtectSystem=strict.
+        "StateDirectory": ["koordnode"], "StateDirectoryMode": ["0700"],
     }
     for key, value in expected.items():
         assert unit.get(key) == value, key
     assert "containerd.service" in unit["After"][0].split()
+    from koordnode.config import DaemonConfig  # the unit makes writable what the daemon writes
+
+    assert DaemonConfig().state_dir == "/var/lib/" + unit["StateDirectory"][0]
     assert re.fullmatch(r"\d+s", unit["WatchdogSec"][0])
     # Nothing that would stop cgroup, resctrl or sysctl writes, /proc/<pid> reads or netlink.
     for blocking in ("ProtectKernelTunables", "ProtectControlGroups", "PrivateDevices",
@@ -458,7 +463,8 @@ set -e
 mount -t tmpfs tmpfs /run
 [ "$SYSTEMD_RUNNING" = yes ] && mkdir -p /run/systemd/system
 mount -t tmpfs tmpfs /opt
-mkdir -p /opt/koordnode/venv
+mkdir -p /opt/koordnode/venv /opt/koordnode/bin
+cp "$FAKE_KOORDNODE" /opt/koordnode/bin/koordnode
 mount -t tmpfs tmpfs /etc
 mkdir -p /etc/koordnode
 echo 'x = 1' > /etc/koordnode/koordnode.toml
@@ -506,11 +512,17 @@ def run_script(tmp_path: Path):
         (fake_bin / tool).write_text(_FAKE_TOOL)
         (fake_bin / tool).chmod(0o755)
     log = tmp_path / "calls.log"
+    # The installed launcher, as the scripts see it: logs `koordnode restore` like the tools.
+    fake_koordnode = tmp_path / "koordnode"
+    fake_koordnode.write_text(_FAKE_TOOL)
+    fake_koordnode.chmod(0o755)
 
     def run_one(script: Sequence[str], *, systemd: bool = True,
-                was_enabled: bool = True) -> ScriptRun:
+                was_enabled: bool = True, restore_exit: int = 0) -> ScriptRun:
         log.write_text("")
+        fake_koordnode.write_text(_FAKE_TOOL.replace("exit 0\n", f"exit {restore_exit}\n"))
         env = {**CLEAN_ENV, "PATH": f"{fake_bin}:{CLEAN_ENV['PATH']}", "FAKE_LOG": str(log),
+               "FAKE_KOORDNODE": str(fake_koordnode),
                "SYSTEMD_RUNNING": "yes" if systemd else "no",
                "FAKE_WAS_ENABLED": "0" if was_enabled else "1"}
         result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _DRIVER,
@@ -540,7 +552,7 @@ def test_deb_scripts_restart_on_upgrade_only_if_running(run_script) -> None:
     upgrade = run_script(_deb("postinst", "configure", "0.0.9"))
     assert upgrade.calls[-2:] == ["systemctl --system daemon-reload",
                                   "deb-systemd-invoke try-restart koordnode.service"]
-    assert run_script(_deb("prerm", "upgrade", "0.2.0")).calls == []  # no stop before unpacking
+    assert run_script(_deb("prerm", "upgrade", "0.2.0")).calls == []  # no stop (nor restore) before unpacking
     assert run_script(_deb("postrm", "upgrade", "0.2.0")).calls == []
     # The admin disabled it: the upgrade keeps it disabled.
     disabled = run_script(_deb("postinst", "configure", "0.0.9"), was_enabled=False)
@@ -551,8 +563,15 @@ def test_deb_scripts_restart_on_upgrade_only_if_running(run_script) -> None:
 
 
 def test_deb_scripts_stop_and_disable_on_remove_keep_config(run_script) -> None:
-    assert run_script(_deb("prerm", "remove")).calls == ["deb-systemd-invoke stop koordnode.service"]
-    assert run_script(_deb("prerm", "remove"), systemd=False).calls == []
+    # Stopped first (the restore refuses while koordnode runs), then the node put back.
+    assert run_script(_deb("prerm", "remove")).calls == ["deb-systemd-invoke stop koordnode.service",
+                                                         "koordnode restore"]
+    assert run_script(_deb("prerm", "remove"), systemd=False).calls == ["koordnode restore"]
+    assert run_script(_deb("prerm", "deconfigure")).calls == []
+    # A restore that leaves something behind (exit 1) does not block the removal.
+    failed = run_script(_deb("prerm", "remove"), restore_exit=1)
+    assert failed.exit_code == 0 and failed.calls[-1] == "koordnode restore"
+    assert run_script(_deb("prerm", "failed-upgrade", "0.2.0")).calls == []
     removed = run_script(_deb("postrm", "remove"))
     assert removed.calls == ["deb-systemd-helper purge koordnode.service",
                              "systemctl --system daemon-reload"]
@@ -586,7 +605,7 @@ def test_rpm_scriptlets(packages: Packages, run_script, tmp_path: Path) -> None:
     assert run_script(["sh", str(post), "1"], systemd=False).calls == [enable]
     assert run_script(["sh", str(post), "2"]).calls == ["systemctl daemon-reload"]
     assert run_script(["sh", str(preun), "0"]).calls == [
-        "systemctl stop koordnode.service", "systemctl --no-reload disable koordnode.service"]
+        "systemctl stop koordnode.service", "koordnode restore", "systemctl --no-reload disable koordnode.service"]
     assert run_script(["sh", str(preun), "1"]).calls == []
     upgraded = run_script(["sh", str(postun), "1"])
     assert upgraded.calls == ["systemctl daemon-reload", "systemctl try-restart koordnode.service"]

@@ -36,7 +36,7 @@ class Config:
     proxy: ProxyConfig = section(ProxyConfig, doc="the CRI proxy between kubelet and runtime")
     nri: NriConfig = section(NriConfig, doc="NRI mode: the runtime's NRI socket and the plugin's registration")
     log: LogConfig = section(LogConfig, doc="logging to stderr")
-    daemon: DaemonConfig = section(DaemonConfig, doc="how the daemon acts: dry-run")
+    daemon: DaemonConfig = section(DaemonConfig, doc="how the daemon acts: dry-run, the originals it keeps for restore")
     admin: AdminConfig = section(AdminConfig, doc="local admin endpoint")
     cgroup: CgroupConfig = section(CgroupConfig, doc="cgroup hierarchy and reconcile period")
     procfs: ProcfsConfig = section(ProcfsConfig, doc="procfs root")

@@ -15,6 +15,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.model.annotations import MAX_ANNOTATION_CHARS
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
+from koordnode.model.state import RecordedResources
 from koordnode.policy.class_policy import ContainerPlan, ContainerResources
 
 # Container annotation carrying kubelet's own resources, so that after a koordnode restart the
@@ -71,7 +72,7 @@ def allocation_from_annotation(text: str | None) -> tuple[str, QoSClass, frozens
     return owner, cls, cpus
 
 
-def resources_from_pb(res: pb.LinuxContainerResources) -> ContainerResources:
+def resources_from_pb(res: RecordedResources) -> ContainerResources:
     return ContainerResources(
         **{f: getattr(res, f) for f in RESOURCE_FIELDS}, unified=dict(res.unified)
     )

@@ -22,12 +22,14 @@ from typing import Any
 import structlog
 
 from koordnode.executor.cgroup import CgroupFS, ConfinedRoot, read_file, read_file_if_same, write_file
+from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.executor.paths import (
     CgroupVersion,
     UnsafePathError,
     cgroup_depth,
     normalize_cgroup_path,
 )
+from koordnode.model.cgroup_scope import outlives_pods
 from koordnode.model.cpulist import format_cpu_list
 from koordnode.policy.plan import CgroupWrite, SysctlWrite
 from koordnode.executor.resources import (
@@ -41,6 +43,9 @@ from koordnode.executor.resources import (
     get_sysctl,
 )
 
+
+# Files that list a cgroup's processes: writing them moves a process, it sets no value.
+MEMBERSHIP_FILES = frozenset({"cgroup.procs", "cgroup.threads", "tasks"})
 
 # What the kernel changes by itself when a cgroup's cpu.idle changes.
 _WEIGHT_FILES = ("cpu.shares", "cpu.weight", "cpu.weight.nice")
@@ -156,9 +161,14 @@ class _Converger:
     # beyond it, so pods that come and go do not grow it.
     _MAX_OWNED = 16384
 
-    def __init__(self, logger: Any = None, *, dry_run: bool = False) -> None:
+    def __init__(self, logger: Any = None, *, dry_run: bool = False,
+                 originals: OriginalsJournal | None = None) -> None:
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
+        # Where the originals of node-level targets are kept before their first write
+        # (None: not kept, e.g. in tests and tools that restore nothing).
+        self.originals = originals
+        self._originals_problem: str | None = None
         # Dry run: files are read and compared, differences reported as WOULD_WRITE, never
         # written. Settable at any time (config reload).
         self.dry_run = dry_run
@@ -237,6 +247,30 @@ class _Converger:
     def _log_fields(self, write: CgroupWrite | SysctlWrite) -> dict[str, Any]:
         return {"reason": write.reason}
 
+    def _original_key(self, target: _Target) -> tuple[str, str, str] | None:
+        """(kind, root, target) of a node-level file, whose original is kept; None: not one."""
+        return None
+
+    def _keep_original(self, target: _Target, current: str) -> str | None:
+        """Keep the file's content as its original before koordnode first changes it (the first
+        original wins). The problem when it could not be kept: the write is then not made, as
+        koordnode could not undo it."""
+        key = self._original_key(target) if self.originals is not None else None
+        if key is None or self.originals is None:
+            return None
+        try:
+            if self.originals.keep(*key, current):
+                self._log.info("original_kept", kind=key[0], target=key[2], value=current.strip(),
+                               state_file=str(self.originals.path))
+        except OriginalsError as err:
+            problem = f"not written: its original could not be kept ({err})"
+            if problem != self._originals_problem:  # the reconcile pass retries: log a lasting one once
+                self._log.error("original_not_kept", path=str(target.path), error=str(err))
+            self._originals_problem = problem
+            return problem
+        self._originals_problem = None
+        return None
+
     def _converge(self, target: _Target, force: bool, original_old: str | None = None) -> WriteResult:
         write, path, fmt = target.write, target.path, target.fmt
         fields = self._log_fields(write)
@@ -263,6 +297,9 @@ class _Converger:
             return result
         if self.dry_run:
             return self._would_write(write, path, old, text, already)
+        problem = self._keep_original(target, current)
+        if problem is not None:
+            return self._failed(write, path, old, text, problem)
         try:
             write_file(path, text)
         except OSError as err:
@@ -357,8 +394,9 @@ class CgroupExecutor(_Converger):
         logger: Any = None,
         version: CgroupVersion | str | None = None,
         dry_run: bool = False,
+        originals: OriginalsJournal | None = None,
     ) -> None:
-        super().__init__(logger, dry_run=dry_run)
+        super().__init__(logger, dry_run=dry_run, originals=originals)
         self._fs = CgroupFS(root, version)
         # (resource, is_root_cgroup) -> reason. Keyed on the root separately because some
         # files exist only below the root (v2 cpu.max, v1 blkio.bfq.weight).
@@ -399,6 +437,13 @@ class CgroupExecutor(_Converger):
         if isinstance(write, CgroupWrite):
             fields.update(cgroup=write.cgroup, resource=write.resource)
         return fields
+
+    def _original_key(self, target: _Target) -> tuple[str, str, str] | None:
+        if not isinstance(target.write, CgroupWrite) or not outlives_pods(target.write.cgroup):
+            return None  # a pod's or container's file: its values go with the pod
+        if target.path.name in MEMBERSHIP_FILES:
+            return None  # processes moved, no setting: nothing to put back
+        return ("cgroup_file", str(self.root), str(target.path.relative_to(self.root)))
 
     # ------------------------------------------------------------------ public API
 
@@ -500,8 +545,25 @@ class CgroupExecutor(_Converger):
             if not directory.is_dir() and self.dry_run:
                 self._log.info("cgroup_create_dry_run", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
             elif not directory.is_dir():
+                self._keep_created(cgroup, hierarchy, directory)
                 directory.mkdir(parents=True, exist_ok=True)
                 self._log.info("cgroup_created", cgroup=normalize_cgroup_path(cgroup), path=str(directory))
+
+    def _keep_created(self, cgroup: str, hierarchy: Path, directory: Path) -> None:
+        """Before creating a node-level cgroup (and missing parents): keep "absent" as the
+        original of each, so that restore removes them again."""
+        if self.originals is None or not outlives_pods(cgroup):
+            return
+        missing = []
+        while directory != hierarchy and not directory.is_dir():
+            missing.append(directory)
+            directory = directory.parent
+        try:
+            for path in reversed(missing):
+                self.originals.keep("cgroup_dir", str(self.root), str(path.relative_to(self.root)), None)
+        except OriginalsError as err:
+            self._log.error("original_not_kept", path=str(path), error=str(err))
+            raise OSError(errno.EIO, f"not created: its original (absent) could not be kept ({err})") from None
 
     def child_cgroups(self, cgroup: str, controller: str = "cpu", *, skip: Set[str] = frozenset()) -> dict[str, float]:
         """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy;
@@ -788,6 +850,9 @@ class CgroupExecutor(_Converger):
         text = format_cpu_list(union)
         if self.dry_run:
             return None  # the final converge step reports the value it would write
+        problem = self._keep_original(target, current_text)
+        if problem is not None:
+            return self._failed(target.write, target.path, current_text.strip(), text, problem)
         try:
             write_file(target.path, text)
         except OSError as err:
@@ -807,8 +872,9 @@ class ProcfsExecutor(_Converger):
 
     _event = "sysctl_write"
 
-    def __init__(self, root: Path | str = "/proc", *, logger: Any = None, dry_run: bool = False) -> None:
-        super().__init__(logger, dry_run=dry_run)
+    def __init__(self, root: Path | str = "/proc", *, logger: Any = None, dry_run: bool = False,
+                 originals: OriginalsJournal | None = None) -> None:
+        super().__init__(logger, dry_run=dry_run, originals=originals)
         self._root = ConfinedRoot(root)
         self._unsupported: dict[str, str] = {}
 
@@ -821,6 +887,10 @@ class ProcfsExecutor(_Converger):
         if isinstance(write, SysctlWrite):
             fields["sysctl"] = write.name
         return fields
+
+    def _original_key(self, target: _Target) -> tuple[str, str, str] | None:
+        # Every sysctl is node-level. Keyed by the table's name for it (aliases are one file).
+        return ("sysctl", str(self.root), get_sysctl(str(getattr(target.write, "name", ""))).name)
 
     def apply(self, writes: Iterable[SysctlWrite], *, force: bool = False) -> list[WriteResult]:
         with self._lock:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from koordnode.executor import rtnl
+from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.policy.net import (
     HTB_MAJOR,
     NFT_FAMILY,
@@ -85,8 +86,11 @@ class NetQoSExecutor:
         netns: str | None = None,
         nft_command: Sequence[str] = ("nft",),
         logger: Any = None,
+        originals: OriginalsJournal | None = None,
     ) -> None:
         self.netns = netns
+        # Root qdiscs replaced and the table created are kept there first (restore).
+        self.originals = originals
         self._nft_command = list(nft_command)
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
@@ -181,6 +185,48 @@ class NetQoSExecutor:
                 self._log.info("netqos_nft_removed", table=f"{NFT_FAMILY} {NFT_TABLE}")
         return report
 
+    def restore_root(self, device: str, was: str | None, *, dry_run: bool = False) -> tuple[str, str]:
+        """Give a device back the root qdisc it had before koordnode's HTB: the kernel's default
+        when that was it (deleting ours is enough; its classes go with it), otherwise that kind
+        again with the kernel's default parameters (they were not recorded).
+        (outcome, detail): outcome "restored", "unchanged", "would restore" or "failed"."""
+        kind, _, handle = (was or "none").partition(" ")
+        default = kind == "none" or handle in ("", "0:")
+        with self._lock, self._ipr() as ipr:
+            index = {name: i for i, name in self._names(ipr).items()}.get(device)
+            if index is None:
+                return "unchanged", f"{device} is gone"
+            if self._owned_root(ipr, index) is None:
+                return "unchanged", f"{device} no longer has koordnode's htb {HTB_MAJOR:x}: root qdisc"
+            if dry_run:
+                return "would restore", f"would delete htb {HTB_MAJOR:x}: on {device}" + (
+                    "" if default else f" and install {kind} (default parameters)")
+            try:
+                ipr.tc("del", index=index, handle=_QDISC_HANDLE, parent=_TC_H_ROOT)
+            except netlink_errors() as err:
+                return "failed", f"deleting htb {HTB_MAJOR:x}: on {device}: {_netlink_error(err)}"
+            self._log.info("netqos_qdisc_removed", device=device, reason="restore", netns=self.netns)
+            if default:
+                return "restored", f"deleted htb {HTB_MAJOR:x}: on {device}: the kernel's default root qdisc is back"
+            try:
+                ipr.tc("replace", kind, index, int(handle.rstrip(":"), 16) << 16)
+            except (netlink_errors(), ValueError, TypeError, KeyError) as err:
+                return "failed", (f"deleted htb {HTB_MAJOR:x}: on {device} (the kernel's default is back), but "
+                                  f"could not install its {kind} {handle} again: {err}")
+            return "restored", f"{device}: {kind} {handle} root qdisc installed again (default parameters)"
+
+    def restore_table(self, *, dry_run: bool = False) -> tuple[str, str]:
+        """Delete the ``inet koordnode`` table (koordnode created it; absent was its original)."""
+        if self._nft_fingerprint() is None:
+            return "unchanged", f"no table {NFT_FAMILY} {NFT_TABLE}"
+        if dry_run:
+            return "would restore", f"would delete table {NFT_FAMILY} {NFT_TABLE}"
+        report = NetReport(enabled=False)
+        if self._nft(["delete", "table", NFT_FAMILY, NFT_TABLE], report, "delete table") is None:
+            return "failed", "; ".join(report.failures)
+        self._log.info("netqos_nft_removed", table=f"{NFT_FAMILY} {NFT_TABLE}", reason="restore")
+        return "restored", f"deleted table {NFT_FAMILY} {NFT_TABLE}"
+
     def owned_devices(self) -> list[str]:
         """Devices carrying koordnode's HTB root qdisc."""
         with self._ipr() as ipr:
@@ -234,6 +280,11 @@ class NetQoSExecutor:
                           "pod ingress limits there are not applied")
                 report.failures.append(detail)
                 self._log.warning("netqos_foreign_qdisc", device=device, kind=kind)
+                return
+            was = f"{kind} {previous['handle'] >> 16:x}:" if previous is not None else "none"
+            problem = self._keep_original("tc_root", device, was)
+            if problem is not None:
+                report.failures.append(f"{device}: {problem}")
                 return
             ipr.tc("replace", "htb", index, _QDISC_HANDLE, default=tree.default_minor)
             self._change(report, "netqos_qdisc_installed", f"{device}: htb {HTB_MAJOR:x}: replaces {kind}",
@@ -296,6 +347,19 @@ class NetQoSExecutor:
         self._change(report, "netqos_qdisc_removed", f"{name}: removed htb {HTB_MAJOR:x}: ({why})",
                      device=name, reason=why)
 
+    def _keep_original(self, kind: str, target: str, value: str | None) -> str | None:
+        """Keep the original before the first change; the problem when it could not be kept."""
+        if self.originals is None:
+            return None
+        try:
+            if self.originals.keep(kind, self.netns or "", target, value):
+                self._log.info("original_kept", kind=kind, target=target, value=value, netns=self.netns,
+                               state_file=str(self.originals.path))
+        except OriginalsError as err:
+            self._log.error("original_not_kept", kind=kind, target=target, error=str(err))
+            return f"not changed: its original could not be kept ({err})"
+        return None
+
     def _change(self, report: NetReport, event: str, line: str, **fields: Any) -> None:
         report.changes.append(line)
         self._log.info(event, netns=self.netns, **fields)
@@ -339,8 +403,14 @@ class NetQoSExecutor:
         return match.group(1) if match else ""
 
     def _converge_nft(self, plan: NetPlan, report: NetReport) -> None:
-        if self._nft_fingerprint() == plan.fingerprint:
+        found = self._nft_fingerprint()
+        if found == plan.fingerprint:
             return
+        if found is None:  # koordnode creates the table: its original is its absence
+            problem = self._keep_original("nft_table", f"{NFT_FAMILY} {NFT_TABLE}", None)
+            if problem is not None:
+                report.failures.append(f"nft: {problem}")
+                return
         if self._nft(["-f", "-"], report, "replace table", stdin=plan.nft_script()) is None:
             return
         self._change(report, "netqos_nft_applied",

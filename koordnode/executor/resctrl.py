@@ -36,6 +36,7 @@ import structlog
 
 from koordnode.executor.cgroup import ConfinedRoot, read_file, write_file
 from koordnode.executor.executor import WriteStatus
+from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.executor.paths import UnsafePathError
 from koordnode.policy.resctrl import (
     CACHE_RESOURCES,
@@ -212,8 +213,10 @@ class ResctrlExecutor:
     """Converges koordnode's resctrl groups under ``root``. Thread-safe (one lock)."""
 
     def __init__(self, root: Path | str, *, io: ResctrlIO | None = None, logger: Any = None,
-                 dry_run: bool = False) -> None:
+                 dry_run: bool = False, originals: OriginalsJournal | None = None) -> None:
         self._root = ConfinedRoot(root)
+        # Groups koordnode creates and schemata it changes are kept there first (restore).
+        self.originals = originals
         self._io = io or ResctrlIO()
         self._log = logger if logger is not None else structlog.get_logger("koordnode.executor")
         self._lock = threading.RLock()
@@ -229,11 +232,28 @@ class ResctrlExecutor:
             raise UnsafePathError(f"bad resctrl group name {name!r}")
         return self._root.file(name)
 
+    def group_dir(self, name: str) -> Path:
+        """The group's directory; UnsafePathError for a name that is no group's (info, ../x)."""
+        return self._group_dir(name)
+
     def group_exists(self, name: str) -> bool:
         return self._group_dir(name).is_dir()
 
     def existing_groups(self, names: Iterable[str]) -> list[str]:
         return [name for name in names if self.group_exists(name)]
+
+    def _keep_original(self, kind: str, name: str, value: str | None) -> str | None:
+        """Keep the original before the first change (None: the group was absent); the problem."""
+        if self.originals is None:
+            return None
+        try:
+            if self.originals.keep(kind, str(self.root), name, value):
+                self._log.info("original_kept", kind=kind, target=name, value=value,
+                               state_file=str(self.originals.path))
+        except OriginalsError as err:
+            self._log.error("original_not_kept", kind=kind, target=name, error=str(err))
+            return f"not changed: its original could not be kept ({err})"
+        return None
 
     def last_cmd_status(self) -> str:
         try:
@@ -255,6 +275,9 @@ class ResctrlExecutor:
                         ResctrlResult("schemata", plan.name, WriteStatus.WOULD_WRITE, None,
                                       plan.text.strip(), "dry run")]
             if not directory.is_dir():
+                problem = self._keep_original("resctrl_group", plan.name, None)
+                if problem is not None:
+                    return [self._failed("mkdir", plan.name, None, None, problem)]
                 try:
                     self._io.mkdir(directory)
                 except OSError as err:
@@ -285,6 +308,9 @@ class ResctrlExecutor:
                            would=f"would write {plan.text.strip()!r} to {path}")
             return ResctrlResult("schemata", plan.name, WriteStatus.WOULD_WRITE, old, plan.text.strip(),
                                  "dry run")
+        problem = self._keep_original("resctrl_schemata", plan.name, old)
+        if problem is not None:
+            return self._failed("schemata", plan.name, old, plan.text, problem)
         try:
             self._io.write(path, plan.text)
         except OSError as err:

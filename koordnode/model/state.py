@@ -11,14 +11,13 @@ a snapshot no later change can alter, and hands back results the loop applies.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
-
-from koordnode.cri import api_pb2 as pb
+from typing import Any, Protocol
 
 POD_READY = "ready"
 POD_NOTREADY = "notready"
@@ -26,6 +25,31 @@ CONTAINER_CREATED = "created"
 CONTAINER_RUNNING = "running"
 CONTAINER_EXITED = "exited"
 CONTAINER_UNKNOWN = "unknown"
+
+
+class RecordedResources(Protocol):
+    """What the state reads of a container's resources: the CRI message
+    (``LinuxContainerResources``) satisfies it. A protocol, so that the model does not
+    import the wire format (cri/ sits above model/)."""
+
+    @property
+    def cpu_period(self) -> int: ...
+    @property
+    def cpu_quota(self) -> int: ...
+    @property
+    def cpu_shares(self) -> int: ...
+    @property
+    def memory_limit_in_bytes(self) -> int: ...
+    @property
+    def oom_score_adj(self) -> int: ...
+    @property
+    def cpuset_cpus(self) -> str: ...
+    @property
+    def cpuset_mems(self) -> str: ...
+    @property
+    def memory_swap_limit_in_bytes(self) -> int: ...
+    @property
+    def unified(self) -> Mapping[str, str]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +78,14 @@ class ContainerRecord:
     name: str
     labels: dict[str, str]
     annotations: dict[str, str]
-    resources: pb.LinuxContainerResources
+    resources: RecordedResources
     image: str = ""
     state: str = CONTAINER_CREATED
     source: str = "cri"
     updated_at: float = dataclasses.field(default_factory=time.time)
 
 
-def resources_to_dict(res: pb.LinuxContainerResources) -> dict[str, Any]:
+def resources_to_dict(res: RecordedResources) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
                   "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes"):
@@ -200,9 +224,8 @@ class NodeState:
                       for cid, c in view.containers.items()}
         self._publish(containers=containers)
 
-    def update_container_resources(self, container_id: str, res: pb.LinuxContainerResources) -> None:
-        resources = pb.LinuxContainerResources()
-        resources.CopyFrom(res)  # the caller's message may change later; ours never does
+    def update_container_resources(self, container_id: str, res: RecordedResources) -> None:
+        resources = copy.deepcopy(res)  # the caller's message may change later; ours never does
         self._replace_container(container_id, resources=resources, updated_at=time.time())
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:

@@ -17,6 +17,7 @@ from koordnode.model.state import (
     CONTAINER_UNKNOWN,
     ContainerRecord,
     PodRecord,
+    RecordedResources,
 )
 
 _STATES = {
@@ -25,6 +26,20 @@ _STATES = {
     nri.CONTAINER_PAUSED: CONTAINER_RUNNING,
     nri.CONTAINER_STOPPED: CONTAINER_EXITED,
 }
+
+
+def cri_message(res: RecordedResources) -> cri.LinuxContainerResources:
+    """A new CRI message holding a recorded container's resources (the state keeps them as
+    the protocol the model defines, so that model/ does not import the wire format)."""
+    out = cri.LinuxContainerResources()
+    if isinstance(res, cri.LinuxContainerResources):
+        out.CopyFrom(res)
+        return out
+    for field in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
+                  "cpuset_cpus", "cpuset_mems", "memory_swap_limit_in_bytes"):
+        setattr(out, field, getattr(res, field))
+    out.unified.update(res.unified)
+    return out
 
 
 def sandbox_config(pod: nri.PodSandbox) -> cri.PodSandboxConfig:
@@ -89,7 +104,7 @@ def container_record(container: nri.Container, source: str) -> ContainerRecord:
                            source=source)
 
 
-def resources_delta(before: cri.LinuxContainerResources, after: cri.LinuxContainerResources) -> nri.LinuxResources | None:
+def resources_delta(before: RecordedResources, after: cri.LinuxContainerResources) -> nri.LinuxResources | None:
     """The NRI resources that set what the hooks changed (only that: NRI tracks which plugin
     owns each field, and claiming fields we left alone would clash with other plugins)."""
     out = nri.LinuxResources()

@@ -32,7 +32,7 @@ from koordnode.nri import api_pb2 as nri
 from koordnode.nri import convert
 from koordnode.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, MuxClosed
 from koordnode.nri.ttrpc import INTERNAL, TtrpcClient, TtrpcError, TtrpcServer, Handler
-from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView
+from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeState, NodeView, RecordedResources
 
 log = structlog.get_logger("koordnode.nri")
 
@@ -590,7 +590,7 @@ class NriPlugin:
             if engine is not None and engine.has_kubelet_resources(c.id):
                 continue
             seen = self.kubelet_view.containers.get(c.id) if self.kubelet_view is not None else None
-            out[c.id] = seen.resources if seen is not None else convert.cri_resources(
+            out[c.id] = convert.cri_message(seen.resources) if seen is not None else convert.cri_resources(
                 c.linux.resources, c.linux.oom_score_adj if c.linux.HasField("oom_score_adj") else None)
         return out
 
@@ -629,8 +629,7 @@ class NriPlugin:
             record = self.state.containers.get(cid)
             if record is None or record.resources.cpuset_cpus == cpus:
                 continue
-            resources = cri.LinuxContainerResources()
-            resources.CopyFrom(record.resources)
+            resources = convert.cri_message(record.resources)
             resources.cpuset_cpus = cpus
             self.state.update_container_resources(cid, resources)
             updates.append(convert.cpuset_update(cid, cpus))
@@ -690,10 +689,9 @@ def _event_label(value: int) -> str:
         return f"event {value}"
 
 
-def _with_delta(current: cri.LinuxContainerResources, target: cri.LinuxContainerResources) -> cri.LinuxContainerResources:
+def _with_delta(current: RecordedResources, target: cri.LinuxContainerResources) -> cri.LinuxContainerResources:
     """What an update makes the container run with (a new message: state records never change)."""
-    out = cri.LinuxContainerResources()
-    out.CopyFrom(current)
+    out = convert.cri_message(current)
     for field in ("cpu_shares", "cpu_quota", "cpu_period", "cpuset_cpus", "cpuset_mems", "memory_limit_in_bytes"):
         value = getattr(target, field)
         if value:

@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 
 from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.executor.originals import OriginalsJournal
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
@@ -78,6 +79,7 @@ class QoSManager:
         evict: EvictFn | None = None,
         memory_plan: MemoryPlanFn | None = None,
         procfs_executor: ProcfsExecutor | None = None,
+        originals: OriginalsJournal | None = None,
         reserved_cpus: ReservedCpus = None,
         topology: CpuTopology | None = None,
         layout: KubeletLayout | None = None,
@@ -109,6 +111,7 @@ class QoSManager:
         self.collector = Collector(procfs_root, cgroup_root if cgroup_root is not None else executor.root)
         self._procfs_root = procfs_root
         self._procfs_executor = procfs_executor
+        self._originals = originals  # where the sysctls' originals are kept before their first write
         self._evict = evict
         self._clock = clock
         self._wall = wall_clock
@@ -465,7 +468,8 @@ class QoSManager:
 
     def _procfs(self) -> ProcfsExecutor:
         if self._procfs_executor is None:
-            self._procfs_executor = ProcfsExecutor(self._procfs_root, dry_run=self._dry_run)
+            self._procfs_executor = ProcfsExecutor(self._procfs_root, dry_run=self._dry_run,
+                                                   originals=self._originals)
         return self._procfs_executor
 
     def _tick(self, woken_by: str | None) -> TickReport:

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from koordnode.executor.executor import WriteStatus
+from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.paths import CgroupDriver, UnsafePathError, container_cgroup_path
 from koordnode.executor.resctrl import (
     ResctrlExecutor,
@@ -79,8 +80,10 @@ class ResctrlController:
         threads_of: ThreadsOf,
         io: ResctrlIO | None = None,
         logger: Any = None,
+        originals: OriginalsJournal | None = None,
     ) -> None:
         self._io = io or ResctrlIO()
+        self._originals = originals  # handed to the executor: groups created, schemata changed
         self._logger = logger  # also handed to the executor (None: structlog's)
         self._log = logger if logger is not None else structlog.get_logger("koordnode.resctrl")
         self._threads_of = threads_of
@@ -140,7 +143,7 @@ class ResctrlController:
             self._info = detect_resctrl(self.config.root, self.config.procfs_root,
                                         self.config.vendor, self._io)
             self._executor = ResctrlExecutor(self.config.root, io=self._io, logger=self._logger,
-                                             dry_run=self._dry_run)
+                                             dry_run=self._dry_run, originals=self._originals)
             self._log.info("resctrl_detected", root=self.config.root, vendor=self._info.vendor.value,
                            resources=list(self._info.managed_resources),
                            num_closids=self._info.num_closids)

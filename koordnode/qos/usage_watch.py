@@ -25,49 +25,24 @@ perf_event_paranoid <= 0). Where that fails the watch says why in `mode` and sta
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
-import fcntl
-import mmap
 import os
-import platform
-import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
+from koordnode.executor.perf_events import PerfEvent
 from koordnode.model.cpulist import parse_cpu_list
 
 log = structlog.get_logger("koordnode.qos.usage")
-
-_NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331, "riscv64": 241}
-_PERF_TYPE_SOFTWARE = 1
-_PERF_COUNT_SW_CPU_CLOCK = 0
-_PERF_FLAG_PID_CGROUP = 1 << 2
-_PERF_FLAG_FD_CLOEXEC = 1 << 3
-_ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any known size
-_ATTR_DISABLED = 1 << 0
-# ioctls: _IO('$', n)
-_IOC_ENABLE, _IOC_DISABLE, _IOC_RESET = 0x2400, 0x2401, 0x2403
-_DATA_HEAD, _DATA_TAIL = 1024, 1032  # offsets in struct perf_event_mmap_page
-_PAGES = 2  # the control page and one data page (samples carry only their 8-byte header)
 
 # Each event is an fd and two mapped pages: at most this many (4 MiB of mappings).
 MAX_EVENTS = 512
 
 MODE_EVENTS = "perf-events"
 MODE_OFF = "off"
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _attr(period_ns: int) -> ctypes.Array[ctypes.c_char]:
-    # type, size, config, sample_period, sample_type, read_format, flags, wakeup_events, bp_type
-    raw = struct.pack("IIQQQQQII", _PERF_TYPE_SOFTWARE, _ATTR_SIZE, _PERF_COUNT_SW_CPU_CLOCK, period_ns,
-                      0, 0, _ATTR_DISABLED, 1, 0)
-    return ctypes.create_string_buffer(raw + b"\0" * (_ATTR_SIZE - len(raw)), _ATTR_SIZE)
 
 
 def online_cpus() -> list[int]:
@@ -80,51 +55,6 @@ def online_cpus() -> list[int]:
 def _parse_online() -> set[int]:
     with open("/sys/devices/system/cpu/online") as f:
         return set(parse_cpu_list(f.read()))
-
-
-class _Event:
-    """One cgroup cpu-clock event on one CPU."""
-
-    __slots__ = ("fd", "ring", "cpu", "armed_at", "enabled")
-
-    def __init__(self, cgroup_fd: int, cpu: int, period_ns: int) -> None:
-        nr = _NR_PERF_EVENT_OPEN.get(platform.machine())
-        if nr is None:
-            raise OSError(errno.ENOSYS, f"perf_event_open number unknown for {platform.machine()}")
-        fd = _libc.syscall(nr, _attr(period_ns), cgroup_fd, cpu, -1, _PERF_FLAG_PID_CGROUP | _PERF_FLAG_FD_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        try:
-            self.ring = mmap.mmap(fd, mmap.PAGESIZE * _PAGES)
-        except OSError:
-            os.close(fd)
-            raise
-        self.fd, self.cpu = fd, cpu
-        self.armed_at = 0.0
-        self.enabled = False
-
-    def consume(self) -> None:
-        """Mark every sample read, so the ring never fills and POLLIN clears."""
-        head = struct.unpack_from("Q", self.ring, _DATA_HEAD)[0]
-        struct.pack_into("Q", self.ring, _DATA_TAIL, head)
-
-    def arm(self, now: float) -> None:
-        self.consume()
-        fcntl.ioctl(self.fd, _IOC_RESET, 0)
-        if not self.enabled:
-            fcntl.ioctl(self.fd, _IOC_ENABLE, 0)
-            self.enabled = True
-        self.armed_at = now
-
-    def disarm(self) -> None:
-        if self.enabled:
-            fcntl.ioctl(self.fd, _IOC_DISABLE, 0)
-            self.enabled = False
-
-    def close(self) -> None:
-        self.ring.close()
-        os.close(self.fd)
 
 
 class UsageWatch:
@@ -143,7 +73,7 @@ class UsageWatch:
         self._cpus = cpus if cpus is not None else online_cpus()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._targets: dict[str, str] = {}
-        self._events: dict[str, list[_Event]] = {}
+        self._events: dict[str, list[PerfEvent]] = {}
         self._problem: str | None = None if period_ns > 0 else "disabled in the configuration"
         self._missing: dict[str, str] = {}
         self.wakeups = 0
@@ -226,10 +156,10 @@ class UsageWatch:
             except OSError as err:
                 self._missing[name] = f"{path}: {err.strerror}"
                 continue
-            events: list[_Event] = []
+            events: list[PerfEvent] = []
             try:
                 for cpu in self._cpus:
-                    events.append(_Event(cgroup_fd, cpu, self.period_ns))
+                    events.append(PerfEvent(cgroup_fd, cpu, self.period_ns))
             except OSError as err:
                 for event in events:
                     event.close()
@@ -258,7 +188,7 @@ class UsageWatch:
                 self._loop.remove_reader(event.fd)
             event.close()
 
-    def _on_ready(self, name: str, event: _Event) -> None:
+    def _on_ready(self, name: str, event: PerfEvent) -> None:
         now = self._clock()
         try:
             event.consume()

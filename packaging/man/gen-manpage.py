@@ -146,6 +146,9 @@ def manpage() -> str:
         "The configuration (a conffile: upgrades keep local edits).",
         ".TP", "\\fI/var/run/koordnode/\\fR",
         "CRI proxy socket and admin socket (created by systemd as RuntimeDirectory).",
+        ".TP", "\\fI/var/lib/koordnode/originals.json\\fR",
+        "The originals of the node-level values koordnode changed, kept before its first write "
+        "([daemon] state_dir); \\fBkoordnode restore\\fR puts them back.",
         ".TP", "\\fI/opt/koordnode/\\fR",
         "The application and its private Python environment.",
         ".TP", "\\fI/lib/systemd/system/koordnode.service\\fR",

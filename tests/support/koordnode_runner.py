@@ -47,8 +47,14 @@ def write_config(workdir: Path, backend: str, sockdir: Path, extra: str = "",
     if qos_manager and "[qos_manager]\n" in extra:
         # TOML defines a table once: the caller's [qos_manager] gets the key instead.
         extra, qos_manager = extra.replace("[qos_manager]\n", qos_manager, 1), ""
+    # The originals of node-level values go to the test's directory, never the host's
+    # /var/lib/koordnode (a caller's [daemon] table gets the key instead: TOML defines it once).
+    daemon = f'[daemon]\nstate_dir = "{workdir / "state"}"\n'
+    if "[daemon]\n" in extra:
+        extra, daemon = extra.replace("[daemon]\n", daemon, 1), ""
     text = (
-        (f'[runtime]\nmode = "nri"\n[nri]\nsocket = "{nri_socket}"\n' if nri_socket else "")
+        daemon
+        + (f'[runtime]\nmode = "nri"\n[nri]\nsocket = "{nri_socket}"\n' if nri_socket else "")
         + f'[proxy]\nlisten = "{listen}"\nbackend = "{backend}"\n'
         f'[admin]\nsocket = "{admin}"\n'
         f'[metrics]\nlisten = "{metrics_listen}"\n'
