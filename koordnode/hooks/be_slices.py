@@ -12,6 +12,15 @@ weight, the state the QoS manager's cpu_suppress keeps it in while LS is quiet (
 cgroup files directly; should systemd realize the slice again, it is idle until the next tick).
 Pod slices in the group are koordnode's to stop (systemd keeps a slice it started until told
 otherwise).
+
+kubelet's own pod slice of a moved pod stays, empty, and kubelet (cgroup v2) kills a running pod
+whose pod slice does not list cpu, cpuset, memory, hugetlb and pids in its cgroup.controllers
+(SyncPod: `pcm.Exists`). systemd keeps a controller enabled for a slice only while a unit in it
+needs that controller, and an empty slice with kubelet's properties (CPUWeight, the accounting
+flags) needs no cpuset: at systemd's next realization of kubelet's besteffort tier the pod slice
+loses cpuset and kubelet kills the pod (seen with kubelet 1.37 and systemd 257, every 30-40 s).
+So kubelet's pod slice gets `AllowedMemoryNodes` (all memory nodes, a no-op on an empty slice),
+which makes it need cpuset.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ MAX_STOPS_PER_PASS = 20
 # After a failed attempt (no systemd, systemd < 252, ...) the next one waits this long: BE pods
 # meanwhile stay in kubelet's tier at no cost to the CRI call.
 RETRY_AFTER_S = 60.0
+# kubelet's pod slice found without its cpuset again: given the property again at most this often.
+RECHECK_AFTER_S = 10.0
 
 
 class SystemdBeGroup:
@@ -46,6 +57,7 @@ class SystemdBeGroup:
                  start_idle: Callable[[str], str | None] = systemd.start_idle_slice,
                  stop: Callable[[str], str | None] = systemd.stop_slice,
                  cpu_weight: Callable[[str], str | None] = systemd.slice_cpu_weight,
+                 allow_memory_nodes: Callable[[str, str], str | None] = systemd.set_allowed_memory_nodes,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._gives_way = gives_way
         self._cpu_weight = cpu_weight
@@ -53,6 +65,10 @@ class SystemdBeGroup:
         self._failed_at: dict[str, float] = {}
         self._start_idle = start_idle
         self._stop = stop
+        self._allow_memory_nodes = allow_memory_nodes
+        self._cpuset_kept: set[str] = set()  # kubelet pod slices given AllowedMemoryNodes by this process
+        self._cpuset_pending: dict[str, Future[str | None]] = {}
+        self._cpuset_at: dict[str, float] = {}  # when each kubelet pod slice was last given it
         self._lock = threading.Lock()
         self._ensured: set[str] = set()  # slices this process made idle through systemd
         self._pending: dict[str, Future[str | None]] = {}
@@ -158,6 +174,54 @@ class SystemdBeGroup:
                 return
         if not self._giving_way(group):
             self.prepare(slice_name, group)
+
+    def keep_cpuset(self, kubelet_slice: str, nodes: str, *, again: bool = False) -> Future[str | None] | None:
+        """Give kubelet's (empty) pod slice of a moved pod AllowedMemoryNodes=``nodes`` in the
+        worker, so that systemd keeps cpuset enabled for it (module docstring). Once per slice,
+        unless ``again`` (the reconcile pass found the property's effect gone); None when nothing
+        was submitted (done, in progress, or a failure less than RETRY_AFTER_S ago)."""
+        with self._lock:
+            pending = self._cpuset_pending.get(kubelet_slice)
+            if pending is not None:
+                return None
+            if kubelet_slice in self._cpuset_kept and (
+                    not again or self._clock() - self._cpuset_at.get(kubelet_slice, 0.0) < RECHECK_AFTER_S):
+                return None
+            if self._retry_later(kubelet_slice):
+                return None
+            future = self._submit(self._keep_cpuset, kubelet_slice, nodes)
+            self._cpuset_pending[kubelet_slice] = future
+            return future
+
+    def _keep_cpuset(self, kubelet_slice: str, nodes: str) -> str | None:
+        try:
+            problem = self._allow_memory_nodes(kubelet_slice, nodes)
+        except Exception as exc:  # kubelet's pod then meets its check unprotected, never worse
+            problem = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            self._cpuset_pending.pop(kubelet_slice, None)
+            if problem is None:
+                self._cpuset_kept.add(kubelet_slice)
+                self._cpuset_at[kubelet_slice] = self._clock()
+                self._failed_at.pop(kubelet_slice, None)
+                self.problems.pop(kubelet_slice, None)
+            else:
+                self._failed_at[kubelet_slice] = self._clock()
+                self.problems[kubelet_slice] = (f"{kubelet_slice}: AllowedMemoryNodes={nodes} not set ({problem}); "
+                                                "kubelet may kill the pod when systemd drops cpuset from its slice")
+        if problem is None:
+            log.info("kubelet_pod_slice_keeps_cpuset", slice=kubelet_slice, memory_nodes=nodes)
+        else:
+            log.warning("kubelet_pod_slice_cpuset_not_kept", slice=kubelet_slice, problem=problem)
+        return problem
+
+    def forget_kubelet_slice(self, kubelet_slice: str) -> None:
+        """The pod is gone: kubelet stops its slice (and systemd drops the property with it)."""
+        with self._lock:
+            self._cpuset_kept.discard(kubelet_slice)
+            self._cpuset_at.pop(kubelet_slice, None)
+            self._failed_at.pop(kubelet_slice, None)
+            self.problems.pop(kubelet_slice, None)
 
     def stop_pod_slice(self, slice_name: str, still_unused: Callable[[], bool] | None = None) -> Future[str | None]:
         """Stop an (empty) pod slice of the group in the worker; ``still_unused`` is asked again

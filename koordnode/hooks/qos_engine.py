@@ -46,7 +46,7 @@ from koordnode.policy.cpuset import (
 )
 from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
 from koordnode.model.be_group import (
-    be_group_of, be_group_parent, in_be_group, systemd_group_of_kubepods, systemd_group_slice,
+    be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_of_kubepods, systemd_group_slice,
 )
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
@@ -531,8 +531,20 @@ class QoSEngine:
                         pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}", problem=problem)
             self.notes = list(dict.fromkeys([*self.notes, f"BE group unavailable: {problem}"]))
             return None
+        kubelet_parent = cfg.linux.cgroup_parent
         cfg.linux.cgroup_parent = new_parent
+        if systemd_group_slice(new_parent) is not None:
+            self._keep_kubelet_slice_cpuset(kubelet_parent)
         return new_parent
+
+    def _keep_kubelet_slice_cpuset(self, kubelet_parent: str, *, again: bool = False) -> None:
+        """kubelet's pod slice of a pod moved into the systemd group stays empty; on cgroup v2
+        kubelet kills the pod once systemd drops cpuset from that slice (hooks/be_slices.py):
+        the slice is given a property that needs cpuset, in the systemd worker."""
+        if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
+            return
+        nodes = format_cpu_list(self.topology.numa_nodes.keys()) or "0"
+        self.be_slices.keep_cpuset(kubelet_parent.strip("/").rsplit("/", 1)[-1], nodes, again=again)
 
     def follow_sandbox_parent(self, req: pb.CreateContainerRequest) -> None:
         """CreateContainer: containerd takes the container's cgroup parent from the request's
@@ -609,6 +621,9 @@ class QoSEngine:
         if systemd_group_slice(cgroup_parent) is not None:
             if removed:
                 self._stop_be_pod_slice(cgroup_parent)
+                kubelet_parent = kubelet_parent_of(cgroup_parent)
+                if kubelet_parent is not None:
+                    self.be_slices.forget_kubelet_slice(kubelet_parent.strip("/").rsplit("/", 1)[-1])
             return
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
@@ -1482,6 +1497,7 @@ class QoSEngine:
         again; pod slices of pods that are gone (koordnode stopped in between), empty and a
         minute old, are stopped."""
         live = {pod.cgroup_parent.strip("/").rsplit("/", 1)[-1] for pod in view.pods.values()}
+        self._check_kubelet_slices_cpuset(view)
         stops = 0
         for slice_name, group in self._systemd_be_groups(view).items():
             self.be_slices.check(slice_name, group)
@@ -1491,6 +1507,26 @@ class QoSEngine:
                     continue
                 if stops < MAX_STOPS_PER_PASS and self._stop_be_pod_slice(name):
                     stops += 1
+
+    def _check_kubelet_slices_cpuset(self, view: NodeView) -> None:
+        """kubelet's pod slices of the pods in the systemd group still have their cpuset (own
+        cpuset.mems written by systemd): one that lost it (kubelet made the slice again, or a
+        koordnode before this one moved the pod) gets the property again."""
+        if self.executor.version is not CgroupVersion.V2:
+            return
+        for pod in view.pods.values():
+            if pod.state != POD_READY or systemd_group_slice(pod.cgroup_parent) is None:
+                continue
+            kubelet_parent = kubelet_parent_of(pod.cgroup_parent)
+            if kubelet_parent is None:
+                continue
+            try:
+                kubelet_cgroup = self._pod_cgroup(kubelet_parent)
+                if not self.executor.cgroup_exists(kubelet_cgroup) or self.executor.read(kubelet_cgroup, "cpuset.mems"):
+                    continue
+            except (OSError, UnsafePathError):
+                continue
+            self._keep_kubelet_slice_cpuset(kubelet_parent, again=True)
 
     # ---- who owns the cpusets --------------------------------------------------------------
 

@@ -97,3 +97,23 @@ def systemd_group_of_kubepods(kubepods: str) -> tuple[str, str] | None:
         return None
     slice_name = f"{top[: -len('.slice')]}-{BE_GROUP}.slice"
     return slice_name, f"{kubepods.rstrip('/')}/{slice_name}"
+
+
+
+def kubelet_parent_of(group_parent: str) -> str | None:
+    """kubelet's own cgroup parent for a systemd pod parent in the group (the inverse of
+    be_group_parent, in the same form): ".../kubepods-koordnode_be.slice/kubepods-koordnode_be-
+    pod<uid>.slice" -> ".../kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice", a bare
+    slice name -> kubelet's bare slice name. None for cgroupfs parents and parents outside the group."""
+    if not isinstance(group_parent, str):
+        return None
+    segments = [s for s in group_parent.split("/") if s]
+    match = _SYSTEMD_GROUP_POD.match(segments[-1]) if segments else None
+    if match is None:
+        return None
+    pod_slice = f"{match['stem']}-besteffort-{match['pod']}.slice"
+    if len(segments) == 1 and not group_parent.startswith("/"):
+        return pod_slice
+    if len(segments) < 2 or segments[-2] != f"{match['stem']}-{BE_GROUP}.slice":
+        return None
+    return "/" + "/".join(segments[:-2] + [f"{match['stem']}-besteffort.slice", pod_slice])
