@@ -463,3 +463,40 @@ def test_while_ls_is_quiet_the_group_slice_runs_unthrottled_at_the_lowest_weight
             remove_pod(cri, sandbox_id)
         cri.close()
         reload_config(kn, original)
+
+
+def test_systemd_keeps_cpuset_for_an_empty_slice_only_with_allowed_memory_nodes():
+    """Why the real kubelet killed BE pods moved into the group (tests/vm_guest/test_real_kubelet_v2.py),
+    and koordnode's remedy, on systemd alone: a controller enabled in a slice's parent by hand (as
+    kubelet's cgroup library enables all of them) is dropped by systemd at its next realization of
+    the parent when no unit below needs it; an empty slice with kubelet's properties (CPUWeight,
+    the accounting flags) needs no cpuset. With AllowedMemoryNodes (executor.systemd, what
+    koordnode gives kubelet's empty pod slice) it needs cpuset, and systemd keeps it enabled."""
+    from koordnode.executor.systemd import set_allowed_memory_nodes
+
+    tier, pod = "kntier.slice", "kntier-pod1.slice"
+    tier_dir, pod_dir = CG / tier, CG / tier / pod
+
+    def systemctl(*args: str) -> None:
+        subprocess.run(["systemctl", *args], check=True, capture_output=True, timeout=60)
+
+    def controllers() -> set[str]:
+        return set((pod_dir / "cgroup.controllers").read_text().split())
+
+    try:
+        systemctl("set-property", "--runtime", pod, "CPUWeight=1", "MemoryAccounting=yes", "TasksAccounting=yes")
+        systemctl("start", pod)
+        (tier_dir / "cgroup.subtree_control").write_text("+cpuset +cpu +memory +pids")
+        assert {"cpuset", "cpu", "memory", "pids"} <= controllers()
+        systemctl("set-property", "--runtime", tier, "CPUWeight=90")  # systemd realizes the tier again
+        assert "cpuset" not in controllers(), "systemd kept cpuset for a slice that does not need it"
+        assert {"cpu", "memory", "pids"} <= controllers()
+        nodes = (CG / "cpuset.mems.effective").read_text().strip()
+        assert set_allowed_memory_nodes(pod, nodes) is None
+        assert "cpuset" in controllers() and (pod_dir / "cpuset.mems").read_text().strip() == nodes
+        systemctl("set-property", "--runtime", tier, "CPUWeight=80")
+        assert "cpuset" in controllers(), "systemd dropped cpuset although the slice has AllowedMemoryNodes"
+        assert set_allowed_memory_nodes(pod, "0; rm -rf /") is not None  # refused before systemctl runs
+    finally:
+        subprocess.run(["systemctl", "stop", tier], capture_output=True, timeout=60)
+        subprocess.run(["systemctl", "revert", tier, pod], capture_output=True, timeout=60)
