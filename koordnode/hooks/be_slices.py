@@ -42,7 +42,8 @@ MAX_STOPS_PER_PASS = 20
 # After a failed attempt (no systemd, systemd < 252, ...) the next one waits this long: BE pods
 # meanwhile stay in kubelet's tier at no cost to the CRI call.
 RETRY_AFTER_S = 60.0
-# kubelet's pod slice found without its cpuset again: given the property again at most this often.
+# kubelet's pod slice found without its property (or the call failed): asked again at most this
+# often (kubelet kills the pod at its next sync while cpuset is missing, so not RETRY_AFTER_S).
 RECHECK_AFTER_S = 10.0
 
 
@@ -187,7 +188,8 @@ class SystemdBeGroup:
             if kubelet_slice in self._cpuset_kept and (
                     not again or self._clock() - self._cpuset_at.get(kubelet_slice, 0.0) < RECHECK_AFTER_S):
                 return None
-            if self._retry_later(kubelet_slice):
+            failed_at = self._failed_at.get(kubelet_slice)
+            if failed_at is not None and self._clock() - failed_at < RECHECK_AFTER_S:
                 return None
             future = self._submit(self._keep_cpuset, kubelet_slice, nodes)
             self._cpuset_pending[kubelet_slice] = future

@@ -46,7 +46,8 @@ from koordnode.policy.cpuset import (
 )
 from koordnode.model.annotations import MAX_ANNOTATION_CHARS, parse_pod_annotations
 from koordnode.model.be_group import (
-    be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_of_kubepods, systemd_group_slice,
+    KUBELET_POD_CONTROLLERS, be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_of_kubepods,
+    systemd_group_slice,
 )
 from koordnode.hooks.be_slices import MAX_STOPS_PER_PASS, SystemdBeGroup
 from koordnode.hooks.chain import skip_requested
@@ -1509,10 +1510,13 @@ class QoSEngine:
                     stops += 1
 
     def _check_kubelet_slices_cpuset(self, view: NodeView) -> None:
-        """kubelet's pod slices of the pods in the systemd group still have their cpuset (own
-        cpuset.mems written by systemd): one that lost it (kubelet made the slice again, or a
-        koordnode before this one moved the pod) gets the property again."""
-        if self.executor.version is not CgroupVersion.V2:
+        """kubelet's pod slices of the pods in the systemd group keep the controllers kubelet
+        checks for: one missing in a slice's cgroup.controllers (systemd dropped it before the
+        property reached systemd, which can take seconds on a busy node) is enabled again in
+        its parent at once, as kubelet's own cgroup library does; a slice without its own
+        cpuset.mems (the property lost: kubelet made the slice again, or an older koordnode moved
+        the pod) gets the property again."""
+        if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
             return
         for pod in view.pods.values():
             if pod.state != POD_READY or systemd_group_slice(pod.cgroup_parent) is None:
@@ -1522,7 +1526,15 @@ class QoSEngine:
                 continue
             try:
                 kubelet_cgroup = self._pod_cgroup(kubelet_parent)
-                if not self.executor.cgroup_exists(kubelet_cgroup) or self.executor.read(kubelet_cgroup, "cpuset.mems"):
+                if not self.executor.cgroup_exists(kubelet_cgroup):
+                    continue
+                enabled, problem = self.executor.enable_subtree_controllers(
+                    kubelet_cgroup.rsplit("/", 1)[0] or "/", KUBELET_POD_CONTROLLERS)
+                if enabled or problem:
+                    log.warning("kubelet_pod_slice_controllers_restored" if enabled else
+                                "kubelet_pod_slice_controllers_not_restored", cgroup=kubelet_cgroup,
+                                controllers=enabled, problem=problem)
+                if self.executor.read(kubelet_cgroup, "cpuset.mems"):
                     continue
             except (OSError, UnsafePathError):
                 continue

@@ -28,6 +28,10 @@ import re
 # orphan cleanup looks at "pod*" directories).
 BE_GROUP = "koordnode_be"
 
+# What kubelet (1.37, cgroup v2) wants in a pod cgroup's cgroup.controllers, of those the root
+# has: a running pod whose cgroup lacks one is killed at its next sync (SyncPod, pcm.Exists).
+KUBELET_POD_CONTROLLERS = ("cpu", "cpuset", "memory", "hugetlb", "pids")
+
 _CGROUPFS_POD = re.compile(r"^pod[0-9A-Za-z_-]+$")
 _SYSTEMD_BE_POD = re.compile(r"^(?P<stem>[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*)-besteffort-(?P<pod>pod[0-9A-Za-z_]+)\.slice$")
 _SYSTEMD_GROUP_POD = re.compile(
