@@ -439,3 +439,23 @@ def test_a_controller_systemd_dropped_before_the_property_arrived_is_enabled_aga
     now[0] += RECHECK_AFTER_S
     node.engine.reconcile()
     wait_until(lambda: len(systemd.memory_nodes) == 2 and KUBELET_SLICE not in node.engine.be_slices.problems)
+
+
+def test_a_controller_dropped_when_a_scope_started_is_enabled_again_right_after_the_call(systemd_node):
+    """runc starting the sandbox's or a container's scope makes systemd realize kubelet's tier
+    too; before the property is in place that drops cpuset, and kubelet syncs the pod soon after
+    a container started: koordnode checks right after RunPodSandbox and StartContainer."""
+    node, systemd = systemd_node()
+    systemd.memory_nodes_fail = "systemctl set-property ...: timed out after 15.0 seconds"
+    node.engine.be_slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = run_be_pod(node)
+    tier = KUBELET_PARENT.rsplit("/", 1)[0]
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpu io memory hugetlb pids")
+    node.run_container(pod, "app")  # no reconcile pass in between
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "+cpuset"
+    # All in place: the check after the call writes nothing.
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpuset cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpuset cpu io memory hugetlb pids")
+    node.run_container(pod, "second")
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "cpuset cpu io memory hugetlb pids"

@@ -1510,35 +1510,50 @@ class QoSEngine:
                     stops += 1
 
     def _check_kubelet_slices_cpuset(self, view: NodeView) -> None:
-        """kubelet's pod slices of the pods in the systemd group keep the controllers kubelet
-        checks for: one missing in a slice's cgroup.controllers (systemd dropped it before the
-        property reached systemd, which can take seconds on a busy node) is enabled again in
-        its parent at once, as kubelet's own cgroup library does; a slice without its own
-        cpuset.mems (the property lost: kubelet made the slice again, or an older koordnode moved
-        the pod) gets the property again."""
+        """The reconcile pass: _check_kubelet_slice for every pod in the systemd group."""
+        for pod in view.pods.values():
+            if pod.state == POD_READY:
+                self._check_kubelet_slice(pod.cgroup_parent)
+
+    def _check_kubelet_slice(self, cgroup_parent: str) -> None:
+        """kubelet's pod slice of a pod in the systemd group keeps the controllers kubelet
+        checks for: one missing in the slice's cgroup.controllers (systemd dropped it before the
+        property reached it, which took minutes on a busy systemd in the VM lane) is enabled
+        again in its parent at once, as kubelet's own cgroup library does; a slice without its
+        own cpuset.mems (the property lost: kubelet made the slice again, or an older koordnode
+        moved the pod) gets the property again. Reads two files when all is well."""
         if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
             return
-        for pod in view.pods.values():
-            if pod.state != POD_READY or systemd_group_slice(pod.cgroup_parent) is None:
-                continue
-            kubelet_parent = kubelet_parent_of(pod.cgroup_parent)
-            if kubelet_parent is None:
-                continue
-            try:
-                kubelet_cgroup = self._pod_cgroup(kubelet_parent)
-                if not self.executor.cgroup_exists(kubelet_cgroup):
-                    continue
-                enabled, problem = self.executor.enable_subtree_controllers(
-                    kubelet_cgroup.rsplit("/", 1)[0] or "/", KUBELET_POD_CONTROLLERS)
-                if enabled or problem:
-                    log.warning("kubelet_pod_slice_controllers_restored" if enabled else
-                                "kubelet_pod_slice_controllers_not_restored", cgroup=kubelet_cgroup,
-                                controllers=enabled, problem=problem)
-                if self.executor.read(kubelet_cgroup, "cpuset.mems"):
-                    continue
-            except (OSError, UnsafePathError):
-                continue
-            self._keep_kubelet_slice_cpuset(kubelet_parent, again=True)
+        if systemd_group_slice(cgroup_parent) is None:
+            return
+        kubelet_parent = kubelet_parent_of(cgroup_parent)
+        if kubelet_parent is None:
+            return
+        try:
+            kubelet_cgroup = self._pod_cgroup(kubelet_parent)
+            if not self.executor.cgroup_exists(kubelet_cgroup):
+                return
+            enabled, problem = self.executor.enable_subtree_controllers(
+                kubelet_cgroup.rsplit("/", 1)[0] or "/", KUBELET_POD_CONTROLLERS)
+            if enabled or problem:
+                log.warning("kubelet_pod_slice_controllers_restored" if enabled else
+                            "kubelet_pod_slice_controllers_not_restored", cgroup=kubelet_cgroup,
+                            controllers=enabled, problem=problem)
+            if self.executor.read(kubelet_cgroup, "cpuset.mems"):
+                return
+        except (OSError, UnsafePathError):
+            return
+        self._keep_kubelet_slice_cpuset(kubelet_parent, again=True)
+
+    def kubelet_slice_after_scope_start(self, sandbox_id: str | None = None, container_id: str | None = None) -> None:
+        """After RunPodSandbox and StartContainer: runc has started a scope, and systemd realizes
+        the scope's ancestors' siblings with it, kubelet's besteffort tier included; before the
+        property is in place that drops cpuset from kubelet's empty pod slice, and kubelet's next
+        sync (a container just started: soon) would kill the pod."""
+        view = self.state.view()
+        pod = view.pods.get(sandbox_id) if sandbox_id else view.pod_of_container(container_id or "")
+        if pod is not None:
+            self._check_kubelet_slice(pod.cgroup_parent)
 
     # ---- who owns the cpusets --------------------------------------------------------------
 

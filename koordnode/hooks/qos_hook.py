@@ -55,11 +55,13 @@ class QoSHook(RuntimeHook):
         if call.method == "RunPodSandbox":
             if ok:
                 self.engine.pod_sandbox_started(resp.pod_sandbox_id, req.config)
+                self.engine.kubelet_slice_after_scope_start(sandbox_id=resp.pod_sandbox_id)
         elif call.method == "CreateContainer":
             self.engine.container_created(req, resp.container_id if ok else None)
         elif call.method == "StartContainer":
             if ok:
                 self.engine.container_started(req.container_id)
+                self.engine.kubelet_slice_after_scope_start(container_id=req.container_id)
         elif call.method == "UpdateContainerResources":
             # The runtime has written kubelet's values (also when it failed half-way): the
             # class values of what it reports back go to the files again. NRI: at
