@@ -388,6 +388,7 @@ class QoSEngine:
             except TopologyError as exc:
                 raise RuntimeError(f"cannot read the CPU topology under {settings.sysfs.root}: {exc}") from exc
         self.topology = topology
+        self._memory_nodes: str | None = None  # AllowedMemoryNodes for kubelet's pod slices
         self._apply_settings(settings)
         # container id -> kubelet's resources, CPU owner id
         self.kubelet_resources: dict[str, ContainerResources] = {}
@@ -544,7 +545,9 @@ class QoSEngine:
         the slice is given a property that needs cpuset, in the systemd worker."""
         if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
             return
-        nodes = format_cpu_list(self.topology.numa_nodes.keys()) or "0"
+        nodes = self._memory_nodes
+        if nodes is None:  # the topology stays until the restart: formatted once (RunPodSandbox's pre)
+            nodes = self._memory_nodes = format_cpu_list(self.topology.numa_nodes.keys()) or "0"
         self.be_slices.keep_cpuset(kubelet_parent.strip("/").rsplit("/", 1)[-1], nodes, again=again)
 
     def follow_sandbox_parent(self, req: pb.CreateContainerRequest) -> None:
