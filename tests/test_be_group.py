@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_slice
 from koordnode.model.qos_class import KubeQoS, kube_qos_from_cgroup_parent, pod_uid_from_cgroup_parent
 from koordnode.executor.paths import pod_cgroup_path
 
@@ -48,3 +48,22 @@ def test_systemd_group_slice_name():
     assert systemd_group_slice(f"/kubepods/koordnode_be/pod{UID}") is None
     expanded = f"/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-pod{SUID}.slice"
     assert systemd_group_slice(expanded) == "kubepods-koordnode_be.slice"
+
+
+@pytest.mark.parametrize("kubelet", [
+    f"kubepods-besteffort-pod{SUID}.slice",
+    f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{SUID}.slice",
+])
+def test_kubelets_own_pod_slice_of_a_moved_pod(kubelet):
+    """The inverse of the move, in the same form: koordnode keeps kubelet's (empty) slice usable."""
+    assert kubelet_parent_of(be_group_parent(kubelet)) == kubelet
+
+
+@pytest.mark.parametrize("parent", [
+    f"/kubepods/koordnode_be/pod{UID}",  # cgroupfs: kubelet's directory is its own business there
+    f"kubepods-besteffort-pod{SUID}.slice", f"/kubepods.slice/kubepods-pod{SUID}.slice",
+    f"/kubepods.slice/kubepods-koordnode_be-pod{SUID}.slice",  # not nested the way systemd nests it
+    f"/kubepods.slice/other.slice/kubepods-koordnode_be-pod{SUID}.slice", "", "/",
+])
+def test_no_kubelet_slice_outside_the_systemd_group(parent):
+    assert kubelet_parent_of(parent) is None

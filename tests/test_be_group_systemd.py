@@ -20,7 +20,8 @@ import pytest
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
 from koordnode.model.kubelet_layout import paths_of
-from koordnode.hooks.be_group import RETRY_AFTER_S, SystemdBeGroup
+from koordnode.model.cpu_topology import CpuTopology
+from koordnode.hooks.be_group import RECHECK_AFTER_S, RETRY_AFTER_S, SystemdBeGroup
 from test_qos_engine import Node, slice_path
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
@@ -37,6 +38,8 @@ class FakeSystemd:
         self.started: list[str] = []
         self.stopped: list[str] = []
         self.weights: dict[str, str] = {}  # CPUWeight per slice as systemd has it
+        self.memory_nodes: list[tuple[str, str]] = []  # AllowedMemoryNodes calls
+        self.memory_nodes_fail: str | None = None
 
     def start_idle(self, slice_name: str) -> str | None:
         time.sleep(self.delay_s)
@@ -64,6 +67,14 @@ class FakeSystemd:
         self.stopped.append(slice_name)
         return None
 
+    def allow_memory_nodes(self, slice_name: str, nodes: str) -> str | None:
+        """systemd writes the slice's cpuset.mems (its cpuset controller stays enabled)."""
+        self.memory_nodes.append((slice_name, nodes))
+        if self.memory_nodes_fail:
+            return self.memory_nodes_fail
+        write_cgroup_file(self.root, slice_path(slice_name), "cpuset.mems", nodes)
+        return None
+
 
 def group_of(root: Path, systemd: FakeSystemd, gives_way=None, **kwargs) -> SystemdBeGroup:
     def read_idle(cgroup: str) -> str | None:
@@ -72,18 +83,19 @@ def group_of(root: Path, systemd: FakeSystemd, gives_way=None, **kwargs) -> Syst
         except FileNotFoundError:
             return None
     return SystemdBeGroup(gives_way or (lambda cgroup: read_idle(cgroup) == "1"), start_idle=systemd.start_idle, stop=systemd.stop,
-                          cpu_weight=systemd.cpu_weight, **kwargs)
+                          cpu_weight=systemd.cpu_weight, allow_memory_nodes=systemd.allow_memory_nodes, **kwargs)
 
 
 @pytest.fixture
 def systemd_node(tmp_path):
     nodes: list[Node] = []
 
-    def make(systemd_kwargs: dict | None = None) -> tuple[Node, FakeSystemd]:
-        node = Node(tmp_path / f"node{len(nodes)}", version="v2", be_idle_group=True,
-                    toml='driver = "systemd"\n')
+    def make(systemd_kwargs: dict | None = None, *, version: str = "v2", clock=time.monotonic,
+             topology: CpuTopology | None = None) -> tuple[Node, FakeSystemd]:
+        node = Node(tmp_path / f"node{len(nodes)}", version=version, be_idle_group=True,
+                    toml='driver = "systemd"\n', topology=topology)
         systemd = FakeSystemd(node.root, **(systemd_kwargs or {}))
-        node.engine.be_group.slices = group_of(node.root, systemd, node.engine.be_group.gives_way)
+        node.engine.be_group.slices = group_of(node.root, systemd, node.engine.be_group.gives_way, clock=clock)
         nodes.append(node)
         return node, systemd
 
@@ -310,3 +322,141 @@ def test_a_stopped_sandbox_leaves_the_pod_slice_to_the_pods_next_sandbox(systemd
     node.remove_pod(old)  # kubelet's GC removes the old sandbox: the slice holds the new one
     time.sleep(0.3)
     assert systemd.stopped == []
+
+
+# kubelet's own pod slice of a moved pod (found by the real kubelet in the VM lane: it killed the
+# BE pod each time systemd dropped cpuset from its empty slice, tests/vm_guest/test_real_kubelet_v2.py)
+
+KUBELET_SLICE = "kubepods-besteffort-podu1.slice"
+KUBELET_PARENT = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu1.slice"
+
+
+def run_be_pod(node: Node):
+    """kubelet makes its pod slice (expanded into its path, as the real kubelet sends it), then RunPodSandbox."""
+    return node.run_pod("batch", parent=KUBELET_PARENT, pod_cgroup=KUBELET_PARENT)
+
+
+def test_kubelets_empty_pod_slice_of_a_moved_pod_is_given_a_property_that_needs_cpuset(systemd_node):
+    node, systemd = systemd_node(topology=CpuTopology.describe(numa_per_socket=2, cores_per_numa=2))
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = run_be_pod(node)
+    assert parent_of(node, pod) == "/kubepods.slice/kubepods-koordnode_be.slice/kubepods-koordnode_be-podu1.slice"
+    wait_until(lambda: systemd.memory_nodes)
+    # Every memory node of the machine (the fake topology has two NUMA nodes): a no-op on an
+    # empty slice, but systemd then keeps cpuset enabled for it.
+    assert systemd.memory_nodes == [(KUBELET_SLICE, "0-1")]
+    assert read_cgroup_file(node.root, KUBELET_PARENT, "cpuset.mems") == "0-1"
+    # Pods that stay in kubelet's slices have containers there: nothing to keep.
+    node.run_pod("web", parent="/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu2.slice")
+    node.run_pod("other", parent="kubepods-besteffort-podu3.slice", labels={"koordinator.sh/qosClass": "LS"})
+    time.sleep(0.2)
+    assert systemd.memory_nodes == [(KUBELET_SLICE, "0-1")]
+
+
+def test_the_reconcile_pass_gives_the_property_again_when_kubelets_slice_lost_it(systemd_node):
+    """kubelet made its slice again (after a kill), or a koordnode before this one moved the
+    pod: the slice's own cpuset.mems is empty, and the pass asks systemd again (at most every
+    RECHECK_AFTER_S); a pass that finds it in place asks nothing."""
+    now = [1000.0]
+    node, systemd = systemd_node(clock=lambda: now[0])
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    run_be_pod(node)
+    wait_until(lambda: systemd.memory_nodes)
+    node.engine.reconcile()
+    time.sleep(0.2)
+    assert len(systemd.memory_nodes) == 1
+    write_cgroup_file(node.root, KUBELET_PARENT, "cpuset.mems", "")
+    node.engine.reconcile()
+    time.sleep(0.2)
+    assert len(systemd.memory_nodes) == 1, "asked again before RECHECK_AFTER_S"
+    now[0] += RECHECK_AFTER_S
+    node.engine.reconcile()
+    wait_until(lambda: len(systemd.memory_nodes) == 2)
+    assert read_cgroup_file(node.root, KUBELET_PARENT, "cpuset.mems") == "0"  # one memory node here
+
+
+def test_a_failed_property_call_is_a_status_note_and_is_retried_later(systemd_node):
+    now = [1000.0]
+    node, systemd = systemd_node(clock=lambda: now[0])
+    systemd.memory_nodes_fail = "systemctl set-property: Unknown assignment: AllowedMemoryNodes=0"
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = run_be_pod(node)
+    wait_until(lambda: KUBELET_SLICE in node.engine.be_group.slices.problems)
+    assert parent_of(node, pod).endswith("kubepods-koordnode_be-podu1.slice")  # moved all the same
+    notes = node.engine.status()["notes"]
+    assert any("AllowedMemoryNodes" in note and KUBELET_SLICE in note for note in notes), notes
+    node.engine.reconcile()
+    time.sleep(0.2)
+    assert len(systemd.memory_nodes) == 1, "retried before RECHECK_AFTER_S"
+    systemd.memory_nodes_fail = None
+    now[0] += RECHECK_AFTER_S  # not RETRY_AFTER_S: kubelet would kill the pod meanwhile
+    node.engine.reconcile()
+    wait_until(lambda: KUBELET_SLICE not in node.engine.be_group.slices.problems and len(systemd.memory_nodes) == 2)
+
+
+def test_no_property_on_cgroup_v1_nor_in_dry_run(systemd_node):
+    """cgroup v1: kubelet checks that its pod cgroup exists in each hierarchy, which systemd does
+    not undo (and AllowedMemoryNodes is v2 only); dry run changes nothing."""
+    node, systemd = systemd_node(version="v1")
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    run_be_pod(node)
+    node.engine.reconcile()
+    dry, dry_systemd = systemd_node()
+    dry.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    dry.engine.executor.dry_run = True
+    run_be_pod(dry)
+    time.sleep(0.3)
+    assert systemd.memory_nodes == [] and dry_systemd.memory_nodes == []
+
+
+def test_a_removed_pod_forgets_kubelets_slice(systemd_node):
+    node, systemd = systemd_node()
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = run_be_pod(node)
+    wait_until(lambda: systemd.memory_nodes)
+    node.remove_pod(pod)
+    assert KUBELET_SLICE not in node.engine.be_group.slices._cpuset_kept
+    # The pod's uid comes again (a static pod re-added): its new slice gets the property again.
+    run_be_pod(node)
+    wait_until(lambda: len(systemd.memory_nodes) == 2)
+
+
+def test_a_controller_systemd_dropped_before_the_property_arrived_is_enabled_again_at_once(systemd_node):
+    """In the VM lane a busy systemd took minutes to take the property (systemctl timed out)
+    and dropped cpuset from kubelet's tier meanwhile: the pass enables it again in the tier's
+    cgroup.subtree_control itself (as kubelet's cgroup library does), and asks for the property."""
+    now = [1000.0]
+    node, systemd = systemd_node(clock=lambda: now[0])
+    systemd.memory_nodes_fail = "systemctl set-property ...: timed out after 15.0 seconds"
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    run_be_pod(node)
+    wait_until(lambda: KUBELET_SLICE in node.engine.be_group.slices.problems)
+    tier = KUBELET_PARENT.rsplit("/", 1)[0]
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpu io memory hugetlb pids")
+    node.engine.reconcile()
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "+cpuset"
+    systemd.memory_nodes_fail = None
+    now[0] += RECHECK_AFTER_S
+    node.engine.reconcile()
+    wait_until(lambda: len(systemd.memory_nodes) == 2 and KUBELET_SLICE not in node.engine.be_group.slices.problems)
+
+
+def test_a_controller_dropped_when_a_scope_started_is_enabled_again_right_after_the_call(systemd_node):
+    """runc starting the sandbox's or a container's scope makes systemd realize kubelet's tier
+    too; before the property is in place that drops cpuset, and kubelet syncs the pod soon after
+    a container started: koordnode checks right after RunPodSandbox and StartContainer."""
+    node, systemd = systemd_node()
+    systemd.memory_nodes_fail = "systemctl set-property ...: timed out after 15.0 seconds"
+    node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
+    pod = run_be_pod(node)
+    tier = KUBELET_PARENT.rsplit("/", 1)[0]
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpu io memory hugetlb pids")
+    node.run_container(pod, "app")  # no reconcile pass in between
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "+cpuset"
+    # All in place: the check after the call writes nothing.
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpuset cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpuset cpu io memory hugetlb pids")
+    node.run_container(pod, "second")
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "cpuset cpu io memory hugetlb pids"

@@ -843,3 +843,27 @@ def test_a_cgroup_dir_swapped_for_a_link_out_after_quiet_checks_is_refused(tmp_p
     real.symlink_to(outside)
     assert ex.apply(plan)[0].status is WriteStatus.REFUSED
     assert (outside / "cpu.shares").read_text() == "2"
+
+
+def test_v2_enable_subtree_controllers_writes_only_the_missing_ones_it_has(tmp_path: Path) -> None:
+    """What kubelet's cgroup library does along a new cgroup's path: "+c" for each controller the
+    cgroup has (cgroup.controllers) and has not enabled for its children (cgroup.subtree_control)."""
+    root = tree(tmp_path, "v2")
+    tier = "/kubepods.slice/kubepods-besteffort.slice"
+    add_cgroup(root, tier + "/kubepods-besteffort-pod1.slice")
+    write_cgroup_file(root, tier, "cgroup.controllers", "cpuset cpu io memory pids")
+    write_cgroup_file(root, tier, "cgroup.subtree_control", "cpu io memory pids")
+    ex = CgroupExecutor(root)
+    assert ex.enable_subtree_controllers(tier, ("cpu", "cpuset", "memory", "hugetlb", "pids")) == (["cpuset"], None)
+    assert read_cgroup_file(root, tier, "cgroup.subtree_control") == "+cpuset"  # the kernel adds it to the rest
+    write_cgroup_file(root, tier, "cgroup.subtree_control", "cpuset cpu io memory pids")
+    assert ex.enable_subtree_controllers(tier, ("cpu", "cpuset")) == ([], None)
+    enabled, problem = ex.enable_subtree_controllers("/no/such", ("cpuset",))
+    assert enabled == [] and problem and "/no/such" in problem
+    assert ex.enable_subtree_controllers("/../../etc", ("cpuset",))[1] is not None  # confined to the root
+    dry = CgroupExecutor(root, dry_run=True)
+    write_cgroup_file(root, tier, "cgroup.subtree_control", "cpu")
+    assert dry.enable_subtree_controllers(tier, ("cpuset",)) == ([], None)
+    assert read_cgroup_file(root, tier, "cgroup.subtree_control") == "cpu"
+    v1 = CgroupExecutor(tree(tmp_path / "v1", "v1"))
+    assert v1.enable_subtree_controllers("/kubepods", ("cpuset",))[1] == "cgroup v1: no cgroup.subtree_control"

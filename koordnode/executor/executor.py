@@ -565,6 +565,30 @@ class CgroupExecutor(_Converger):
             self._log.error("original_not_kept", path=str(path), error=str(err))
             raise OSError(errno.EIO, f"not created: its original (absent) could not be kept ({err})") from None
 
+    def enable_subtree_controllers(self, cgroup: str, controllers: Iterable[str]) -> tuple[list[str], str | None]:
+        """cgroup v2: enable for the children of `cgroup` those of `controllers` it has and has
+        not enabled yet ("+cpuset" into cgroup.subtree_control, as kubelet's and runc's cgroup
+        library does along a new cgroup's path). Returns (the controllers enabled, the problem)."""
+        if not self._fs.is_v2:
+            return [], "cgroup v1: no cgroup.subtree_control"
+        with self._lock:
+            try:
+                directory = self._fs.cgroup_dir(self.root, cgroup)
+                available = read_file(self._fs.cgroup_file(self.root, directory, "cgroup.controllers")).split()
+                control = self._fs.cgroup_file(self.root, directory, "cgroup.subtree_control")
+                enabled = read_file(control).split()
+            except (OSError, UnsafePathError) as exc:
+                return [], f"{cgroup}: {exc}"
+            missing = [c for c in controllers if c in available and c not in enabled]
+            if not missing or self.dry_run:
+                return [], None
+            try:
+                write_file(control, " ".join(f"+{c}" for c in missing))
+            except OSError as exc:
+                return [], f"{cgroup}/cgroup.subtree_control +{' +'.join(missing)}: {exc}"
+        self._log.info("cgroup_subtree_controllers_enabled", cgroup=normalize_cgroup_path(cgroup), controllers=missing)
+        return missing, None
+
     def child_cgroups(self, cgroup: str, controller: str = "cpu", *, skip: Set[str] = frozenset()) -> dict[str, float]:
         """{child cgroup path: seconds since it was created} of a cgroup in `controller`'s hierarchy;
         the children in `skip` are left out (and not looked at)."""

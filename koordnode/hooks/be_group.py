@@ -14,6 +14,15 @@ weight, the state the QoS manager's cpu_suppress keeps it in while LS is quiet (
 cgroup files directly; should systemd realize the slice again, it is idle until the next tick).
 Pod slices in the group are koordnode's to stop (systemd keeps a slice it started until told
 otherwise).
+
+kubelet's own pod slice of a moved pod stays, empty, and kubelet (cgroup v2) kills a running pod
+whose pod slice does not list cpu, cpuset, memory, hugetlb and pids in its cgroup.controllers
+(SyncPod: `pcm.Exists`). systemd keeps a controller enabled for a slice only while a unit in it
+needs that controller, and an empty slice with kubelet's properties (CPUWeight, the accounting
+flags) needs no cpuset: at systemd's next realization of kubelet's besteffort tier the pod slice
+loses cpuset and kubelet kills the pod (seen with kubelet 1.37 and systemd 257, every 30-40 s).
+So kubelet's pod slice gets `AllowedMemoryNodes` (all memory nodes, a no-op on an empty slice),
+which makes it need cpuset.
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ from koordnode.executor import systemd
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, pod_cgroup_path
 from koordnode.metrics import METRICS
-from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, systemd_group_slice
+from koordnode.model.be_group import (
+    KUBELET_POD_CONTROLLERS, be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_slice,
+)
 from koordnode.model.kernel import is_lowest_cpu_weight
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.qos_class import ClassDecision, QoSClass
@@ -46,6 +57,9 @@ MAX_STOPS_PER_PASS = 20
 # After a failed attempt (no systemd, systemd < 252, ...) the next one waits this long: BE pods
 # meanwhile stay in kubelet's tier at no cost to the CRI call.
 RETRY_AFTER_S = 60.0
+# kubelet's pod slice found without its property (or the call failed): asked again at most this
+# often (kubelet kills the pod at its next sync while cpuset is missing, so not RETRY_AFTER_S).
+RECHECK_AFTER_S = 10.0
 # A pod cgroup in the BE group with no pod recorded is removed by the reconcile pass once older
 # than this: RunPodSandbox creates it before koordnode records the pod.
 BE_GROUP_SWEEP_AGE_S = 60.0
@@ -62,6 +76,7 @@ class SystemdBeGroup:
                  start_idle: Callable[[str], str | None] = systemd.start_idle_slice,
                  stop: Callable[[str], str | None] = systemd.stop_slice,
                  cpu_weight: Callable[[str], str | None] = systemd.slice_cpu_weight,
+                 allow_memory_nodes: Callable[[str, str], str | None] = systemd.set_allowed_memory_nodes,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._gives_way = gives_way
         self._cpu_weight = cpu_weight
@@ -69,6 +84,10 @@ class SystemdBeGroup:
         self._failed_at: dict[str, float] = {}
         self._start_idle = start_idle
         self._stop = stop
+        self._allow_memory_nodes = allow_memory_nodes
+        self._cpuset_kept: set[str] = set()  # kubelet pod slices given AllowedMemoryNodes by this process
+        self._cpuset_pending: dict[str, Future[str | None]] = {}
+        self._cpuset_at: dict[str, float] = {}  # when each kubelet pod slice was last given it
         self._lock = threading.Lock()
         self._ensured: set[str] = set()  # slices this process made idle through systemd
         self._pending: dict[str, Future[str | None]] = {}
@@ -175,6 +194,55 @@ class SystemdBeGroup:
         if not self._giving_way(group):
             self.prepare(slice_name, group)
 
+    def keep_cpuset(self, kubelet_slice: str, nodes: str, *, again: bool = False) -> Future[str | None] | None:
+        """Give kubelet's (empty) pod slice of a moved pod AllowedMemoryNodes=``nodes`` in the
+        worker, so that systemd keeps cpuset enabled for it (module docstring). Once per slice,
+        unless ``again`` (the reconcile pass found the property's effect gone); None when nothing
+        was submitted (done, in progress, or a failure less than RETRY_AFTER_S ago)."""
+        with self._lock:
+            pending = self._cpuset_pending.get(kubelet_slice)
+            if pending is not None:
+                return None
+            if kubelet_slice in self._cpuset_kept and (
+                    not again or self._clock() - self._cpuset_at.get(kubelet_slice, 0.0) < RECHECK_AFTER_S):
+                return None
+            failed_at = self._failed_at.get(kubelet_slice)
+            if failed_at is not None and self._clock() - failed_at < RECHECK_AFTER_S:
+                return None
+            future = self._submit(self._keep_cpuset, kubelet_slice, nodes)
+            self._cpuset_pending[kubelet_slice] = future
+            return future
+
+    def _keep_cpuset(self, kubelet_slice: str, nodes: str) -> str | None:
+        try:
+            problem = self._allow_memory_nodes(kubelet_slice, nodes)
+        except Exception as exc:  # kubelet's pod then meets its check unprotected, never worse
+            problem = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            self._cpuset_pending.pop(kubelet_slice, None)
+            if problem is None:
+                self._cpuset_kept.add(kubelet_slice)
+                self._cpuset_at[kubelet_slice] = self._clock()
+                self._failed_at.pop(kubelet_slice, None)
+                self.problems.pop(kubelet_slice, None)
+            else:
+                self._failed_at[kubelet_slice] = self._clock()
+                self.problems[kubelet_slice] = (f"{kubelet_slice}: AllowedMemoryNodes={nodes} not set ({problem}); "
+                                                "kubelet may kill the pod when systemd drops cpuset from its slice")
+        if problem is None:
+            log.info("kubelet_pod_slice_keeps_cpuset", slice=kubelet_slice, memory_nodes=nodes)
+        else:
+            log.warning("kubelet_pod_slice_cpuset_not_kept", slice=kubelet_slice, problem=problem)
+        return problem
+
+    def forget_kubelet_slice(self, kubelet_slice: str) -> None:
+        """The pod is gone: kubelet stops its slice (and systemd drops the property with it)."""
+        with self._lock:
+            self._cpuset_kept.discard(kubelet_slice)
+            self._cpuset_at.pop(kubelet_slice, None)
+            self._failed_at.pop(kubelet_slice, None)
+            self.problems.pop(kubelet_slice, None)
+
     def stop_pod_slice(self, slice_name: str, still_unused: Callable[[], bool] | None = None) -> Future[str | None]:
         """Stop an (empty) pod slice of the group in the worker; ``still_unused`` is asked again
         right before (the worker may run seconds later, when a new sandbox is in the slice)."""
@@ -205,8 +273,9 @@ class BeGroup:
     `slices`' worker."""
 
     def __init__(self, settings: EngineSettings, executor: CgroupExecutor, state: NodeState,
-                 layout: KubeletLayout) -> None:
+                 layout: KubeletLayout, *, memory_nodes: str = "0") -> None:
         self.settings = settings
+        self.memory_nodes = memory_nodes  # AllowedMemoryNodes for kubelet's pod slices
         self.executor = executor
         self.state = state
         self.layout = layout
@@ -247,8 +316,51 @@ class BeGroup:
                         pod=f"{cfg.metadata.namespace}/{cfg.metadata.name}", problem=problem)
             self.notes = list(dict.fromkeys([*self.notes, f"BE group unavailable: {problem}"]))
             return None
+        kubelet_parent = cfg.linux.cgroup_parent
         cfg.linux.cgroup_parent = new_parent
+        if systemd_group_slice(new_parent) is not None:
+            self._keep_kubelet_slice_cpuset(kubelet_parent)
         return new_parent
+
+    def _keep_kubelet_slice_cpuset(self, kubelet_parent: str, *, again: bool = False) -> None:
+        """kubelet's pod slice of a pod moved into the systemd group stays empty; on cgroup v2
+        kubelet kills the pod once systemd drops cpuset from that slice (module docstring): the
+        slice is given a property that needs cpuset, in the systemd worker."""
+        if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
+            return
+        self.slices.keep_cpuset(kubelet_parent.strip("/").rsplit("/", 1)[-1], self.memory_nodes, again=again)
+
+    def check_kubelet_slice(self, cgroup_parent: str) -> None:
+        """kubelet's pod slice of a pod in the systemd group keeps the controllers kubelet
+        checks for: one missing in the slice's cgroup.controllers (systemd dropped it before the
+        property reached it, which took minutes on a busy systemd in the VM lane) is enabled
+        again in its parent at once, as kubelet's own cgroup library does; a slice without its
+        own cpuset.mems (the property lost: kubelet made the slice again, or an older koordnode
+        moved the pod) gets the property again. Reads two files when all is well. Called after
+        RunPodSandbox and StartContainer (runc started a scope, and systemd realizes kubelet's
+        tier with it) and by the reconcile pass."""
+        if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
+            return
+        if systemd_group_slice(cgroup_parent) is None:
+            return
+        kubelet_parent = kubelet_parent_of(cgroup_parent)
+        if kubelet_parent is None:
+            return
+        try:
+            kubelet_cgroup = self._pod_cgroup(kubelet_parent)
+            if not self.executor.cgroup_exists(kubelet_cgroup):
+                return
+            enabled, problem = self.executor.enable_subtree_controllers(
+                kubelet_cgroup.rsplit("/", 1)[0] or "/", KUBELET_POD_CONTROLLERS)
+            if enabled or problem:
+                log.warning("kubelet_pod_slice_controllers_restored" if enabled else
+                            "kubelet_pod_slice_controllers_not_restored", cgroup=kubelet_cgroup,
+                            controllers=enabled, problem=problem)
+            if self.executor.read(kubelet_cgroup, "cpuset.mems"):
+                return
+        except (OSError, UnsafePathError):
+            return
+        self._keep_kubelet_slice_cpuset(kubelet_parent, again=True)
 
     def follow_sandbox_parent(self, req: pb.CreateContainerRequest) -> None:
         """CreateContainer: containerd takes the container's cgroup parent from the request's
@@ -325,6 +437,9 @@ class BeGroup:
         if systemd_group_slice(cgroup_parent) is not None:
             if removed:
                 self._stop_pod_slice(cgroup_parent)
+                kubelet_parent = kubelet_parent_of(cgroup_parent)
+                if kubelet_parent is not None:
+                    self.slices.forget_kubelet_slice(kubelet_parent.strip("/").rsplit("/", 1)[-1])
             return
         try:
             pod_cgroup = self._pod_cgroup(cgroup_parent)
@@ -397,6 +512,9 @@ class BeGroup:
         again; pod slices of pods that are gone (koordnode stopped in between), empty and a
         minute old, are stopped."""
         live = {pod.cgroup_parent.strip("/").rsplit("/", 1)[-1] for pod in view.pods.values()}
+        for pod in view.pods.values():
+            if pod.state == POD_READY:
+                self.check_kubelet_slice(pod.cgroup_parent)
         stops = 0
         for slice_name, group in self._systemd_groups(view).items():
             self.slices.check(slice_name, group)

@@ -49,6 +49,7 @@ from koordnode.hooks.resized import ResizedResources
 from koordnode.metrics import METRICS
 from koordnode.model.annotations import parse_pod_annotations
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
+from koordnode.model.cpulist import format_cpu_list
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.pod_facts import PodFacts
 from koordnode.model.qos_class import ClassDecision, QoSClass
@@ -90,7 +91,8 @@ class QoSEngine:
         self.topology = topology
         self.settings = settings
         self.pools = CpuPools(settings, topology, be_cpuset=be_cpuset, pool_updates=pool_updates)
-        self.be_group = BeGroup(settings, self.executor, state, self.layout)
+        self.be_group = BeGroup(settings, self.executor, state, self.layout,
+                                memory_nodes=format_cpu_list(topology.numa_nodes.keys()) or "0")
         self.records = EngineStatus()
         features = KernelFeatures(cgroup_version=self.executor.version.value, group_identity=False)
         self.planner = PodPlanner(settings, features, self.pools, self.layout, self.resized)
@@ -177,6 +179,14 @@ class QoSEngine:
 
     def remove_be_pod_cgroup(self, cgroup_parent: str, *, removed: bool = True) -> None:
         self.be_group.remove_pod_cgroup(cgroup_parent, removed=removed)
+
+    def kubelet_slice_after_scope_start(self, sandbox_id: str | None = None, container_id: str | None = None) -> None:
+        """After RunPodSandbox and StartContainer: kubelet's pod slice of a pod in the systemd
+        BE group checked now (be_group.py: BeGroup.check_kubelet_slice)."""
+        view = self.state.view()
+        pod = view.pods.get(sandbox_id) if sandbox_id else view.pod_of_container(container_id or "")
+        if pod is not None:
+            self.be_group.check_kubelet_slice(pod.cgroup_parent)
 
     def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
         view = self.state.view()

@@ -71,6 +71,7 @@ class QoSHook:
     def pod_started(self, call: CallContext) -> None:
         if call.succeeded and call.response is not None:
             self.engine.pod_sandbox_started(call.response.pod_sandbox_id, call.request.config)
+            self.engine.kubelet_slice_after_scope_start(sandbox_id=call.response.pod_sandbox_id)
 
     def container_created(self, call: CallContext) -> None:
         ok = call.succeeded and call.response is not None
@@ -79,6 +80,7 @@ class QoSHook:
     def container_started(self, call: CallContext) -> None:
         if call.succeeded and call.response is not None:
             self.engine.container_started(call.request.container_id)
+            self.engine.kubelet_slice_after_scope_start(container_id=call.request.container_id)
 
     def container_updated(self, call: CallContext) -> None:
         # The runtime has written kubelet's values (also when it failed half-way): the class

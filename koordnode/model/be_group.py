@@ -28,6 +28,10 @@ import re
 # orphan cleanup looks at "pod*" directories).
 BE_GROUP = "koordnode_be"
 
+# What kubelet (1.37, cgroup v2) wants in a pod cgroup's cgroup.controllers, of those the root
+# has: a running pod whose cgroup lacks one is killed at its next sync (SyncPod, pcm.Exists).
+KUBELET_POD_CONTROLLERS = ("cpu", "cpuset", "memory", "hugetlb", "pids")
+
 _CGROUPFS_POD = re.compile(r"^pod[0-9A-Za-z_-]+$")
 _SYSTEMD_BE_POD = re.compile(r"^(?P<stem>[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*)-besteffort-(?P<pod>pod[0-9A-Za-z_]+)\.slice$")
 _SYSTEMD_GROUP_POD = re.compile(
@@ -87,3 +91,22 @@ def systemd_group_slice(cgroup_parent: str) -> str | None:
     """The group's slice unit name for a systemd pod parent in it ("kubepods-koordnode_be.slice")."""
     match = _SYSTEMD_GROUP_POD.match(cgroup_parent.strip("/").rsplit("/", 1)[-1])
     return f"{match['stem']}-{BE_GROUP}.slice" if match else None
+
+
+def kubelet_parent_of(group_parent: str) -> str | None:
+    """kubelet's own cgroup parent for a systemd pod parent in the group (the inverse of
+    be_group_parent, in the same form): ".../kubepods-koordnode_be.slice/kubepods-koordnode_be-
+    pod<uid>.slice" -> ".../kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice", a bare
+    slice name -> kubelet's bare slice name. None for cgroupfs parents and parents outside the group."""
+    if not isinstance(group_parent, str):
+        return None
+    segments = [s for s in group_parent.split("/") if s]
+    match = _SYSTEMD_GROUP_POD.match(segments[-1]) if segments else None
+    if match is None:
+        return None
+    pod_slice = f"{match['stem']}-besteffort-{match['pod']}.slice"
+    if len(segments) == 1 and not group_parent.startswith("/"):
+        return pod_slice
+    if len(segments) < 2 or segments[-2] != f"{match['stem']}-{BE_GROUP}.slice":
+        return None
+    return "/" + "/".join(segments[:-2] + [f"{match['stem']}-besteffort.slice", pod_slice])

@@ -42,6 +42,8 @@ from typing import BinaryIO, Callable, Iterator, Sequence
 
 import grpc
 
+from koordnode.executor.process import oom_score_adj_floor
+
 from .images import BUSYBOX_IMAGE_REF, PAUSE_IMAGE_REF, BuiltImage, build_test_images
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -358,6 +360,7 @@ class ContainerdBed:
         systemd_cgroup: bool = False,
         extra_images: Callable[[Path], Sequence[BuiltImage]] | None = None,
         pause_image: str | None = None,
+        restrict_oom_score_adj: bool | None = None,
     ) -> None:
         """``bin_dir``: where ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` come from
         (e.g. ``containerd_dist.containerd_bin_dir("forky")``); default: the host's PATH.
@@ -367,11 +370,19 @@ class ContainerdBed:
         ``extra_images``: builds more image archives (in the directory it is given) to import at
         start, next to the bed's pause and busybox; ``pause_image``: the sandbox image, when it
         is not the bed's pause (then one of ``extra_images``).
+        ``restrict_oom_score_adj``: containerd's option of that name (clamp a container's value to
+        containerd's own, as it cannot go lower); default: on only where this process lacks
+        CAP_SYS_RESOURCE (this host's sandbox: runc would fail to lower it). With it on where it
+        is not needed, every negative value (kubelet's -997 too) became containerd's own 0 in the
+        VM guest, where the bed runs containerd as an unconfined root with oom_score_adj 0; a
+        real node runs it as root with OOMScoreAdjust=-999 and the option off (its default).
         """
         self.id = secrets.token_hex(3)
         self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else None
         self.nri_socket = Path(nri_socket) if nri_socket is not None else None
         self.systemd_cgroup = systemd_cgroup
+        self.restrict_oom_score_adj = (oom_score_adj_floor() is not None if restrict_oom_score_adj is None
+                                       else restrict_oom_score_adj)
         self.containerd_major = self.containerd_minor = 0  # known once started (`containerd --version`)
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
@@ -734,7 +745,7 @@ disabled_plugins = [
 
   [{cri}]
     sandbox_image = "{self.pause_image}"
-    restrict_oom_score_adj = true
+    restrict_oom_score_adj = {str(self.restrict_oom_score_adj).lower()}
     netns_mounts_under_state_dir = true
     disable_apparmor = true
     enable_selinux = false
@@ -800,7 +811,7 @@ disabled_plugins = [
       sandbox = "{self.pause_image}"
 
   [{runtime}]
-    restrict_oom_score_adj = true
+    restrict_oom_score_adj = {str(self.restrict_oom_score_adj).lower()}
     netns_mounts_under_state_dir = true
     disable_apparmor = true
     enable_selinux = false

@@ -222,10 +222,12 @@ class Kubelet:
     def __init__(self, workdir: Path, runtime_endpoint: str, cgroup_root: str, *, node_name: str,
                  control_plane: ControlPlane | None = None, cgroup_driver: str = "cgroupfs",
                  config: dict[str, Any] | None = None, feature_gates: dict[str, bool] | None = None,
-                 binary: Path | None = None) -> None:
-        """``binary``: the kubelet to run (default: the one scripts/k8s-bed.sh built)."""
+                 binary: Path | None = None, verbosity: int = 2) -> None:
+        """``binary``: the kubelet to run (default: the one scripts/k8s-bed.sh built); ``verbosity``:
+        its ``--v`` (4 logs why SyncPod kills a pod, e.g. a pod cgroup missing controllers)."""
         self.workdir = Path(workdir).resolve()
         self.binary = binary
+        self.verbosity = verbosity
         self.runtime_endpoint = runtime_endpoint
         self.cgroup_root = "/" + cgroup_root.strip("/")
         self.kubepods = f"{self.cgroup_root}/kubepods".replace("//", "/")
@@ -300,7 +302,7 @@ class Kubelet:
         self.config_path.write_text(json.dumps(self.config(), indent=1))
         args = [str(self.binary or component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
                 f"--root-dir={self.root_dir}", f"--cert-dir={self.workdir / 'pki'}",
-                f"--hostname-override={self.node_name}", "--v=2"]
+                f"--hostname-override={self.node_name}", f"--v={self.verbosity}"]
         if self.control_plane is not None:
             token = self.control_plane.node_token(self.node_name)
             kubeconfig = self.control_plane.kubeconfig(self.workdir / "kubeconfig", token)

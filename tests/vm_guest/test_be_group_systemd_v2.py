@@ -23,7 +23,10 @@ from guestlib import CG, GuestKoordnode, Pod, free_port, make_pod, wait_for
 from koordnode.config.strategies import CpuSuppressConfig
 from koordnode.cri import api_pb2 as pb
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
-from testbed.systemd_bed import KUBEPODS_SLICE, kubelet_pod_slice, kubelet_tiers, set_properties, slice_path
+from testbed.systemd_bed import (
+    KUBEPODS_SLICE, enable_controllers, kubelet_pod_slice, kubelet_tiers, set_properties, slice_path,
+    start_transient_slice,
+)
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
 GROUP_DIR = CG / KUBEPODS_SLICE / GROUP_SLICE
@@ -463,3 +466,38 @@ def test_while_ls_is_quiet_the_group_slice_runs_unthrottled_at_the_lowest_weight
             remove_pod(cri, sandbox_id)
         cri.close()
         reload_config(kn, original)
+
+
+def test_systemd_keeps_cpuset_for_an_empty_slice_only_with_allowed_memory_nodes():
+    """Why the real kubelet killed BE pods moved into the group (tests/vm_guest/test_real_kubelet_v2.py),
+    and koordnode's remedy, on systemd alone. kubelet makes a pod slice the way it is done here
+    (a transient unit with its properties through D-Bus, then every controller enabled from the
+    root down to the slice's parent); systemd drops a controller from the parent's
+    cgroup.subtree_control when it realizes the parent again and no unit below needs it, and an
+    empty slice with kubelet's properties (CPUWeight, the accounting flags) needs no cpuset. With
+    AllowedMemoryNodes (executor.systemd, what koordnode gives kubelet's empty pod slice) it
+    needs cpuset: systemd enables it again at once and keeps it."""
+    from koordnode.executor.systemd import set_allowed_memory_nodes
+
+    tier, pod = "kntier.slice", "kntier-pod1.slice"
+    pod_dir = CG / slice_path(pod).lstrip("/")
+
+    def controllers() -> set[str]:
+        return set((pod_dir / "cgroup.controllers").read_text().split())
+
+    try:
+        start_transient_slice(tier, {"CPUWeight": ("t", 100)})
+        start_transient_slice(pod, {"CPUWeight": ("t", 1)})
+        enable_controllers(slice_path(pod))
+        assert {"cpuset", "cpu", "memory", "pids"} <= controllers()
+        set_properties(tier, {"CPUWeight": ("t", 90)})  # systemd realizes the tier again
+        assert "cpuset" not in controllers(), "systemd kept cpuset for a slice that does not need it"
+        assert {"cpu", "memory", "pids"} <= controllers()
+        nodes = (CG / "cpuset.mems.effective").read_text().strip()
+        assert set_allowed_memory_nodes(pod, nodes) is None
+        assert "cpuset" in controllers() and (pod_dir / "cpuset.mems").read_text().strip() == nodes
+        set_properties(tier, {"CPUWeight": ("t", 80)})
+        assert "cpuset" in controllers(), "systemd dropped cpuset although the slice has AllowedMemoryNodes"
+        assert set_allowed_memory_nodes(pod, "0; rm -rf /") is not None  # refused before systemctl runs
+    finally:
+        subprocess.run(["systemctl", "stop", tier], capture_output=True, timeout=60)
