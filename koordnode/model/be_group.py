@@ -97,3 +97,33 @@ def systemd_group_of_kubepods(kubepods: str) -> tuple[str, str] | None:
         return None
     slice_name = f"{top[: -len('.slice')]}-{BE_GROUP}.slice"
     return slice_name, f"{kubepods.rstrip('/')}/{slice_name}"
+
+
+def moved_cgroups_path(cgroups_path: str, kubelet_parent: str, new_parent: str) -> str | None:
+    """NRI mode: a container's OCI cgroups path with kubelet's pod parent swapped for the one in
+    the group, in the runtime's own form: "<slice>:<prefix>:<name>" (systemd driver: the slice is
+    the parent's last element) or "<parent>/<name>" (cgroupfs). None when the path is not below
+    `kubelet_parent` (a foreign layout, or a runtime that placed it elsewhere): it stays then."""
+    if not (cgroups_path and kubelet_parent and new_parent):
+        return None
+    fields = cgroups_path.split(":")
+    if len(fields) == 3 and "/" not in fields[0]:
+        kubelet_slice = kubelet_parent.rstrip("/").rsplit("/", 1)[-1]
+        if fields[0] != kubelet_slice or not fields[2]:
+            return None
+        return ":".join([new_parent.rstrip("/").rsplit("/", 1)[-1], fields[1], fields[2]])
+    prefix = kubelet_parent.rstrip("/") + "/"
+    rest = cgroups_path[len(prefix):]
+    if not cgroups_path.startswith(prefix) or not rest or "/" in rest:
+        return None
+    return new_parent.rstrip("/") + "/" + rest
+
+
+def cgroups_path_in(cgroups_path: str, parent: str) -> bool:
+    """True for a container's OCI cgroups path (either form) directly below `parent`."""
+    if not (cgroups_path and parent):
+        return False
+    fields = cgroups_path.split(":")
+    if len(fields) == 3 and "/" not in fields[0]:
+        return fields[0] == parent.rstrip("/").rsplit("/", 1)[-1]
+    return cgroups_path.rsplit("/", 1)[0] == parent.rstrip("/")
