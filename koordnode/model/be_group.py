@@ -14,7 +14,9 @@ So koordnode keeps a cgroup of its own, a sibling of the tiers inside kubelet's 
               pod<uid>.slice", and gets it back the same way: ".../kubepods-koordnode_be.slice/...")
 
 marks it idle, and moves BestEffort pods of class BE there by rewriting the cgroup parent of
-RunPodSandbox and CreateContainer. kubelet's own cgroups are untouched: its pod cgroup under
+RunPodSandbox and CreateContainer (proxy mode), or places their containers there through the
+cgroups path of NRI's CreateContainer adjustment (NRI mode: the sandbox stays in kubelet's pod
+cgroup, which NRI cannot change). kubelet's own cgroups are untouched: its pod cgroup under
 `besteffort` stays (empty) and writable, its tier stays non-idle. The group is still inside
 kubepods, so node allocatable (kubepods' limits) keeps bounding BE. Only BestEffort pods move:
 their kubelet pod cgroup carries no limits that would be lost by leaving it.
