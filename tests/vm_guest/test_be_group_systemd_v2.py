@@ -468,6 +468,16 @@ def test_while_ls_is_quiet_the_group_slice_runs_unthrottled_at_the_lowest_weight
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=30)
+        if hogs:
+            # The new pod shares the group with the busy BE pod: at the quota's floor (2 ms per
+            # 100 ms) under TCG its sandbox did not die within containerd's 60 s (StopPodSandbox:
+            # "failed to kill sandbox container: context deadline exceeded"). LS is quiet again:
+            # the manager lifts the quota within a few ticks.
+            try:
+                wait_for(lambda: group_state()[0] != str(MIN_QUOTA_US), 60, "the group off the quota's floor",
+                         interval=1.0)
+            except AssertionError:
+                pass  # the removal below says what is wrong
         for sandbox_id in created:
             remove_pod(cri, sandbox_id)
         cri.close()
