@@ -392,7 +392,7 @@ def _check_kubelet_endpoint(report: Report, config: Any, paths: DoctorPaths,
 
 def _check_cpu_owner(report: Report) -> None:
     """Who hands out exclusive CPUs: kubelet's static CPU manager when it is on (koordnode then
-    keeps kubelet's cpusets), else koordnode's allocator (README, "Who owns the CPUs")."""
+    keeps kubelet's cpusets), else koordnode's allocator (docs/architecture.md, "Who owns the CPUs")."""
     kubelet = report.facts["kubelet"]
     if kubelet["config"] is None and kubelet["flags_file"] is None:
         return  # said by the endpoint check already

@@ -222,7 +222,7 @@ def test_exit_code_is_the_worst_line() -> None:
     ("cpuManagerPolicy: none\n", "--cpu-manager-policy=static", "WARN", "kubelet owns the cpusets"),
 ])
 def test_cpu_owner_from_kubelets_cpu_manager_policy(tmp_path: Path, config_text, flags, status, says) -> None:
-    """kubelet's static CPU manager owns the cpusets (README, "Who owns the CPUs"); without
+    """kubelet's static CPU manager owns the cpusets (docs/architecture.md, "Who owns the CPUs"); without
     full-pcpus-only it may split a core, which LSE promises not to."""
     config = tmp_path / "kubelet-config.yaml"
     config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n" + config_text)

@@ -286,7 +286,7 @@ def test_ls_gets_the_cpu_when_be_competes(containerd_bed, tmp_path, cri_direct):
         kn.stop()
     print(f"without koordnode: LS {ls_direct:.1%} BE {be_direct:.1%}; with: LS {ls_kn:.1%} BE {be_kn:.1%}")
     # Shares of what the pair got on that CPU, so unrelated load on a shared CI machine does not
-    # decide the result (on a quiet machine the absolute figures are ~98% / <1%, see README).
+    # decide the result (on a quiet machine the absolute figures are ~98% / <1%, see docs/benchmarks.md).
     assert ls_direct / (ls_direct + be_direct) < 0.75  # they really competed
     assert ls_kn / (ls_kn + be_kn) >= 0.90
     assert ls_kn > 0.5

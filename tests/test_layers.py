@@ -1,7 +1,7 @@
 """The architecture, enforced: imports point down the layers, and only executor/ writes to the kernel.
 
 Both checks read the source (AST), so an import inside a function counts like one at the top,
-and nothing is imported to check it. The table below is the one of the README's layout
+and nothing is imported to check it. The table below is the one of docs/architecture.md's layers
 section; a change of the structure changes both.
 """
 
@@ -140,9 +140,9 @@ def import_problem(importer: str, imported: str) -> str | None:
         return None
     mine, theirs = layer_of(importer), layer_of(imported)
     if mine is None:
-        return f"{importer} has no layer in tests/test_layers.py: add it to the table (and the README's)"
+        return f"{importer} has no layer in tests/test_layers.py: add it to the table (and docs/architecture.md's)"
     if theirs is None:
-        return f"{imported} has no layer in tests/test_layers.py: add it to the table (and the README's)"
+        return f"{imported} has no layer in tests/test_layers.py: add it to the table (and docs/architecture.md's)"
     if theirs > mine:
         return f"layer {mine} ({importer}) imports layer {theirs} ({imported}): dependencies point down"
     return None
@@ -363,7 +363,7 @@ def test_every_module_has_a_layer() -> None:
     missing = [module_name(p) for p in source_files()
                if layer_of(module_name(p)) is None and module_name(p) not in LEAVES
                and not is_generated(module_name(p))]
-    assert not missing, f"modules without a layer (tests/test_layers.py and the README's table): {missing}"
+    assert not missing, f"modules without a layer (tests/test_layers.py and docs/architecture.md's table): {missing}"
 
 
 def test_imports_point_down_the_layers() -> None:

@@ -180,7 +180,7 @@ POD_EXPECTED = {
     QoSClass.LSE: (0, 0, 1000, False),
     QoSClass.LSR: (0, 0, 800, False),
     QoSClass.LS: (0, 0, 500, False),
-    QoSClass.BE: (0, -1, 100, True),  # [qos.BE] cpu_idle = 0 by default (README, wake placement)
+    QoSClass.BE: (0, -1, 100, True),  # [qos.BE] cpu_idle = 0 by default (docs/design/2026-11-ls-latency.md, wake placement)
 }
 
 

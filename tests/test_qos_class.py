@@ -166,7 +166,7 @@ TABLE = {
         blkio_weight=100,
         blkio_read_bps=500 * MIB,
         blkio_write_bps=200 * MIB,
-        cpu_idle=0,  # an idle BE pod draws LS wake-ups to its CPU (README, wake placement)
+        cpu_idle=0,  # an idle BE pod draws LS wake-ups to its CPU (docs/design/2026-11-ls-latency.md, wake placement)
         cpu_bvt_warp_ns=-1,
     ),
 }

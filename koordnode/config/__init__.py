@@ -13,7 +13,7 @@ One module per part of the file, each component is handed its own section:
     root          Config: one field per section, checks across sections
     loader        parse / load / reload, errors with key paths, TOML output, key descriptions
 
-Adding a key: see "Adding a config key" in the README.
+Adding a key: see "Adding a config key" in docs/developing.md.
 """
 
 from __future__ import annotations

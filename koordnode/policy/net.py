@@ -4,7 +4,7 @@ Pure: no netlink, no subprocess. The controller (koordnode/qos/net_control.py) h
 interfaces resolved, calls :func:`plan_network`, and has koordnode/executor/netqos.py converge
 the kernel to the returned :class:`NetPlan`.
 
-How pod traffic is classified (README material)
+How pod traffic is classified (docs/architecture.md material)
 -----------------------------------------------
 Each shaped uplink gets an HTB root qdisc with handle ``4b4e:`` ("KN"), a root class
 ``4b4e:1`` at ``[net] link_rate_mbps``, and per QoS priority ``p`` (SYSTEM/LSE 0, LSR 1,

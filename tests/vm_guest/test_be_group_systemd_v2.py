@@ -225,7 +225,7 @@ def idle_threshold(inputs: dict) -> bool:
 
 
 def expected_quota_us(inputs: dict, threshold_percent: float) -> int:
-    """cpu_suppress's quota for these inputs (README: node CPUs x threshold - LS - max(system,
+    """cpu_suppress's quota for these inputs (docs/architecture.md: node CPUs x threshold - LS - max(system,
     reserved), x the pressure ratio, floor min_quota_us), computed here independently."""
     budget = (inputs["node_cpus"] * threshold_percent / 100 - inputs["ls_used_cpus"]
               - max(inputs["system_used_cpus"], inputs["reserved_cpus"]))

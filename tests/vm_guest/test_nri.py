@@ -71,7 +71,7 @@ def test_nri_on_containerd_17_with_cgroup_v2_and_systemd(nri_systemd_bed, tmp_pa
         lse_dir = bed.container_cgroup_dir(lse_parent, lse_cid)
         wait_for(lambda: (lse_dir / "cpu.weight").read_text().strip() == str(weight(262144)), 30, "LSE cpu.weight")
         # containerd's spec keeps kubelet's shares: kubelet reads them back as the container's CPU
-        # request (README "Where the values go"); the class weight is in the cgroup file.
+        # request (docs/architecture.md "Where the values go"); the class weight is in the cgroup file.
         assert spec_shares(cri, lse_cid) == 1024
         lse_cpus = parse_cpu_list((lse_dir / "cpuset.cpus").read_text().strip())
         assert len(lse_cpus) == 1

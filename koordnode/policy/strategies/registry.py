@@ -1,4 +1,4 @@
-"""The QoS manager's strategies, in decision order (one line each; see README "adding a strategy").
+"""The QoS manager's strategies, in decision order (one line each; see docs/developing.md "Adding a strategy").
 
 Order matters only where a strategy reads an earlier one's facts: be_evict uses the BE budget
 cpu_suppress found in the same tick.
