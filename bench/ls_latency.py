@@ -83,7 +83,14 @@ SETUPS = {
     "koordnode-tier": "[cgroup]\nbe_idle_group = false\n",
     "koordnode": "",
     "koordnode-nosuppress": "[strategy.cpu_suppress]\nenable = false\n",
+    "koordnode-nri": "",
+    "koordnode-nri-tier": "[cgroup]\nbe_idle_group = false\n",
 }
+# Setups where koordnode is containerd's NRI plugin (pods straight on containerd, as kubelet
+# makes them) instead of the CRI proxy in front of it.
+NRI_SETUPS = frozenset({"koordnode-nri", "koordnode-nri-tier"})
+# NRI needs containerd >= 1.7: with an NRI setup every setup runs on Debian forky's containerd 2.1.
+NRI_CONTAINERD_SUITE = "forky"
 
 
 # --rr-client placement -> the table's variant name ("rr" keeps the name of the runs before the option)
@@ -222,6 +229,7 @@ class Bench:
     # ---- pods, as kubelet makes them --------------------------------------------------------
 
     def pod(self, cri, name: str, cls: str, cmd: list[str]) -> tuple[str, str]:
+        """A pod of class `cls` ("LS", "LSR", "LSE", "BE") as kubelet makes it, running `cmd`."""
         from koordnode.cri import api_pb2 as pb
         from tests.support.cri import container_config, run_pod, sandbox_config, start_container
         from tests.support.kubelet_tiers import kubelet_ensure_pod_cgroup
@@ -319,17 +327,24 @@ class Bench:
         kn = None
         if SETUPS[setup] is not None:
             extra = SETUPS[setup] + (Path(self.args.koordnode_toml).read_text() if self.args.koordnode_toml else "")
+            nri = setup in NRI_SETUPS
             kn = KoordnodeProcess(self.work / f"kn-{uuid.uuid4().hex[:6]}", str(self.bed.socket),
-                                  kubepods=self.bed.kubepods_cgroup, extra_toml=extra).start()
-            kn.wait_rebuilt()
-            cri = Cri(kn.listen)
+                                  kubepods=self.bed.kubepods_cgroup, extra_toml=extra,
+                                  nri_socket=str(self.bed.nri_socket) if nri else "").start()
+            if nri:  # kubelet's calls go to containerd, which calls koordnode
+                kn.wait_synchronized()
+                cri = Cri(self.bed.address)
+            else:
+                kn.wait_rebuilt()
+                cri = Cri(kn.listen)
         else:
             cri = Cri(self.bed.address)
         out: dict = {}
         try:
-            for cls in self.args.classes:
-                ls_sid, ls_cid = self.pod(cri, f"ls-{cls.lower()}", cls,
-                                          [PROBE_IN_CONTAINER, "server", str(PORT), str(SERVER_WORK_US)])
+            for row, cls, busy in ls_rows(self.args.classes, self.args.ls_busy):
+                server = f"{PROBE_IN_CONTAINER} server {PORT} {SERVER_WORK_US}"
+                load = f"{PROBE_IN_CONTAINER} duty {busy} & " if busy else ""
+                ls_sid, ls_cid = self.pod(cri, f"ls-{cls.lower()}", cls, ["sh", "-c", f"{load}exec {server}"])
                 client_sid = client_cid = None
                 try:
                     if RR_CLIENTS["pod"] in self.variants:
@@ -351,9 +366,9 @@ class Bench:
                     self.remove(cri, ls_sid)
                     if client_sid:
                         self.remove(cri, client_sid)
-                out[cls] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress,
+                out[row] = {"alone": alone, "with_be": with_be, "be_cgroup": be_cg, "cpu_suppress": suppress,
                             "suppress_settled_s": settled_s}
-                print(f"  {setup:20s} {cls:3s} " + "  ".join(
+                print(f"  {setup:20s} {row} " + "  ".join(
                     f"{v}: alone p99 {alone[v]['p99_us']:.0f} us, with BE p99 {with_be[v]['p99_us']:.0f} / "
                     f"p99.9 {with_be[v]['p999_us']:.0f} us (BE {with_be[v]['be_cpus']:.2f} CPUs, other "
                     f"{alone[v]['other_cpus']:.2f} / {with_be[v]['other_cpus']:.2f})"
@@ -369,6 +384,12 @@ class Bench:
         return out
 
 
+
+
+def ls_rows(classes: list[str], busy_percents: list[int]) -> list[tuple[str, str, int]]:
+    """(table row, LS pod class, the LS pod's own load in percent of a CPU) for each class and
+    load: "LS" quiet, "LS busy 60%" with a duty-cycle load beside the probe in the LS container."""
+    return [(cls if busy == 0 else f"{cls} busy {busy}%", cls, busy) for cls in classes for busy in busy_percents]
 
 
 # The rr client pod's container only waits; each run's client is exec'd into it (ExecSync), so it
@@ -531,6 +552,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=1, help="repeat every setup, interleaved; medians reported")
     parser.add_argument("--be-loops", type=int, default=3)
+    parser.add_argument("--ls-busy", default="0,60",
+                        help="the LS pod's own load, percent of a CPU, one row each (0: LS quiet; 60: a "
+                        "duty-cycle load using 60%% of a CPU in 10 ms periods beside the probe)")
     parser.add_argument("--koordnode-toml", default="", help="extra koordnode config (TOML) for the koordnode setup")
     parser.add_argument("--no-idle-latency-hold", dest="idle_latency_hold", action="store_false",
                         help=f"do not hold {CPU_DMA_LATENCY} at 0 us: idle CPUs may enter deep states (a VM's "
@@ -544,6 +568,12 @@ def main() -> int:
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         parser.error(f"unknown setups {unknown}; known: {', '.join(SETUPS)}")
+    try:
+        args.ls_busy = [int(v) for v in args.ls_busy.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--ls-busy: {args.ls_busy!r} is not a list of whole percents")
+    if not args.ls_busy or any(not 0 <= v <= 100 for v in args.ls_busy) or len(set(args.ls_busy)) != len(args.ls_busy):
+        parser.error(f"--ls-busy: {args.ls_busy} must be distinct percents from 0 to 100")
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     args.rr_clients = [c.strip() for c in args.rr_client.split(",") if c.strip()]
     for name, given, known in (("variants", args.variants, ("probe", "rr")), ("--rr-client", args.rr_clients, RR_CLIENTS)):
@@ -571,7 +601,15 @@ def main() -> int:
     with hold, tempfile.TemporaryDirectory(prefix="koordnode-ls-latency-") as tmp:
         work = Path(tmp)
         probe = build_probe(work)
-        with ContainerdBed(work / "bed") as bed:
+        bed_options = {}
+        if NRI_SETUPS & set(setups):
+            from tests.support.koordnode_runner import short_socket_dir
+            from tests.testbed.containerd_dist import containerd_bin_dir
+
+            bed_options = {"bin_dir": containerd_bin_dir(NRI_CONTAINERD_SUITE), "nri_socket": short_socket_dir() / "nri.sock"}
+        with ContainerdBed(work / "bed", **bed_options) as bed:
+            print(f"containerd {bed.containerd_major}.{bed.containerd_minor}"
+                  f"{', NRI on ' + str(bed.nri_socket) if bed.nri_socket else ''}", flush=True)
             bench = Bench(bed, probe, args, work)
             for i in range(args.repeat):
                 run = {}
@@ -580,6 +618,7 @@ def main() -> int:
                 results.append(run)
     load_after = os.getloadavg()
     doc = {"cpus": CPUS, "rounds": args.rounds, "repeat": args.repeat, "be_loops": args.be_loops,
+           "ls_busy_percent": args.ls_busy,
            "load_before": load_before, "load_after": load_after, "kernel": os.uname().release,
            "idle_latency_hold": args.idle_latency_hold, "cpuidle": idle, "variants": args.variants,
            "rr_clients": args.rr_clients if "rr" in args.variants else [], "host_client_cgroup": host_client_cgroup,
@@ -593,8 +632,9 @@ def main() -> int:
     if "rr" in args.variants:
         print(describe_rr_clients(args.rr_clients, host_client_cgroup))
     print()
-    print(table(results, args.classes, setups))
-    where = where_table(results, args.classes, setups)
+    rows = [row for row, _, _ in ls_rows(args.classes, args.ls_busy)]
+    print(table(results, rows, setups))
+    where = where_table(results, rows, setups)
     if where:
         print()
         print("Where the round trips' tail went (mean per round over the rounds at or above the percentile; "

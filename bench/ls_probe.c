@@ -5,6 +5,8 @@
  *   ls_probe server PORT WORK_US             TCP: for each 64-byte request, WORK_US of work, reply
  *   ls_probe client HOST PORT ROUNDS GAP_US  round trips against the server, GAP_US apart
  *   ls_probe spin                            one busy loop (the BE load)
+ *   ls_probe duty PERCENT                    PERCENT of a CPU: that share of every 10 ms as CPU
+ *                                            time, asleep the rest (the LS pod's own load, "LS busy")
  *
  * probe and client print one line: "p50_us p99_us p999_us max_us rounds" (microseconds); the
  * client adds key=value fields saying where its slowest round trips went (below).
@@ -201,12 +203,36 @@ static int client(const char *host, int port, int rounds, int gap_us) {
     return 0;
 }
 
+static int64_t cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Uses percent of a CPU: in each 10 ms period, works until it has had percent of the period as
+ * CPU time (or the period is over: with less CPU it gets less done), then sleeps to the period's
+ * end. */
+static void duty(int percent) __attribute__((noreturn));
+static void duty(int percent) {
+    const int64_t period = 10000000;
+    int64_t start = now_ns();
+    for (;;) {
+        int64_t cpu0 = cpu_ns();
+        while (cpu_ns() - cpu0 < period * percent / 100 && now_ns() - start < period) work(2000);
+        start += period;
+        struct timespec until = {start / 1000000000LL, start % 1000000000LL};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL);
+        if (now_ns() - start > period) start = now_ns();  /* fell behind: a new period from now */
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "probe")) return probe(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc >= 4 && !strcmp(argv[1], "server")) return server(atoi(argv[2]), atoi(argv[3]));
     if (argc >= 6 && !strcmp(argv[1], "client")) return client(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (argc >= 2 && !strcmp(argv[1], "spin")) { for (;;) work(1000000); }
+    if (argc >= 3 && !strcmp(argv[1], "duty")) duty(atoi(argv[2]));
     fprintf(stderr, "usage: ls_probe probe ROUNDS SLEEP_US WORK_US | server PORT WORK_US | "
-                    "client HOST PORT ROUNDS GAP_US | spin\n");
+                    "client HOST PORT ROUNDS GAP_US | spin | duty PERCENT\n");
     return 2;
 }

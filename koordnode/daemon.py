@@ -81,7 +81,6 @@ class Daemon:
     """Everything a running koordnode owns; also what `koordnode status` reports on."""
 
     def __init__(self, config: Config, *, metrics: Metrics = METRICS) -> None:
-        config = config_for_mode(config)
         self.config = config
         self.metrics = metrics
         self.started_at = time.time()
@@ -223,7 +222,7 @@ class Daemon:
         """A NodeSLO's table (None: no NodeSLO) below the local file, applied the way SIGHUP
         applies a file; ConfigError (nothing applied) when it does not validate."""
         async with self._config_lock:
-            new = config_for_mode(with_nodeslo(self.config, values))
+            new = with_nodeslo(self.config, values)
             await self._apply_config(new, trigger="nodeslo")
 
     async def _run_cluster(self) -> None:
@@ -474,7 +473,7 @@ class Daemon:
         async with self._config_lock:
             sdnotify.reloading()
             try:
-                new = config_for_mode(reload_config(self.config))
+                new = reload_config(self.config)
             except ConfigError as exc:
                 for error in exc.errors:
                     log.error("config_reload_rejected", detail="keeping the running config", error=error)
@@ -747,13 +746,3 @@ def _refuse_if_proxy_serves(listen: str) -> None:
         f"a CRI proxy serves {listen} (another koordnode in proxy mode?): refusing to start in "
         f"nri mode, the two would both apply QoS; stop it and point kubelet at containerd first"
     )
-
-
-def config_for_mode(config: Config) -> Config:
-    """NRI mode cannot move a pod to another cgroup parent (NRI adjusts containers, and the pod
-    sandbox exists before any plugin is asked): BE pods stay in kubelet's besteffort tier there."""
-    if config.runtime.mode != "nri" or not config.cgroup.be_idle_group:
-        return config
-    log.info("be_idle_group_needs_proxy",
-             detail="[cgroup] be_idle_group needs the proxy: in NRI mode BE pods stay in kubelet's besteffort tier")
-    return dataclasses.replace(config, cgroup=dataclasses.replace(config.cgroup, be_idle_group=False))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from koordnode.model.be_group import be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_slice
+from koordnode.model.be_group import (
+    be_group_of, be_group_parent, cgroups_path_in, in_be_group, kubelet_parent_of, moved_cgroups_path,
+    systemd_group_slice,
+)
 from koordnode.model.qos_class import KubeQoS, kube_qos_from_cgroup_parent, pod_uid_from_cgroup_parent
 from koordnode.executor.paths import pod_cgroup_path
 
@@ -67,3 +70,27 @@ def test_kubelets_own_pod_slice_of_a_moved_pod(kubelet):
 ])
 def test_no_kubelet_slice_outside_the_systemd_group(parent):
     assert kubelet_parent_of(parent) is None
+
+
+CGROUPFS_KUBELET = "/kubepods/besteffort/pod1234"
+SYSTEMD_KUBELET = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice"
+
+
+@pytest.mark.parametrize("path, kubelet, moved", [
+    # containerd's two forms of a container's cgroups path (NRI mode places BE containers)
+    ("/kubepods/besteffort/pod1234/abc", CGROUPFS_KUBELET, "/kubepods/koordnode_be/pod1234/abc"),
+    ("kubepods-besteffort-pod1234.slice:cri-containerd:abc", SYSTEMD_KUBELET,
+     "kubepods-koordnode_be-pod1234.slice:cri-containerd:abc"),
+    # not below kubelet's parent: the container stays where the runtime put it
+    ("/elsewhere/pod1234/abc", CGROUPFS_KUBELET, None),
+    ("/kubepods/besteffort/pod1234/nested/abc", CGROUPFS_KUBELET, None),
+    ("system.slice:cri-containerd:abc", SYSTEMD_KUBELET, None),
+    ("kubepods-besteffort-pod1234.slice:cri-containerd:", SYSTEMD_KUBELET, None),
+    ("", CGROUPFS_KUBELET, None),
+])
+def test_container_cgroups_paths_move_into_the_group(path, kubelet, moved):
+    assert moved_cgroups_path(path, kubelet, be_group_parent(kubelet)) == moved
+    if moved is not None:
+        assert cgroups_path_in(moved, be_group_parent(kubelet))
+        assert not cgroups_path_in(path, be_group_parent(kubelet))
+        assert cgroups_path_in(path, kubelet)

@@ -202,7 +202,7 @@ def test_the_round_trip_tail_is_charged_to_the_side_that_waited_for_a_cpu(tmp_pa
 
 def _bench(bed, tmp_path: Path, **given) -> ls_latency.Bench:
     args = argparse.Namespace(rounds=1500, variants=["rr"], rr_clients=["pod"], classes=["LS"], be_loops=1,
-                              koordnode_toml="")
+                              koordnode_toml="", ls_busy=[0])
     vars(args).update(given)
     return ls_latency.Bench(bed, build_probe(tmp_path), args, tmp_path)
 
@@ -280,3 +280,26 @@ def test_the_machine_busy_time_counts_everything_but_idle_and_iowait(tmp_path):
     #                 user nice system idle iowait irq softirq steal guest guest_nice
     stat.write_text("cpu  100 20 30 5000 70 4 6 10 0 0\ncpu0 50 10 15 2500 35 2 3 5 0 0\n")
     assert ls_latency.busy_ns(stat) == 170 * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def test_each_class_gets_a_row_per_ls_load():
+    assert ls_latency.ls_rows(["LS", "LSR"], [0, 60]) == [
+        ("LS", "LS", 0), ("LS busy 60%", "LS", 60), ("LSR", "LSR", 0), ("LSR busy 60%", "LSR", 60)]
+
+
+@needs_root_gcc_two_cpus
+def test_the_duty_load_works_part_of_each_period_and_sleeps_the_rest(tmp_path):
+    """`ls_probe duty 30` (the LS-busy load) uses CPU, but never all of it: it sleeps out each
+    period once it has had its share (checked as CPU time over its life, not as a timing)."""
+    probe = build_probe(tmp_path)
+    proc = subprocess.Popen([str(probe), "duty", "30"])
+    started = time.monotonic()
+    try:
+        time.sleep(1.0)
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        wall_s = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 0 < cpu_s < 0.6 * wall_s, (cpu_s, wall_s)

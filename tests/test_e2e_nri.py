@@ -21,6 +21,7 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.chain import Phase, Stage
+from koordnode.model.be_group import be_group_parent
 from koordnode.model.cpulist import parse_cpu_list
 from koordnode.executor.process import oom_score_adj_floor
 from support.cri import Cri, Pods, container_config, run_pod, sandbox_config
@@ -98,6 +99,11 @@ def runtime_spec(cri: Cri, cid: str) -> dict:
     return json.loads(info["info"])["runtimeSpec"]
 
 
+def spec_cgroup(cri: Cri, cid: str) -> str:
+    """The container's cgroup as containerd placed it (its spec's cgroupsPath, cgroupfs form)."""
+    return runtime_spec(cri, cid)["linux"]["cgroupsPath"]
+
+
 def process_oom(cri: Cri, cid: str) -> int:
     info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=10).info
     return int(Path(f"/proc/{json.loads(info['info'])['pid']}/oom_score_adj").read_text())
@@ -139,12 +145,14 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
     expect_idle = {"SYSTEM": "0", "LSE": "0", "LSR": "0", "LS": "0", "BE": "0"}  # [qos.BE] cpu_idle = 0
     expect_oom = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
     # Pod-level values are written after PostStartContainer: give the last one a moment.
-    wait_for(lambda: cg_read("cpu", created["BE"][0], "cpu.shares") == "2", 5, "BE pod cpu.shares")
+    wait_for(lambda: cg_read("cpu", be_group_parent(created["BE"][0]), "cpu.shares") == "2", 5, "BE pod cpu.shares")
     status = koordnode.status()
     assert status["mode"] == "nri" and status["nri"]["connected"]
     by_sid = {p["sandbox_id"]: p for p in status["pods"]}
     for cls, (parent, sid, cid) in created.items():
-        ccg = f"{parent}/{cid}"
+        ccg = spec_cgroup(cri, cid)
+        # The BE container runs in koordnode's BE group (test_be_containers_run_in_the_idle_be_group).
+        assert ccg == (f"{be_group_parent(parent)}/{cid}" if cls == "BE" else f"{parent}/{cid}"), cls
         spec = runtime_spec(cri, cid)
         # A pool move (an NRI update, when LSE and LSR took their CPUs) makes containerd write the
         # whole spec to the cgroup, kubelet's shares too: the class value follows a moment later.
@@ -171,11 +179,69 @@ def test_each_class_gets_its_values_through_nri(nri_bed, cri, koordnode, pods):
         pod = by_sid[sid]
         assert pod["qos_class"] == cls and pod["qos_reason"]
         weight = {"LSE": "1000", "LSR": "800", "LS": "500", "BE": "100"}.get(cls)
-        if weight and (CG / "blkio" / parent.lstrip("/") / "blkio.bfq.weight").exists():
-            assert cg_read("blkio", parent, "blkio.bfq.weight") == weight, cls
+        pod_cg = ccg.rsplit("/", 1)[0]
+        if weight and (CG / "blkio" / pod_cg.lstrip("/") / "blkio.bfq.weight").exists():
+            assert cg_read("blkio", pod_cg, "blkio.bfq.weight") == weight, cls
     lse_cpus = parse_cpu_list(cg_read("cpuset", f"{created['LSE'][0]}/{created['LSE'][2]}", "cpuset.cpus"))
     ls_cpus = parse_cpu_list(cg_read("cpuset", f"{created['LS'][0]}/{created['LS'][2]}", "cpuset.cpus"))
     assert len(lse_cpus) == 1 and not (lse_cpus & ls_cpus)
+
+
+def cgroup_procs(controller: str, cgroup: str) -> set[int]:
+    return {int(p) for p in cg_read(controller, cgroup, "cgroup.procs").split()}
+
+
+def test_be_containers_run_in_the_idle_be_group(nri_bed, cri, koordnode, pods):
+    """NRI cannot move a pod (its sandbox exists before any plugin is asked), but it can place
+    each container: a BestEffort BE pod's containers get a cgroups path in koordnode's idle BE
+    group, beside kubelet's tiers, while the sandbox stays in kubelet's pod cgroup. Everything
+    stays removable by its owner: runc removes the container cgroups, koordnode the group's pod
+    cgroup at RemovePodSandbox, kubelet its own (only the sandbox was in it)."""
+    kubepods = nri_bed.kubepods_cgroup
+    group = f"{kubepods}/koordnode_be"
+    sb, sid, cid = pods.run("batch", qos="besteffort", cmd=("sh", "-c", "while :; do :; done"))
+    _, _, ls_cid = pods.run("web", qos="burstable", resources={"cpu_shares": 512})
+    kubelet_pod = sb.linux.cgroup_parent
+    group_pod = f"{group}/pod{sb.metadata.uid}"
+    assert kubelet_pod == f"{kubepods}/besteffort/pod{sb.metadata.uid}"
+    # containerd's own record says where the container is: its spec, and the process's cgroups.
+    assert spec_cgroup(cri, cid) == f"{group_pod}/{cid}"
+    pid = json.loads(cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info["info"])["pid"]
+    for controller in ("cpu", "memory", "cpuset", "pids"):
+        assert pid in cgroup_procs(controller, f"{group_pod}/{cid}"), controller
+    # The group yields to LS: idle, or (LS quiet, cpu_suppress) at the lowest weight.
+    wait_for(lambda: cg_read("cpu", group, "cpu.idle") == "1" or cg_read("cpu", group, "cpu.shares") == "2", 10,
+             "the BE group gives way")
+    assert cg_read("cpu", f"{kubepods}/besteffort", "cpu.idle") == "0"
+    # The LS container stays where kubelet put it.
+    assert spec_cgroup(cri, ls_cid).startswith(f"{kubepods}/burstable/")
+    # kubelet's own cgroups: its pod cgroup holds the sandbox only, and its writes succeed.
+    assert list((CG / "cpu" / kubelet_pod.lstrip("/")).iterdir())
+    assert cgroup_procs("cpu", kubelet_pod) == set()
+    cg_write("cpu", f"{kubepods}/besteffort", "cpu.shares", "2")
+    cg_write("cpu", kubelet_pod, "cpu.shares", "2")
+    # koordnode records the pod where its containers are, and applies the BE values there.
+    pod = next(p for p in koordnode.status()["pods"] if p["sandbox_id"] == sid)
+    assert pod["qos_class"] == "BE" and pod["cgroup_parent"] == group_pod
+    wait_for(lambda: process_oom(cri, cid) == max(1000, OOM_FLOOR or 1000), 5, "BE oom_score_adj")
+    # A koordnode restart finds the pod where its containers are (their cgroups paths in the
+    # runtime's Synchronize), not where the runtime's sandbox record says.
+    assert koordnode.stop() == 0
+    koordnode.start()
+    koordnode.wait_synchronized()
+    pod = next(p for p in koordnode.status()["pods"] if p["sandbox_id"] == sid)
+    assert pod["qos_class"] == "BE" and pod["cgroup_parent"] == group_pod
+    pods.remove(sid)
+    # runc removed the container cgroup, koordnode the group's pod cgroup (every hierarchy) ...
+    for controller in ("cpu", "memory", "cpuset", "pids"):
+        wait_for(lambda c=controller: not (CG / c / group_pod.lstrip("/")).exists(), 10,
+                 f"the group's pod cgroup removed ({controller})")
+    # ... and kubelet's pod cgroup is empty, so kubelet's removal succeeds.
+    for controller in ("cpu", "memory", "cpuset", "pids"):
+        path = CG / controller / kubelet_pod.lstrip("/")
+        if path.exists():
+            assert not [d for d in path.iterdir() if d.is_dir()], controller
+            path.rmdir()
 
 
 def test_lse_pool_changes_reach_running_containers_as_nri_updates(nri_bed, cri, koordnode, pods):
@@ -264,8 +330,9 @@ def test_be_suppress_works_in_nri_mode(nri_bed, cri, pods, tmp_path):
     so what is asserted is the floor under LS load and that the LS pod's usage was counted.)"""
     only_on_21(nri_bed)
     kubepods = nri_bed.kubepods_cgroup
-    be_tier = f"{kubepods}/besteffort"
-    cg_write("cpu", be_tier, "cpu.cfs_quota_us", "-1")  # as kubelet leaves it (earlier tests wrote it)
+    be_tier = f"{kubepods}/koordnode_be"  # where the BE pods run, so where the quota goes
+    if (CG / "cpu" / be_tier.lstrip("/")).exists():
+        cg_write("cpu", be_tier, "cpu.cfs_quota_us", "-1")  # earlier tests' koordnodes wrote it
     kn = KoordnodeProcess(tmp_path / "kn", str(nri_bed.socket), nri_socket=str(nri_bed.nri_socket),
                           kubepods=kubepods).start()
     try:
@@ -312,9 +379,11 @@ def test_containerd_restart_reconnects_reregisters_and_resynchronizes(nri_bed, c
     try:
         pods.cri = cri2
         sb2, _, cid2 = pods.run("after", qos="besteffort", resources={"cpu_shares": 2})
-        wait_for(lambda: cg_read("cpu", sb2.linux.cgroup_parent, "cpu.shares") == "2", 5, "new BE pod cpu.shares")
+        be_cg = spec_cgroup(cri2, cid2)
+        assert be_cg == f"{be_group_parent(sb2.linux.cgroup_parent)}/{cid2}"
+        wait_for(lambda: cg_read("cpu", be_cg.rsplit("/", 1)[0], "cpu.shares") == "2", 5, "new BE pod cpu.shares")
         # The new BE container is off the LSE core.
-        be_cpus = parse_cpu_list(cg_read("cpuset", f"{sb2.linux.cgroup_parent}/{cid2}", "cpuset.cpus"))
+        be_cpus = parse_cpu_list(cg_read("cpuset", be_cg, "cpuset.cpus"))
         assert not (be_cpus & parse_cpu_list(lse_cpus))
     finally:
         pods.cleanup()

@@ -8,12 +8,14 @@ import time
 
 import pytest
 
-from k8s_support import control_plane, example_pods, find_pod_cgroup, require_component  # noqa: F401
+from k8s_support import cg_dir, cg_read, control_plane, example_pods, find_pod_cgroup, require_component  # noqa: F401
 from koordnode.cri.kubelet_calls import STATS_GATE
 from test_k8s_node import (
     FIRST_ROUND,
     STATS_FROM_CRI,
+    _pod_cgroups,
     _pods_by_class,
+    _summary_by_pod,
     applied_values_hold,
     check_class_values,
     resize_ls_to_700m_and_check,
@@ -82,3 +84,27 @@ def test_nri_mode_kubelet_reports_the_resources_it_allocated(nri_node):
         allocated = status.get("allocatedResources", {})
         reported = status.get("resources", {}).get("requests", {})
         assert {k: reported.get(k) for k in allocated} == allocated, (cls, reported, allocated)
+
+
+def test_nri_mode_be_containers_run_in_the_group_and_kubelet_counts_them(nri_node):
+    """NRI mode places the BE pod's containers in koordnode's idle group (CreateContainer's
+    cgroups path); kubelet's own pod cgroup keeps the sandbox. kubelet's container stats come from
+    containerd, which reads each container's real cgroup, so the busy BE container is counted (its
+    eviction manager ranks pods by their containers' memory). Its pod-level figures are read from
+    the sandbox's cgroup parent, kubelet's: docs/operations.md says so."""
+    pods = _pods_by_class(nri_node, FIRST_ROUND)
+    be = pods["BE"]
+    uid = be["metadata"]["uid"]
+    pod_cg, container_cg = _pod_cgroups(nri_node, be)
+    assert pod_cg == f"{nri_node.kubepods}/koordnode_be/pod{uid}", pod_cg
+    kubelet_pod_cg = f"{nri_node.kubepods}/besteffort/pod{uid}"
+    assert [d.name for d in cg_dir("cpu", kubelet_pod_cg).iterdir() if d.is_dir()], "the sandbox's cgroup"
+    assert cg_read("cpu", f"{nri_node.kubepods}/besteffort", "cpu.idle") == "0"
+    by_name = _summary_by_pod(nri_node, [p["metadata"]["name"] for p in pods.values()])
+    container = by_name[be["metadata"]["name"]]["containers"][0]
+    assert container["memory"]["workingSetBytes"] > 0, container
+    assert container["cpu"]["usageNanoCores"] > 0, container  # the busy loop, in the group
+    pod_level = by_name[be["metadata"]["name"]]["cpu"]
+    print(f"BE pod-level CPU in kubelet's summary (the sandbox's cgroup): {pod_level}; container: {container['cpu']}")
+    status = next(p for p in nri_node.koordnode.status()["pods"] if p["uid"] == uid)
+    assert status["cgroup_parent"].endswith(f"/koordnode_be/pod{uid}"), status

@@ -23,6 +23,7 @@ import pytest
 from k8s_support import (
     EXAMPLES,
     SHARED_EXAMPLES,
+    cg_dir,
     cg_read,
     container_cgroup,
     control_plane,  # noqa: F401 - the session's API server
@@ -119,9 +120,15 @@ def test_node_is_ready_behind_koordnode(node):
 
 
 def _pod_cgroups(node: RealNode, pod: dict) -> tuple[str, str]:
-    pod_cg = find_pod_cgroup(node.kubepods, pod["metadata"]["uid"])
+    """The pod cgroup its (first) container runs in, and the container's cgroup. In NRI mode a BE
+    pod has two pod cgroups: kubelet's holds the sandbox, koordnode's BE group the containers."""
+    uid = pod["metadata"]["uid"]
     cid = pod["status"]["containerStatuses"][0]["containerID"]
-    return pod_cg, container_cgroup(pod_cg, cid)
+    group = f"{node.kubepods}/koordnode_be/pod{uid}"
+    for pod_cg in (group, find_pod_cgroup(node.kubepods, uid)):
+        if cg_dir("cpu", container_cgroup(pod_cg, cid)).is_dir():
+            return pod_cg, container_cgroup(pod_cg, cid)
+    raise AssertionError(f"no cgroup for container {cid} of pod {uid} under {node.kubepods}")
 
 
 def check_class_values(node: RealNode, classes) -> None:
@@ -133,8 +140,8 @@ def check_class_values(node: RealNode, classes) -> None:
         # what kubelet allocated to the container (a pending resize is in spec only)
         requests = pod["status"]["containerStatuses"][0].get("allocatedResources", {})
         if cls == "BE":
-            in_group = node.mode == "proxy"  # NRI cannot choose a pod's cgroup: there BE stays in kubelet's tier
-            assert ("/koordnode_be/" in pod_cg) == in_group, f"the BE pod's cgroup: {pod_cg}"
+            # Proxy mode moves the pod, NRI mode its containers (the sandbox stays in kubelet's).
+            assert "/koordnode_be/" in pod_cg, f"the BE pod's cgroup: {pod_cg}"
             assert cg_read("cpu", ctr_cg, "cpu.shares") == "2"
         else:
             kubelet_shares = _millicpu(requests["cpu"]) * 1024 // 1000  # what kubelet asks for the request

@@ -407,3 +407,55 @@ def test_the_class_values_go_back_after_the_runtime_applied_an_update() -> None:
             assert engine.updated == ["c1"]
 
     run(main())
+
+
+class MovesToBeGroupHook:
+    """Points CreateContainer's sandbox parent into the BE group, as the QoS engine does for a pod
+    it placed there."""
+
+    name = "moves"
+
+    def stages(self):
+        return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
+
+    def pre(self, call: CallContext) -> None:
+        parent = call.request.sandbox_config.linux.cgroup_parent
+        call.request.sandbox_config.linux.cgroup_parent = parent.replace("/besteffort/", "/koordnode_be/")
+
+
+def be_pod(pid: str = "pod1") -> nri.PodSandbox:
+    p = pod(pid)
+    p.linux.cgroup_parent = "/kubepods/besteffort/podu1"
+    return p
+
+
+@pytest.mark.parametrize("cgroups_path, adjusted", [
+    ("/kubepods/besteffort/podu1/c1", "/kubepods/koordnode_be/podu1/c1"),
+    ("", "/kubepods/koordnode_be/podu1/c1"),  # not sent: containerd's cgroupfs form
+    ("/somewhere/else/c1", ""),  # not below kubelet's parent: the container stays
+])
+def test_a_moved_sandbox_parent_becomes_the_containers_cgroups_path(cgroups_path, adjusted) -> None:
+    async def main():
+        async with Harness([MovesToBeGroupHook()]) as h:
+            c = container()
+            c.linux.cgroups_path = cgroups_path
+            resp = await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=be_pod(), container=c),
+                                        nri.CreateContainerResponse)
+            assert resp.adjust.linux.cgroups_path == adjusted
+
+    run(main())
+
+
+def test_synchronize_records_a_pod_where_its_containers_were_placed() -> None:
+    moved, stayed = be_pod("pod1"), be_pod("pod2")
+    stayed.linux.cgroup_parent = "/kubepods/besteffort/podu2"
+    in_group, in_tier = container("c1", "pod1"), container("c2", "pod2")
+    in_group.linux.cgroups_path = "/kubepods/koordnode_be/podu1/c1"
+    in_tier.linux.cgroups_path = "/kubepods/besteffort/podu2/c2"
+
+    async def main():
+        async with Harness([], pods=[moved, stayed], containers=[in_group, in_tier]) as h:
+            assert h.state.pods["pod1"].cgroup_parent == "/kubepods/koordnode_be/podu1"
+            assert h.state.pods["pod2"].cgroup_parent == "/kubepods/besteffort/podu2"
+
+    run(main())

@@ -14,7 +14,9 @@ So koordnode keeps a cgroup of its own, a sibling of the tiers inside kubelet's 
               pod<uid>.slice", and gets it back the same way: ".../kubepods-koordnode_be.slice/...")
 
 marks it idle, and moves BestEffort pods of class BE there by rewriting the cgroup parent of
-RunPodSandbox and CreateContainer. kubelet's own cgroups are untouched: its pod cgroup under
+RunPodSandbox and CreateContainer (proxy mode), or places their containers there through the
+cgroups path of NRI's CreateContainer adjustment (NRI mode: the sandbox stays in kubelet's pod
+cgroup, which NRI cannot change). kubelet's own cgroups are untouched: its pod cgroup under
 `besteffort` stays (empty) and writable, its tier stays non-idle. The group is still inside
 kubepods, so node allocatable (kubepods' limits) keeps bounding BE. Only BestEffort pods move:
 their kubelet pod cgroup carries no limits that would be lost by leaving it.
@@ -110,3 +112,33 @@ def kubelet_parent_of(group_parent: str) -> str | None:
     if len(segments) < 2 or segments[-2] != f"{match['stem']}-{BE_GROUP}.slice":
         return None
     return "/" + "/".join(segments[:-2] + [f"{match['stem']}-besteffort.slice", pod_slice])
+
+
+def moved_cgroups_path(cgroups_path: str, kubelet_parent: str, new_parent: str) -> str | None:
+    """NRI mode: a container's OCI cgroups path with kubelet's pod parent swapped for the one in
+    the group, in the runtime's own form: "<slice>:<prefix>:<name>" (systemd driver: the slice is
+    the parent's last element) or "<parent>/<name>" (cgroupfs). None when the path is not below
+    `kubelet_parent` (a foreign layout, or a runtime that placed it elsewhere): it stays then."""
+    if not (cgroups_path and kubelet_parent and new_parent):
+        return None
+    fields = cgroups_path.split(":")
+    if len(fields) == 3 and "/" not in fields[0]:
+        kubelet_slice = kubelet_parent.rstrip("/").rsplit("/", 1)[-1]
+        if fields[0] != kubelet_slice or not fields[2]:
+            return None
+        return ":".join([new_parent.rstrip("/").rsplit("/", 1)[-1], fields[1], fields[2]])
+    prefix = kubelet_parent.rstrip("/") + "/"
+    rest = cgroups_path[len(prefix):]
+    if not cgroups_path.startswith(prefix) or not rest or "/" in rest:
+        return None
+    return new_parent.rstrip("/") + "/" + rest
+
+
+def cgroups_path_in(cgroups_path: str, parent: str) -> bool:
+    """True for a container's OCI cgroups path (either form) directly below `parent`."""
+    if not (cgroups_path and parent):
+        return False
+    fields = cgroups_path.split(":")
+    if len(fields) == 3 and "/" not in fields[0]:
+        return fields[0] == parent.rstrip("/").rsplit("/", 1)[-1]
+    return cgroups_path.rsplit("/", 1)[0] == parent.rstrip("/")

@@ -444,12 +444,14 @@ class ContainerAdjustment(_message.Message):
     def __init__(self, annotations: _Optional[_Mapping[str, str]] = ..., linux: _Optional[_Union[LinuxContainerAdjustment, _Mapping]] = ...) -> None: ...
 
 class LinuxContainerAdjustment(_message.Message):
-    __slots__ = ("resources", "oom_score_adj")
+    __slots__ = ("resources", "cgroups_path", "oom_score_adj")
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    CGROUPS_PATH_FIELD_NUMBER: _ClassVar[int]
     OOM_SCORE_ADJ_FIELD_NUMBER: _ClassVar[int]
     resources: LinuxResources
+    cgroups_path: str
     oom_score_adj: OptionalInt
-    def __init__(self, resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., oom_score_adj: _Optional[_Union[OptionalInt, _Mapping]] = ...) -> None: ...
+    def __init__(self, resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., cgroups_path: _Optional[str] = ..., oom_score_adj: _Optional[_Union[OptionalInt, _Mapping]] = ...) -> None: ...
 
 class ContainerUpdate(_message.Message):
     __slots__ = ("container_id", "linux", "ignore_failure")

@@ -9,6 +9,7 @@ what the hooks changed in it is turned back into an NRI adjustment or update.
 from __future__ import annotations
 
 from koordnode.cri import api_pb2 as cri
+from koordnode.model.be_group import be_group_parent, cgroups_path_in, moved_cgroups_path
 from koordnode.nri import api_pb2 as nri
 from koordnode.model.state import (
     CONTAINER_CREATED,
@@ -96,6 +97,16 @@ def pod_record(pod: nri.PodSandbox, source: str) -> PodRecord:
                      source=source, ips=tuple(pod.ips))
 
 
+def placed_parent(pod: nri.PodSandbox, containers: list[nri.Container]) -> str:
+    """The cgroup parent of the pod's containers: koordnode's BE group where an earlier run
+    placed them there (CreateContainer's cgroups path), else the runtime's (kubelet's)."""
+    moved = be_group_parent(pod.linux.cgroup_parent)
+    if moved is not None and any(c.pod_sandbox_id == pod.id and cgroups_path_in(c.linux.cgroups_path, moved)
+                                 for c in containers):
+        return moved
+    return pod.linux.cgroup_parent
+
+
 def container_record(container: nri.Container, source: str) -> ContainerRecord:
     cfg = container_config(container)
     return ContainerRecord(container_id=container.id, sandbox_id=container.pod_sandbox_id, name=container.name,
@@ -127,9 +138,33 @@ def resources_delta(before: RecordedResources, after: cri.LinuxContainerResource
     return out if changed else None
 
 
-def adjustment(before: cri.CreateContainerRequest, after: cri.CreateContainerRequest) -> nri.ContainerAdjustment:
-    """What CreateContainer's hooks changed, as a ContainerAdjustment (empty: no change)."""
+class CgroupsPathNotMoved(ValueError):
+    """The hooks moved the pod's cgroup parent, but the container's cgroups path is not below
+    kubelet's parent: the move cannot be expressed as an adjustment."""
+
+
+def default_cgroups_path(cgroup_parent: str, container_id: str) -> str:
+    """The cgroups path containerd's CRI gives a container of that parent (its two forms)."""
+    slice_name = cgroup_parent.rstrip("/").rsplit("/", 1)[-1]
+    if slice_name.endswith(".slice"):
+        return f"{slice_name}:cri-containerd:{container_id}"
+    return f"{cgroup_parent.rstrip('/')}/{container_id}"
+
+
+def adjustment(before: cri.CreateContainerRequest, after: cri.CreateContainerRequest,
+               container: nri.Container | None = None) -> nri.ContainerAdjustment:
+    """What CreateContainer's hooks changed, as a ContainerAdjustment (empty: no change).
+
+    A new cgroup parent in the sandbox config (a BE pod in koordnode's BE group) becomes the
+    container's cgroups path: NRI cannot move the pod, but it can place each container."""
     adjust = nri.ContainerAdjustment()
+    old_parent, new_parent = before.sandbox_config.linux.cgroup_parent, after.sandbox_config.linux.cgroup_parent
+    if new_parent != old_parent and container is not None:
+        current = container.linux.cgroups_path or default_cgroups_path(old_parent, container.id)
+        moved = moved_cgroups_path(current, old_parent, new_parent)
+        if moved is None:
+            raise CgroupsPathNotMoved(f"cgroups path {current!r} is not below the pod's parent {old_parent!r}")
+        adjust.linux.cgroups_path = moved
     old, new = before.config, after.config
     for key, value in new.annotations.items():
         if old.annotations.get(key) != value:

@@ -373,7 +373,13 @@ class NriPlugin:
         self._collecting += 1
         try:
             await self.chain.run_pre(call)
-            adjust = convert.adjustment(original, call.request)
+            try:
+                adjust = convert.adjustment(original, call.request, container)
+            except convert.CgroupsPathNotMoved as exc:
+                # The container stays where the runtime put it, and is recorded there.
+                log.warning("be_container_not_moved_to_be_group", container_id=container.id, problem=str(exc))
+                call.request.sandbox_config.linux.cgroup_parent = original.sandbox_config.linux.cgroup_parent
+                adjust = convert.adjustment(original, call.request, container)
             if (self.oom_floor is not None and adjust.linux.HasField("oom_score_adj")
                     and adjust.linux.oom_score_adj.value < self.oom_floor):
                 floor = max(self.oom_floor, original.config.linux.resources.oom_score_adj)
@@ -517,7 +523,8 @@ class NriPlugin:
         running container to its class values (pods created while koordnode was away too)."""
         kubelet = self._kubelet_values(containers)
         state = self.state
-        pod_records = [convert.pod_record(p, "recovered") for p in pods]
+        pod_records = [dataclasses.replace(convert.pod_record(p, "recovered"),
+                                           cgroup_parent=convert.placed_parent(p, containers)) for p in pods]
         container_records = [convert.container_record(c, "recovered") for c in containers]
         if self.engine is not None:  # the class at once; the reconcile pass applies the values
             pod_records = [dataclasses.replace(r, qos_class=d.qos_class.value, qos_reason=d.why)

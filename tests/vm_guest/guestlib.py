@@ -14,10 +14,13 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
+from koordnode.admin.client import fetch_status
 from koordnode.cri import api_pb2 as pb
 from support.cri import container_config, run_pod, sandbox_config, start_container, wait_container_state
 from support.koordnode_runner import REPO, KoordnodeProcess, wait_for_socket
 from testbed.systemd_bed import kubelet_pod_slice
+
+STATUS_TIMEOUT_S = 30.0
 
 CG = Path("/sys/fs/cgroup")
 SCRATCH_DISK = "vdb"  # the VM's second virtio disk
@@ -68,6 +71,11 @@ class GuestKoordnode(KoordnodeProcess):
         except (TimeoutError, RuntimeError) as err:
             raise RuntimeError(f"{err}; koordnode log tail:\n{self.log_text()[-3000:]}") from err
         return self
+
+    def status(self) -> dict:
+        # Under TCG a status answer right after a start, or with busy loops on both vCPUs, took
+        # over the host tests' 5 s (the lane's BE-group restarts and LS-step tests, 2026-11-26).
+        return fetch_status(self.admin, timeout_s=STATUS_TIMEOUT_S)
 
     def metrics(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()

@@ -30,6 +30,8 @@ from testbed.systemd_bed import (
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
 GROUP_DIR = CG / KUBEPODS_SLICE / GROUP_SLICE
+# The hooks' time bound for this module's koordnode (be_group_koordnode says why).
+HOOK_TIMEOUT_MS = 3000
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,11 @@ def be_group_koordnode(systemd_bed, tmp_path_factory):
                         extra_toml='[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\n'
                                    '[strategy.cpu_suppress]\nls_quiet_percent = 0\n',
                         metrics_listen=f"127.0.0.1:{port}", kubepods="/" + KUBEPODS_SLICE)
+    # The hooks' 200 ms bound is for real machines: under TCG (host load 10-25) a RunPodSandbox
+    # pre took 287 ms and, fail-open as designed, the BE pod stayed in kubelet's slice (the
+    # "first BE pod missed the group" failures of the lane). These tests are about the group.
+    kn.config_path.write_text(kn.config_path.read_text().replace(
+        "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
     kn.metrics_port = port
     kn.start()
     yield kn
@@ -300,7 +307,9 @@ def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager
         assert status["ticks"]["woken_by_usage"] > usage_ticks, status["ticks"]
         decision = suppress_decision(kn)
         assert idle_threshold(decision["inputs"]), decision
-        assert decision["inputs"]["ls_used_cpus"] > 1.0, decision
+        # ncpu + 1 loops, but under TCG the guest's own system use (koordnode, containerd, this
+        # test) takes a share of the 2 vCPUs that moves with the host's load (0.85 CPUs for LS seen).
+        assert decision["inputs"]["ls_used_cpus"] > 0.5, decision
     finally:
         for hog in hogs:
             hog.kill()
@@ -462,6 +471,16 @@ def test_while_ls_is_quiet_the_group_slice_runs_unthrottled_at_the_lowest_weight
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=30)
+        if hogs:
+            # The new pod shares the group with the busy BE pod: at the quota's floor (2 ms per
+            # 100 ms) under TCG its sandbox did not die within containerd's 60 s (StopPodSandbox:
+            # "failed to kill sandbox container: context deadline exceeded"). LS is quiet again:
+            # the manager lifts the quota within a few ticks.
+            try:
+                wait_for(lambda: group_state()[0] != str(MIN_QUOTA_US), 60, "the group off the quota's floor",
+                         interval=1.0)
+            except AssertionError:
+                pass  # the removal below says what is wrong
         for sandbox_id in created:
             remove_pod(cri, sandbox_id)
         cri.close()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from koordnode.cri import api_pb2 as pb
+from koordnode.model.be_group import be_group_parent
 from koordnode.model.cpulist import parse_cpu_list
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
 from support.koordnode_runner import KoordnodeProcess, short_socket_dir
@@ -76,10 +77,19 @@ def test_nri_on_containerd_17_with_cgroup_v2_and_systemd(nri_systemd_bed, tmp_pa
         assert len(lse_cpus) == 1
         ls_cpus = parse_cpu_list((bed.container_cgroup_dir(ls_parent, ls_cid) / "cpuset.cpus").read_text().strip())
         assert ls_cpus and not (ls_cpus & lse_cpus)  # the running LS container left the core (NRI update)
+        # The BE container runs in koordnode's idle group slice (CreateContainer's cgroups path);
+        # the sandbox stays in kubelet's pod slice.
+        group_parent = be_group_parent(be_parent)
+        assert bed.container_cgroup_dir(group_parent, be_cid).is_dir()
+        assert not bed.container_cgroup_dir(be_parent, be_cid).exists()
+        group = bed.pod_cgroup_dir(group_parent).parent
+        # The group gives way: idle, or (LS quiet, cpu_suppress) at the lowest weight.
+        wait_for(lambda: (group / "cpu.idle").read_text().strip() == "1" or (group / "cpu.weight").read_text().strip() == "1",
+                 30, "the BE group slice gives way")
         # Pod-level values (after StartContainer): BE's weight on the pod, not idle ([qos.BE] cpu_idle = 0).
-        wait_for(lambda: (bed.pod_cgroup_dir(be_parent) / "cpu.weight").read_text().strip() == str(weight(2)), 10,
+        wait_for(lambda: (bed.pod_cgroup_dir(group_parent) / "cpu.weight").read_text().strip() == str(weight(2)), 10,
                  "BE pod cpu.weight")
-        assert (bed.pod_cgroup_dir(be_parent) / "cpu.idle").read_text().strip() == "0"
+        assert (bed.pod_cgroup_dir(group_parent) / "cpu.idle").read_text().strip() == "0"
 
         # koordnode away: a Guaranteed pod is created as kubelet asks; the next Synchronize fixes it.
         assert kn.stop() == 0
