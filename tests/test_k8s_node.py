@@ -450,7 +450,8 @@ def _memory_pod(name: str, cls: str, hold_mb: int, request: str | None, after_s:
 def _growing_memory_pod(name: str, cls: str, step_mb: int, steps: int, after_s: int = 0) -> dict:
     """A pod adding a process holding ``step_mb`` MB every second, ``steps`` times."""
     pod = _memory_pod(name, cls, 0, None)
-    hold = f'x=$(head -c {step_mb * 1_000_000} /dev/zero | tr "\\0" a); sleep 3600'
+    # `; true`: a subshell's last command is exec'd, which would drop the variable with the shell.
+    hold = f'x=$(head -c {step_mb * 1_000_000} /dev/zero | tr "\\0" a); sleep 3600; true'
     pod["spec"]["containers"][0]["command"][2] = (
         f"sleep {after_s}; for i in $(seq {steps}); do ( {hold} ) & sleep 1; done; echo held; wait")
     return pod
