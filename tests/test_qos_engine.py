@@ -35,7 +35,7 @@ from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
-from koordnode.executor.process import CoreScheduling
+from koordnode.executor.core_sched import CoreScheduling
 from support.fake_core_sched import FakeCoreKernel
 
 MIB = 1 << 20

@@ -28,13 +28,9 @@ from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, container_cgroup_path, pod_cgroup_path
-from koordnode.executor.process import (
-    CoreSchedResult,
-    CoreScheduling,
-    ProcessExecutor,
-    ProcessResult,
-    oom_score_adj_floor,
-)
+from koordnode.executor.core_sched import CoreScheduling
+from koordnode.executor.process import ProcessExecutor, ProcessResult, oom_score_adj_floor
+from koordnode.hooks.core_sched import keep_pod_cookie, node_status
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.policy.cpuset import (
@@ -1133,28 +1129,19 @@ class QoSEngine:
         return results
 
     def _keep_core_sched(self, entry: _PodPlan) -> str:
-        """One core-scheduling cookie for every process of the pod's running containers (their
-        children inherit it; a process started by an exec gets it at the next pass). The
-        pod's state for status; "" when its class does not ask for it."""
-        if not entry.core_sched:
-            return ""
-        unavailable = self.core_sched.unavailable
-        if unavailable is not None:
-            return f"unavailable: {unavailable}"
-        pids: list[int] = []
-        for cgroup in entry.container_cgroups.values():
-            try:
-                pids += self.executor.read_pids(cgroup) or []
-            except (OSError, UnsafePathError):
-                continue
+        """The pod's processes at its class's core-scheduling cookie (koordnode/hooks/core_sched.py);
+        the pod's state for status, "" when its class asks for none."""
+        def pids() -> list[int]:
+            found: list[int] = []
+            for cgroup in entry.container_cgroups.values():
+                try:
+                    found += self.executor.read_pids(cgroup) or []
+                except (OSError, UnsafePathError):
+                    continue
+            return found
+
         self.core_sched.dry_run = self.executor.dry_run
-        result: CoreSchedResult = self.core_sched.share(pids)
-        if result.errors:
-            log.warning("core_sched_cookie_not_shared", pod_cgroup=entry.pod_cgroup, errors=list(result.errors[:5]))
-            return f"failed for {len(result.errors)} process(es): {result.errors[0]}"
-        if not result.processes:
-            return "on: no process running yet"
-        return f"on: {result.processes} process(es) share the pod's cookie"
+        return keep_pod_cookie(self.core_sched, self.settings.qos, entry.decision.qos_class, pids, entry.pod_cgroup)
 
     def _make_plan(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
                    decision: ClassDecision, pod_cgroup: str, key: _PlanKey | None) -> _PodPlan:
@@ -1619,13 +1606,6 @@ class QoSEngine:
         return [f"[node] {' and '.join(unused)} not applied: kubelet places the containers (its"
                 " reservedSystemCPUs keeps CPUs from pods)"]
 
-    def _core_sched_status(self) -> dict[str, Any]:
-        classes = [cls.value for cls in QoSClass if self.settings.qos.for_class(cls).core_sched]
-        if not classes:
-            return {"classes": [], "state": "off (no [qos.<CLASS>] core_sched)"}
-        unavailable = self.core_sched.unavailable
-        return {"classes": classes, "state": "on" if unavailable is None else f"unavailable: {unavailable}"}
-
     def _be_slice_notes(self) -> list[str]:
         be_slices = getattr(self, "be_slices", None)  # None while __init__ runs
         problems = dict(be_slices.problems) if be_slices is not None else {}
@@ -1647,7 +1627,7 @@ class QoSEngine:
             engine={
                 "cgroup_version": self.features.cgroup_version,
                 "group_identity": self.features.group_identity,
-                "core_sched": self._core_sched_status(),
+                "core_sched": node_status(self.core_sched, self.settings.qos),
                 "cpus": self._cpu_status(),
                 # Values another writer changed and koordnode restored, by resource.
                 "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},

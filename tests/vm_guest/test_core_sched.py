@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from guestlib import RECONCILE_S, make_pod, reload_config, wait_for
-from koordnode.executor.process import CoreScheduling
+from koordnode.executor.core_sched import CoreScheduling
 from support.cri import Cri, remove_pod
 
 QOS_LABEL = "koordinator.sh/qosClass"
