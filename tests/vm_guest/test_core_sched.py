@@ -54,9 +54,21 @@ def pod_state(kn, pod) -> str | None:
     return next(p for p in kn.status()["pods"] if p["sandbox_id"] == pod.sandbox_id).get("core_sched")
 
 
+def smt_siblings() -> str:
+    """cpu0's hardware threads as the guest kernel sees them ("0-1" with -smp 4,cores=2,threads=2)."""
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return "?"
+
+
 @pytest.mark.skipif(UNAVAILABLE is None, reason="this kernel gives cookies: the other test runs")
 def test_status_and_doctor_say_why_core_sched_is_unavailable(systemd_bed, core_sched_config, cri):
     kn = core_sched_config
+    siblings = smt_siblings()
+    print(f"cpu0's SMT siblings: {siblings}; core scheduling: {UNAVAILABLE}")
+    if "-" in siblings or "," in siblings:  # siblings: the kernel can only lack CONFIG_SCHED_CORE
+        assert "CONFIG_SCHED_CORE" in UNAVAILABLE, UNAVAILABLE
     lse = make_pod(cri, systemd_bed, "exclusive", "guaranteed", labels={QOS_LABEL: "LSE"}, resources=GUARANTEED_1CPU)
     be = make_pod(cri, systemd_bed, "batch", "besteffort", labels={QOS_LABEL: "BE"})
     for pod in (lse, be):
