@@ -529,25 +529,30 @@ def _check_cgroup_files(report: Report, paths: DoctorPaths, version: str | None)
 
 def _check_core_sched(report: Report, config: Any, core_sched: Any = None) -> None:
     """Whether the kernel gives core-scheduling cookies (asked of this process: a read-only
-    PR_SCHED_CORE_GET), and whether a class asks for them."""
-    from koordnode.executor.process import CoreScheduling
+    PR_SCHED_CORE_GET), and whether a class asks for them (core_sched, core_expeller)."""
+    from koordnode.executor.core_sched import CoreScheduling
     from koordnode.model.qos_class import QoSClass
 
     classes = [cls.value for cls in QoSClass if config.qos.for_class(cls).core_sched]
+    expellers = [cls.value for cls in QoSClass if config.qos.for_class(cls).core_expeller]
     unavailable = (core_sched or CoreScheduling()).unavailable
-    report.facts["core_sched"] = {"classes": classes, "unavailable": unavailable}
+    report.facts["core_sched"] = {"classes": classes, "expellers": expellers, "unavailable": unavailable}
     name, feature = "core scheduling", "core scheduling (SMT)"
+    uses = ([f"a cookie per pod of {', '.join(classes)}"] if classes else []) + (
+        [f"BE kept off the cores of {', '.join(expellers)}"] if expellers else [])
+    keys = " and ".join(k for k, on in (("core_sched", classes), ("core_expeller", expellers)) if on)
     if unavailable is None:
-        report.add(name, OK, "PR_SCHED_CORE available" + (f"; used by {', '.join(classes)}" if classes else ""))
-        report.feature(feature, ACTIVE if classes else OFF,
-                       f"cookies per pod of {', '.join(classes)}" if classes else "no [qos.<CLASS>] core_sched")
-    elif classes:
-        report.add(name, WARN, f"{', '.join(classes)} ask for it ([qos.<CLASS>] core_sched), but {unavailable}",
-                   "pods of those classes run without cookies: their SMT siblings may run other pods' tasks "
+        report.add(name, OK, "PR_SCHED_CORE available" + (f"; {'; '.join(uses)}" if uses else ""))
+        report.feature(feature, ACTIVE if uses else OFF,
+                       "; ".join(uses) if uses else "no [qos.<CLASS>] core_sched nor core_expeller")
+    elif uses:
+        report.add(name, WARN, f"{', '.join(dict.fromkeys(classes + expellers))} ask for it ([qos.<CLASS>] {keys}),"
+                               f" but {unavailable}",
+                   "those pods run without cookies: their SMT siblings may run other pods' tasks, BE's too "
                    "(needs a CPU with SMT on and a kernel with CONFIG_SCHED_CORE)")
         report.feature(feature, DEGRADED, f"unavailable: {unavailable}")
     else:
-        report.add(name, OK, f"not used (no [qos.<CLASS>] core_sched); unavailable here: {unavailable}")
+        report.add(name, OK, f"not used (no [qos.<CLASS>] core_sched nor core_expeller); unavailable here: {unavailable}")
         report.feature(feature, OFF, f"unavailable: {unavailable}")
 
 

@@ -388,3 +388,17 @@ def test_status_text_shows_each_pods_weight_and_be_memory_bound() -> None:
     assert "    weight: kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)" in text
     assert "    BE memory bound: memory.high / soft limit 140 MiB of the BE budget 200 MiB" in text
     assert "    BE memory bound: none from the budget" in text
+
+
+def test_status_text_shows_core_scheduling_node_wide_and_per_pod() -> None:
+    from koordnode.admin.client import render_status
+
+    pod = {"namespace": "default", "state": "ready", "containers": []}
+    text = render_status({
+        "qos": {"core_sched": {"classes": ["LSE"], "expellers": ["LS"], "state": "on"}},
+        "pods": [{**pod, "name": "batch", "sandbox_id": "c" * 64, "qos_class": "BE",
+                  "core_sched": "on: 2 process(es) share BE's cookie, kept off the cores of LS"}],
+    })
+    assert "core sched  LSE a cookie per pod; BE kept off the cores of LS: on" in text
+    assert "    core sched: on: 2 process(es) share BE's cookie, kept off the cores of LS" in text
+    assert "core sched" not in render_status({"qos": {"core_sched": {"classes": [], "expellers": [], "state": "off"}}})

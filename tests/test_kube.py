@@ -311,6 +311,26 @@ def test_the_mapping_table_is_documented() -> None:
         assert f"`{path}`" in docs, path
 
 
+def test_core_expeller_is_taken_with_the_core_sched_policy_only() -> None:
+    """Koordinator reads cpuQOS.coreExpeller only under cpuPolicy "coreSched"; koord-manager's
+    defaults set it for lsClass and lsrClass (LSR and LSE here), and BE never expels."""
+    def spec(policy: str) -> dict[str, Any]:
+        def cls(expeller: bool) -> dict[str, Any]:
+            return {"cpuQOS": {"enable": True, "coreExpeller": expeller}}
+        return {"resourceQOSStrategy": {"policies": {"cpuPolicy": policy}, "lsrClass": cls(True),
+                                        "lsClass": cls(True), "beClass": cls(True)}}
+
+    mapping = map_nodeslo(spec("coreSched"))
+    assert mapping.errors == []
+    config = with_nodeslo(parse_config(""), mapping.values)  # BE's true was not taken: no config error
+    assert [config.qos.for_class(c).core_expeller for c in QoSClass] == [False, True, True, True, False]
+    assert key_sources(config)["qos.LS.core_expeller"] == "nodeslo"
+    assert any(line.startswith("spec.resourceQOSStrategy.beClass.cpuQOS.coreExpeller: taken") for line in mapping.ignored)
+    mapping = map_nodeslo(spec("groupIdentity"))
+    assert not any("core_expeller" in key for key in mapping.fields)
+    assert any(line.startswith("spec.resourceQOSStrategy.lsClass.cpuQOS.coreExpeller:") for line in mapping.ignored)
+
+
 def test_the_local_file_wins_over_nodeslo_over_defaults() -> None:
     local = parse_config("[strategy.cpu_suppress]\nthreshold_percent = 70\n[qos.LS]\nmemory_min_percent = 10\n")
     config = with_nodeslo(local, map_nodeslo(NODESLO_SPEC).values)

@@ -648,9 +648,9 @@ def test_using_an_import_or_a_package_surface_is_no_re_export(module: str, sourc
 
 
 def test_an_import_through_another_module_is_caught() -> None:
-    # qos_engine.py uses QoSClass, but it is model.qos_class's.
-    source = "from koordnode.hooks.qos_engine import QoSClass, QoSEngine\n"
+    # qos_engine.py uses ClassDecision, but it is model.qos_class's.
+    source = "from koordnode.hooks.qos_engine import ClassDecision, QoSEngine\n"
     found = list(imports_through_another_module(PACKAGE / "daemon.py", source))
     assert [why for _, why in found] == [
-        "QoSClass is koordnode.model.qos_class's, not koordnode.hooks.qos_engine's: import it from there"]
+        "ClassDecision is koordnode.model.qos_class's, not koordnode.hooks.qos_engine's: import it from there"]
     assert not list(imports_through_another_module(PACKAGE / "daemon.py", "from koordnode.config import Config\n"))

@@ -36,7 +36,7 @@ from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
-from koordnode.executor.process import CoreScheduling
+from koordnode.executor.core_sched import CoreScheduling
 from support.fake_core_sched import FakeCoreKernel
 
 MIB = 1 << 20
@@ -1078,12 +1078,68 @@ def test_lse_pods_with_core_sched_get_one_cookie_each_and_status_says_so(make_no
     assert 300 not in kernel.cookies  # LS does not ask for it
     assert node.status_pod(lse_pods[0][0])["core_sched"] == "on: 4 process(es) share the pod's cookie"
     assert "core_sched" not in node.status_pod(ls)
-    assert node.engine.status()["core_sched"] == {"classes": ["LSE"], "state": "on"}
+    assert node.engine.status()["core_sched"] == {"classes": ["LSE"], "expellers": [], "state": "on"}
     # Where the kernel refuses it, status says why and nothing is tried.
     node.engine.core_sched = CoreScheduling(FakeCoreKernel(error=errno.ENODEV))
     node.engine.reconcile(force=False)
     assert node.status_pod(lse_pods[1][0])["core_sched"].startswith("unavailable: the kernel refuses core")
     assert node.engine.status()["core_sched"]["state"].startswith("unavailable: ")
+
+
+def test_be_tasks_share_one_cookie_apart_from_the_expellers_and_a_class_that_stops_expelling_joins_it(make_node):
+    """[qos.<CLASS>] core_expeller: every BE process has BE's one cookie, LS and LSR processes
+    none (beside the node's own), LSE its pod's own; LS without it shares BE's; with it again,
+    koordnode's cookie is taken back from LS (another one is left)."""
+    node = make_node(version="v2", toml="[qos.LSE]\ncore_sched = true\n[qos.LS]\ncore_expeller = true\n"
+                                         "[qos.LSR]\ncore_expeller = true\n")
+    kernel = FakeCoreKernel()
+    core = node.engine.core_sched = CoreScheduling(kernel)
+    try:
+        def pod(name: str, parent: str, procs: list[int], labels: dict | None = None, **resources):
+            made = node.run_pod(name, parent=parent, labels=labels,
+                                annotations={EXTENDED_SPEC: BE_SPEC} if "besteffort" in parent else None)
+            cid = node.run_container(made, **resources)
+            write_cgroup_file(node.root, node.ccg(cid), "cgroup.procs", "".join(f"{p}\n" for p in procs))
+            return made, cid
+
+        be_a, _ = pod("be-a", "/kubepods/besteffort/podbea", [400, 401], cpu_shares=2)
+        be_b, be_b_cid = pod("be-b", "/kubepods/besteffort/podbeb", [410], cpu_shares=2)
+        ls, _ = pod("ls", "/kubepods/burstable/podls", [300, 301], cpu_shares=512)
+        lse, _ = pod("lse", "/kubepods/podlse", [500, 501], labels={QOS_LABEL: "LSE"}, **GUARANTEED_1CPU)
+        node.engine.reconcile(force=False)
+        shared = kernel.cookies[400]
+        assert shared and [kernel.cookies[p] for p in (401, 410)] == [shared, shared]
+        assert kernel.cookies.get(300, 0) == kernel.cookies.get(301, 0) == 0
+        assert kernel.cookies[500] == kernel.cookies[501] not in (0, shared)
+        expellers = "kept off the cores of LSR, LS"
+        assert node.status_pod(be_a)["core_sched"] == f"on: 2 process(es) share BE's cookie, {expellers}"
+        assert node.status_pod(ls)["core_sched"] == "on: no cookie, BE tasks kept off its cores"
+        assert node.status_pod(lse)["core_sched"] == "on: 2 process(es) share the pod's cookie"
+        assert node.engine.status()["core_sched"] == {"classes": ["LSE"], "expellers": ["LSR", "LS"], "state": "on"}
+        # A process started later in a BE pod (an exec) joins the cookie at the next pass.
+        write_cgroup_file(node.root, node.ccg(be_b_cid), "cgroup.procs", "410\n411\n")
+        node.engine.reconcile(force=False)
+        assert kernel.cookies[411] == shared
+
+        # LS no longer expels BE: it shares BE's cookie.
+        settings = node.engine.settings
+        no_ls = dataclasses.replace(settings.qos, LS=dataclasses.replace(settings.qos.LS, core_expeller=False))
+        node.engine.reconfigure(dataclasses.replace(settings, qos=no_ls))
+        node.engine.reconcile(force=False)
+        assert kernel.cookies[300] == kernel.cookies[301] == shared
+        # Expelling again: koordnode's cookie is taken back; a cookie the application made stays.
+        kernel.cookies[301] = 4242
+        node.engine.reconfigure(settings)
+        node.engine.reconcile(force=False)
+        assert (kernel.cookies[300], kernel.cookies[301]) == (0, 4242)
+        assert kernel.cookies[400] == shared and kernel.cookies[500] not in (0, shared)
+        # Where the kernel refuses it, the pods of the classes that ask say why.
+        node.engine.core_sched = CoreScheduling(FakeCoreKernel(error=errno.EINVAL))
+        node.engine.reconcile(force=False)
+        for made in (be_a, ls):
+            assert node.status_pod(made)["core_sched"].startswith("unavailable: the kernel has no core scheduling")
+    finally:
+        core.close()
 
 
 def test_pod_resize_notification_writes_the_pods_values_again(make_node):

@@ -93,8 +93,10 @@ def render_status(status: dict[str, Any]) -> str:
             enabled = "on" if strategy.get("enabled", True) else "off"
             lines.append(f"  {name} [{enabled}] {decision}" + (f": {reason}" if reason else ""))
     core_sched = (status.get("qos") or {}).get("core_sched") or {}
-    if core_sched.get("classes"):
-        lines.append(f"core sched  {', '.join(core_sched['classes'])}: {core_sched.get('state', '?')}")
+    if core_sched.get("classes") or core_sched.get("expellers"):
+        uses = ([f"{', '.join(core_sched['classes'])} a cookie per pod"] if core_sched.get("classes") else []) + (
+            [f"BE kept off the cores of {', '.join(core_sched['expellers'])}"] if core_sched.get("expellers") else [])
+        lines.append(f"core sched  {'; '.join(uses)}: {core_sched.get('state', '?')}")
     proxy = status.get("proxy", {})
     lines.append(
         f"proxy   {proxy.get('connections_open', 0)} connections open, "

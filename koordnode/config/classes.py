@@ -95,10 +95,16 @@ class QoSClassConfig:
         "doc": "core scheduling: the tasks of each pod of the class share one PR_SCHED_CORE cookie, so no "
                "other pod's task runs on an SMT sibling of their core at the same time (needs SMT and a "
                "kernel with CONFIG_SCHED_CORE)"})
+    # Koordinator's coreExpeller: BE tasks get one cookie of their own, shared with the classes
+    # without core_expeller, so the kernel never runs them on an SMT sibling of this class's tasks.
+    core_expeller: bool = field(default=False, metadata={
+        "doc": "core scheduling against BE: BE tasks never run on an SMT sibling of a core this class's "
+               "tasks run on (BE, and classes without core_expeller, share one PR_SCHED_CORE cookie; "
+               "not for SYSTEM or BE; needs SMT and a kernel with CONFIG_SCHED_CORE)"})
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name in ("memory_qos", "memory_wmark", "core_sched"):
+        for name in ("memory_qos", "memory_wmark", "core_sched", "core_expeller"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if 0 < self.blkio_weight < 10:
@@ -173,6 +179,12 @@ class QoSConfig:
     LSR: LSRClassConfig = field(default_factory=LSRClassConfig)
     LS: LSClassConfig = field(default_factory=LSClassConfig)
     BE: BEClassConfig = field(default_factory=BEClassConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("SYSTEM", "BE"):
+            if getattr(self, name).core_expeller:
+                raise ValueError(f"[qos.{name}] core_expeller: only LSE, LSR and LS can expel BE from their cores"
+                                 " (SYSTEM pods are never tagged, BE is what is expelled)")
 
     def for_class(self, qos_class: QoSClass) -> QoSClassConfig:
         config: QoSClassConfig = getattr(self, qos_class.value)

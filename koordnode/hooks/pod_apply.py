@@ -14,7 +14,9 @@ import structlog
 
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError
-from koordnode.executor.process import CoreSchedResult, CoreScheduling, ProcessExecutor, ProcessResult
+from koordnode.executor.core_sched import CoreScheduling
+from koordnode.executor.process import ProcessExecutor, ProcessResult
+from koordnode.hooks.core_sched import keep_pod_cookie
 from koordnode.hooks.be_group import BeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.engine_status import EngineStatus, Record, oom_lines
@@ -194,28 +196,20 @@ class PodApplier:
         return results
 
     def _keep_core_sched(self, entry: PodPlan) -> str:
-        """One core-scheduling cookie for every process of the pod's running containers (their
-        children inherit it; a process started by an exec gets it at the next pass). The
-        pod's state for status; "" when its class does not ask for it."""
-        if not entry.core_sched:
-            return ""
-        unavailable = self.core_sched.unavailable
-        if unavailable is not None:
-            return f"unavailable: {unavailable}"
-        pids: list[int] = []
-        for cgroup in entry.container_cgroups.values():
-            try:
-                pids += self.executor.read_pids(cgroup) or []
-            except (OSError, UnsafePathError):
-                continue
+        """The pod's processes at its class's core-scheduling cookie (koordnode/hooks/core_sched.py);
+        the pod's state for status, "" when its class asks for none."""
+        def pids() -> list[int]:
+            found: list[int] = []
+            for cgroup in entry.container_cgroups.values():
+                try:
+                    found += self.executor.read_pids(cgroup) or []
+                except (OSError, UnsafePathError):
+                    continue
+            return found
+
         self.core_sched.dry_run = self.executor.dry_run
-        result: CoreSchedResult = self.core_sched.share(pids)
-        if result.errors:
-            log.warning("core_sched_cookie_not_shared", pod_cgroup=entry.pod_cgroup, errors=list(result.errors[:5]))
-            return f"failed for {len(result.errors)} process(es): {result.errors[0]}"
-        if not result.processes:
-            return "on: no process running yet"
-        return f"on: {result.processes} process(es) share the pod's cookie"
+        return keep_pod_cookie(self.core_sched, self.planner.settings.qos, entry.decision.qos_class, pids,
+                               entry.pod_cgroup)
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: PodPlan) -> None:

@@ -37,7 +37,9 @@ from koordnode.cri.koordnode_annotations import (
     resources_to_pb,
 )
 from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
-from koordnode.executor.process import CoreScheduling, ProcessExecutor, oom_score_adj_floor
+from koordnode.executor.core_sched import CoreScheduling
+from koordnode.executor.process import ProcessExecutor, oom_score_adj_floor
+from koordnode.hooks.core_sched import node_status
 from koordnode.hooks.be_group import BeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpu_pools import CpuPools, CpuReservation, kubelet_cpuset_only, owner_id
@@ -52,7 +54,7 @@ from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_to
 from koordnode.model.cpulist import format_cpu_list
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.pod_facts import PodFacts
-from koordnode.model.qos_class import ClassDecision, QoSClass
+from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import POD_READY, NodeState, NodeView
 from koordnode.policy.class_policy import ContainerInput, ContainerPlan, KernelFeatures, plan_container
 from koordnode.policy.plan import CgroupWrite
@@ -494,13 +496,6 @@ class QoSEngine:
 
     # ---- status ---------------------------------------------------------------------------
 
-    def _core_sched_status(self) -> dict[str, Any]:
-        classes = [cls.value for cls in QoSClass if self.settings.qos.for_class(cls).core_sched]
-        if not classes:
-            return {"classes": [], "state": "off (no [qos.<CLASS>] core_sched)"}
-        unavailable = self.core_sched.unavailable
-        return {"classes": classes, "state": "on" if unavailable is None else f"unavailable: {unavailable}"}
-
     def _republish_cpus(self) -> None:
         """After a reservation was committed or cancelled (on the loop, without the lock)."""
         self.records.republish_cpus(self.pools.status())
@@ -511,7 +506,7 @@ class QoSEngine:
         self.records.publish({
             "cgroup_version": self.features.cgroup_version,
             "group_identity": self.features.group_identity,
-            "core_sched": self._core_sched_status(),
+            "core_sched": node_status(self.core_sched, self.settings.qos),
             "cpus": self.pools.status(),
             # Values another writer changed and koordnode restored, by resource.
             "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},

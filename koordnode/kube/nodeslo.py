@@ -69,12 +69,14 @@ IGNORED: dict[str, str] = {
     "cpuBurstStrategy.cfsQuotaBurstPeriodSeconds":
         "koordnode scales the quota per tick while throttled, without a burst time limit",
     "resourceQOSStrategy.cgroupRoot": "koordnode sets no values on the root cgroup",
-    "resourceQOSStrategy.policies": "the CPU and network policies are koordnode's own ([strategy.cpu_suppress], [net])",
+    "resourceQOSStrategy.policies": "the CPU and network policies are koordnode's own ([strategy.cpu_suppress], "
+                                    '[net]); cpuPolicy "coreSched" only lets cpuQOS.coreExpeller through',
     "memoryQOS.priorityEnable": "memcg priority is an Anolis kernel feature koordnode does not implement",
     "memoryQOS.priority": "memcg priority is an Anolis kernel feature koordnode does not implement",
     "memoryQOS.oomKillGroup": "memory.oom.group is left to the runtime",
     "cpuQOS.enable": "false is read as groupIdentity 0 and schedIdle 0; true changes nothing by itself",
-    "cpuQOS.coreExpeller": "core scheduling expeller is an Anolis kernel feature koordnode does not implement",
+    "cpuQOS.coreExpeller": 'taken ([qos.<CLASS>] core_expeller) for lsrClass and lsClass with policies.cpuPolicy '
+                           '"coreSched" only, as Koordinator does; SYSTEM and BE never expel',
     "resctrlQOS.enable": "resctrl is switched on per node ([resctrl] enable: it needs resctrl mounted)",
     "blkioQOS": "block devices are named per node ([node] blkio_devices, [qos.<CLASS>] blkio_*)",
     "networkQOS": "egress shaping is per node ([net]: interfaces and link rate)",
@@ -220,7 +222,8 @@ def map_nodeslo(spec: Any, memory_total_bytes: int | None = None) -> NodeSloMapp
                 used.add(f"resourceQOSStrategy.{class_key}")
                 mapping.errors.append(f"spec.resourceQOSStrategy.{class_key}: expected an object")
                 continue
-            _map_class(mapping, class_spec, class_key, classes, used)
+            _map_class(mapping, class_spec, class_key, classes, used,
+                       core_sched=_get(strategy, "policies.cpuPolicy") == "coreSched")
     elif strategy is not None:
         mapping.errors.append("spec.resourceQOSStrategy: expected an object")
         used.add("resourceQOSStrategy")
@@ -230,7 +233,8 @@ def map_nodeslo(spec: Any, memory_total_bytes: int | None = None) -> NodeSloMapp
 
 
 def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key: str,
-               classes: tuple[str, ...], used: set[str]) -> None:
+               classes: tuple[str, ...], used: set[str], core_sched: bool = False) -> None:
+    """`core_sched`: policies.cpuPolicy is "coreSched", without which Koordinator takes no coreExpeller."""
     prefix = f"resourceQOSStrategy.{class_key}"
     cpu = class_spec.get("cpuQOS")
     cpu_off = isinstance(cpu, Mapping) and cpu.get("enable") is False
@@ -247,3 +251,10 @@ def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key
             continue
         for qos_class in classes:
             mapping.put(f"qos.{qos_class}.{key}", typed, path)
+    path = f"{prefix}.cpuQOS.coreExpeller"
+    expeller = _get(class_spec, "cpuQOS.coreExpeller")
+    if expeller is not None and core_sched and not {"SYSTEM", "BE"} & set(classes):
+        used.add(path)
+        if (flag := _boolean(mapping, path, expeller)) is not None:
+            for qos_class in classes:
+                mapping.put(f"qos.{qos_class}.core_expeller", flag and not cpu_off, path)
