@@ -150,6 +150,53 @@ def test_a_stuck_post_hook_does_not_delay_later_calls():
     assert elapsed < 0.2, elapsed
 
 
+def test_a_call_no_pre_hook_reads_goes_on_at_once_and_its_post_hooks_still_come_after_the_earlier():
+    """kubelet sends StartContainer right after CreateContainer's answer: nothing looks at it
+    before it is forwarded, so it does not wait for CreateContainer's bookkeeping, but its own
+    bookkeeping (the class values) runs after that."""
+    order: list[str] = []
+    release = threading.Event()
+
+    class Books:
+        name = "books"
+
+        def stages(self):
+            return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre),
+                    *(Stage.in_thread(m, Phase.POST, self.post) for m in ("CreateContainer", "StartContainer"))]
+
+        def pre(self, call):
+            order.append(f"pre {call.method}")
+
+        def post(self, call):
+            if call.method == "CreateContainer":
+                release.wait(5)
+            order.append(f"post {call.method}")
+
+    chain = HookChain([Books()], timeout_s=2.0)
+
+    async def body():
+        create = CallContext(method="CreateContainer", request=create_request())
+        await chain.run_pre(create)
+        create.grpc_status = 0
+        chain.schedule_post(create)
+        start = CallContext(method="StartContainer", request=pb.StartContainerRequest(container_id="c"))
+        await asyncio.wait_for(chain.run_pre(start), 1.0)  # not held by CreateContainer's Post hook
+        order.append("StartContainer forwarded")
+        start.grpc_status = 0
+        chain.schedule_post(start)
+        await asyncio.sleep(0.05)
+        release.set()
+        await chain.drain_post(5.0)
+
+    try:
+        run(body())
+    finally:
+        release.set()
+        chain.close()
+    assert order == ["pre CreateContainer", "StartContainer forwarded", "post CreateContainer",
+                     "post StartContainer"]
+
+
 async def _schedule(chain: HookChain, n: int) -> None:
     for i in range(n):
         call = CallContext(method="RemovePodSandbox", request=pb.RemovePodSandboxRequest(pod_sandbox_id=f"p{i}"))

@@ -229,20 +229,27 @@ class HookChain:
         """Run the Post hooks of a call and wait for them (NRI: the answer carries their effects)."""
         if call.skip_hooks or not self.wants(call.method):
             return
-        await self._run_post(call)
+        await self._run_post(call, set(self._awaited_post))
 
     def wants(self, method: str) -> bool:
         """Whether any hook has a stage for `method` (else the call is relayed untouched)."""
         return any(self.at(method, phase) for phase in Phase)
 
+    def _looks_before_forwarding(self, method: str) -> bool:
+        """Whether a Pre or inline stage reads `method`'s request (else it is forwarded at once)."""
+        return bool(self.at(method, Phase.PRE) or self.at(method, Phase.PRE_INLINE))
+
     async def run_pre(self, call: CallContext) -> None:
         """Run the inline rewrites, then the Pre stages; raises HookFailed only under
         failure_policy = "fail"."""
+        if call.skip_hooks or not self._looks_before_forwarding(call.method):
+            # Nothing reads this request: it goes on at once (kubelet sends StartContainer right
+            # after CreateContainer's answer), and its Post hooks still run after the earlier
+            # calls' (schedule_post).
+            return
         # Post hooks of earlier calls first: kubelet only sends this call after it saw their
         # responses, so their effects (e.g. the pod being recorded) must be visible now.
         await self.drain_post(self.timeout_s)
-        if call.skip_hooks:
-            return
         for registered in self.at(call.method, Phase.PRE_INLINE):
             self._rewrite_inline(registered, call)
         for registered in self.at(call.method, Phase.PRE):
@@ -269,13 +276,18 @@ class HookChain:
     def schedule_post(self, call: CallContext) -> None:
         if call.skip_hooks or not self.wants(call.method):
             return
-        task = asyncio.get_running_loop().create_task(self._run_post(call))
+        # After the Post hooks of the calls before it: a call may reach the runtime before
+        # those finished (run_pre), its bookkeeping may not overtake theirs.
+        task = asyncio.get_running_loop().create_task(self._run_post(call, set(self._awaited_post)))
         self._pending_post.add(task)
         self._awaited_post.add(task)
         task.add_done_callback(self._pending_post.discard)
         task.add_done_callback(self._awaited_post.discard)
 
-    async def _run_post(self, call: CallContext) -> None:
+    async def _run_post(self, call: CallContext, earlier: set[asyncio.Task[Any]]) -> None:
+        # The earlier calls' Post hooks first, as long as a call's Pre hooks would wait for them.
+        if earlier:
+            await asyncio.wait(earlier, timeout=self.timeout_s)
         # In order, each to its end: a Post hook keeps books (state, CPU release), so one that
         # overruns its timeout is counted late but still runs, exactly once, before the next.
         for registered in self.at(call.method, Phase.POST):
