@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from koordnode.cri import api_pb2 as pb
 from support import api_pb2_grpc as pb_grpc
@@ -244,6 +245,29 @@ def test_pre_hook_changes_request_and_post_hook_sees_response(tmp_path):
             assert call.request.config.linux.resources.cpu_shares == 4242
 
     run(body())
+
+
+def test_cri_call_log_line_splits_the_time_into_hooks_and_the_rest(tmp_path):
+    """An operator reads koordnode's share of a slow call from its log line."""
+
+    class SlowPre(RuntimeHook):
+        name = "slow-pre"
+        methods = frozenset({"CreateContainer"})
+
+        def pre(self, call: CallContext) -> None:
+            time.sleep(0.05)
+
+    async def body():
+        async with Env(tmp_path, [SlowPre()]) as env:
+            with capture_logs() as logs:
+                await env.rt.CreateContainer(create_request())
+        return [e for e in logs if e["event"] == "cri_call"]
+
+    [line] = run(body())
+    assert line["method"] == "CreateContainer"
+    assert line["hooks_ms"] >= 50
+    assert line["runtime_ms"] >= 0
+    assert abs(line["hooks_ms"] + line["runtime_ms"] - line["duration_ms"]) < 0.01
 
 
 @pytest.mark.parametrize("size", [0, 70_000, 300_000])

@@ -88,25 +88,26 @@ class InterceptingHandler:
         self.stats.intercepted_calls += 1
         started = time.monotonic()
         seen = await self.interceptor.before(spec.name, request)
+        hooks_s = time.monotonic() - started
         if seen.failure is not None:
             if self.dry_run:
                 self.stats.dry_run_would_fail += 1
                 log.warning("dry_run_would_fail_call", detail="failure_policy = fail; forwarded",
                             method=spec.name, error=seen.failure)
-                return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
+                return BeforeResult(body=body, ctx=(spec, seen.token, request, started, hooks_s))
             self.stats.failed_by_policy += 1
-            return BeforeResult(body=body, ctx=(spec, seen.token, request, started),
+            return BeforeResult(body=body, ctx=(spec, seen.token, request, started, hooks_s),
                                 fail=(Status.INTERNAL, f"koordnode: {seen.failure}"))
         if self.dry_run:
             self._report_dry_run_change(spec.name, request, seen.request, seen.log_fields)
-            return BeforeResult(body=body, ctx=(spec, seen.token, request, started))
+            return BeforeResult(body=body, ctx=(spec, seen.token, request, started, hooks_s))
         if seen.request is not request:
             changed = seen.request.SerializeToString()
             # Re-encoding may reorder unknown fields and map entries; send the client's own bytes
             # unless a hook really changed something.
             if changed != request.SerializeToString():
                 body = encode_grpc_message(changed)
-        return BeforeResult(body=body, ctx=(spec, seen.token, seen.request, started))
+        return BeforeResult(body=body, ctx=(spec, seen.token, seen.request, started, hooks_s))
 
     def _report_dry_run_change(self, method: str, original: Any, changed: Any, ids: Any) -> None:
         if changed is original:
@@ -125,7 +126,7 @@ class InterceptingHandler:
     def after(self, ctx: Any, body: bytes, grpc_status: int | None, grpc_message: str) -> None:
         if ctx is None:
             return
-        spec, token, sent, started = ctx
+        spec, token, sent, started, hooks_s = ctx
         response = None
         if grpc_status == 0:
             message = decode_grpc_message(body)
@@ -135,7 +136,10 @@ class InterceptingHandler:
                 except DecodeError:
                     response = None
         fields = dict(self.interceptor.after(token, sent, response, grpc_status, grpc_message))
-        fields.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 3))
+        duration_ms = fields.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 3))
+        # What koordnode's Pre hooks held the call for, and the rest (the runtime and the relay).
+        fields["hooks_ms"] = round(hooks_s * 1000, 3)
+        fields["runtime_ms"] = round(max(0.0, duration_ms - fields["hooks_ms"]), 3)
         log.info(
             "cri_call",
             method=spec.name,
