@@ -81,6 +81,9 @@ class RelayCore:
         self._seen_streams_hwm = 0  # highest client stream id seen (new-stream detection)
         # Every call in flight, intercepted or not: stream id -> (method path, start time).
         self.open_streams: dict[int, tuple[str, float]] = {}
+        # Intercepted calls whose answer is in the bytes being relayed: handed to the handler
+        # once those bytes are on their way to the client (the client does not wait for it).
+        self._answered: list[tuple[Any, bytes, int | None, str]] = []
         self._client_handlers = _dispatch_table({
             w.DATA: self._client_data, w.HEADERS: self._client_headers_frame,
             w.CONTINUATION: self._client_continuation, w.RST_STREAM: self._client_reset,
@@ -161,6 +164,18 @@ class RelayCore:
         except Exception:
             log.exception("relay_failed_on_runtime_data", detail="closing the connection")
             self.close()
+        finally:
+            self._hand_over_answers()
+
+    def _hand_over_answers(self) -> None:
+        """The handler's `after` for the calls answered in what was just relayed: still before
+        the loop reads the client's next call, so their Post hooks are scheduled before that."""
+        answered, self._answered = self._answered, []
+        for ctx, body, status, message in answered:
+            try:
+                self.handler.after(ctx, body, status, message)
+            except Exception:
+                log.exception("post_call_handling_failed")
 
     def _read_preface(self) -> int | None:
         """Where the frames start once the client's preface is whole; None until then, or when
@@ -552,7 +567,4 @@ class RelayCore:
             self._forget(st)
         body = st.take_response()
         if st.ctx is not None:
-            try:
-                self.handler.after(st.ctx, body, status, message)
-            except Exception:
-                log.exception("post_call_handling_failed")
+            self._answered.append((st.ctx, body, status, message))
