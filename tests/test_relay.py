@@ -250,9 +250,11 @@ def test_pre_hook_changes_request_and_post_hook_sees_response(tmp_path):
 def test_cri_call_log_line_splits_the_time_into_hooks_and_the_rest(tmp_path):
     """An operator reads koordnode's share of a slow call from its log line."""
 
-    class SlowPre(RuntimeHook):
+    class SlowPre:
         name = "slow-pre"
-        methods = frozenset({"CreateContainer"})
+
+        def stages(self):
+            return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre)]
 
         def pre(self, call: CallContext) -> None:
             time.sleep(0.05)
