@@ -11,7 +11,8 @@ with its own containerd and kubelet:
   koordnode's proxy, and with koordnode as containerd's NRI plugin;
 * **load**: on the proxy node, ``--load-pods`` (20, then 100) pods running, koordnode's CPU time
   and RSS over ``--window`` seconds (60) of kubelet's own calls (PLEG relists, stats, status),
-  and the calls by method from koordnode's counters.
+  and the calls by method from koordnode's counters; the window opens once containerd holds
+  exactly the running pods' sandboxes (kubelet removes deleted pods' sandboxes minutes later).
 
     sudo python3 -m bench.k8s_node [--pods 30] [--load-pods 20,100] [--window 60] [--json out.json]
 """
@@ -73,6 +74,13 @@ def _rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
 
 
+def _only_running_pods(node, client) -> bool:
+    """containerd holds a ready sandbox for each of the node's pods in the API, and nothing else."""
+    uids = {p["metadata"]["uid"] for p in client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]}
+    sandboxes = node.containerd_pods()
+    return len(sandboxes) == len(uids) and all(s["uid"] in uids and s["state"] == "SANDBOX_READY" for s in sandboxes)
+
+
 def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
     """With ``pods`` pods running: koordnode's CPU and RSS over the window, kubelet's calls by method."""
     client = node.client()
@@ -83,19 +91,25 @@ def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
         p["status"].get("phase") == "Running"
         for p in client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) >= pods,
         timeout=60 + 3 * pods, interval=2)
-    time.sleep(30)  # let the creations' work settle (and kubelet's clean-up of the ones before)
+    # kubelet removes the sandboxes of deleted pods in its own time (StopPodSandbox and
+    # RemovePodSandbox for minutes after the API forgot them): measure only once it is done.
+    client.wait_for("kubelet's clean-up of the earlier pods", lambda: _only_running_pods(node, client),
+                    timeout=600, interval=5)
+    time.sleep(30)  # let the creations' work settle
     pid = node.koordnode.proc.pid
     calls_before = node.koordnode.status()["proxy"]["calls_by_method"]
     cpu_before, began = _cpu_seconds(pid), time.monotonic()
     time.sleep(window_s)
     cpu_after, ended = _cpu_seconds(pid), time.monotonic()
     calls_after = node.koordnode.status()["proxy"]["calls_by_method"]
+    settled = _only_running_pods(node, client)  # no clean-up started within the window either
     seconds = ended - began
     rates = {m: round((calls_after.get(m, 0) - calls_before.get(m, 0)) / seconds, 3)
              for m in sorted(calls_after) if calls_after.get(m, 0) > calls_before.get(m, 0)}
     return {"pods": pods, "window_s": round(seconds, 1),
             "koordnode_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
-            "koordnode_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates}
+            "koordnode_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates,
+            "only_running_pods": settled}
 
 
 def main(argv: list[str] | None = None) -> int:
