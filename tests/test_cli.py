@@ -402,3 +402,16 @@ def test_status_text_shows_core_scheduling_node_wide_and_per_pod() -> None:
     assert "core sched  LSE a cookie per pod; BE kept off the cores of LS: on" in text
     assert "    core sched: on: 2 process(es) share BE's cookie, kept off the cores of LS" in text
     assert "core sched" not in render_status({"qos": {"core_sched": {"classes": [], "expellers": [], "state": "off"}}})
+
+
+def test_koordnode_run_imports_leave_what_the_default_config_never_uses_unloaded() -> None:
+    """Each module costs the daemon resident memory for as long as it runs: the Kubernetes
+    client, the NRI plugin and the config's spelling suggestions load only when used."""
+    code = ("import json, sys, koordnode.cli, koordnode.logsetup, koordnode.daemon; "
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.check_output([sys.executable, "-c", code], cwd=REPO, text=True)
+    loaded = set(json.loads(out))
+    assert "koordnode.daemon" in loaded
+    unused = {m for m in loaded if m.startswith(("koordnode.kube", "koordnode.nri", "koordnode.doctor",
+                                                 "koordnode.admin.top", "difflib"))}
+    assert not unused

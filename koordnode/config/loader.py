@@ -25,7 +25,6 @@ messages as ``"key: message"`` relative to the section.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -472,6 +471,8 @@ def _join(path: str, key: str) -> str:
 
 
 def _suggest(key: str, names: list[str]) -> str:
+    import difflib  # only for a mistyped key: not kept in the daemon's memory
+
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     return f' (did you mean "{close[0]}"?)' if close else ""
 
