@@ -135,6 +135,56 @@ def test_create_container_answers_with_only_what_the_hooks_changed() -> None:
     run(main())
 
 
+def test_pod_start_answers_come_before_their_bookkeeping_which_lands_before_the_next_event() -> None:
+    """The runtime waits for the RunPodSandbox and PostStartContainer answers, which carry
+    nothing: the Post hooks (the pod's class values) run after them, yet a container's
+    CreateContainer still finds its pod's done."""
+    import threading
+
+    release, release_start = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    class PodBooks:
+        name = "pod-books"
+
+        def stages(self):
+            return [Stage.in_thread("CreateContainer", Phase.PRE, self.pre),
+                    *(Stage.in_thread(m, Phase.POST, self.post)
+                      for m in ("RunPodSandbox", "CreateContainer", "StartContainer"))]
+
+        def pre(self, call):
+            order.append(f"pre {call.method}")
+
+        def post(self, call):
+            if call.method == "RunPodSandbox":
+                release.wait(5)
+            if call.method == "StartContainer":
+                release_start.wait(5)
+            order.append(f"post {call.method}")
+
+    async def main():
+        async with Harness([PodBooks()], chain_timeout_s=5.0) as h:
+            await asyncio.wait_for(h.runtime.call(
+                "StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod()), nri.Empty), 2)
+            order.append("RunPodSandbox answered")
+            asyncio.get_running_loop().call_later(0.1, release.set)
+            await h.runtime.call("CreateContainer", nri.CreateContainerRequest(pod=pod(), container=container()),
+                                 nri.CreateContainerResponse)
+            await asyncio.wait_for(h.runtime.call("StateChange", nri.StateChangeEvent(
+                event=nri.POST_START_CONTAINER, pod=pod(), container=container()), nri.Empty), 2)
+            order.append("PostStartContainer answered")
+            release_start.set()
+            await h.chain.drain_post(5)
+
+    try:
+        run(main())
+    finally:
+        release.set()
+        release_start.set()
+    assert order == ["RunPodSandbox answered", "post RunPodSandbox", "pre CreateContainer", "post CreateContainer",
+                     "PostStartContainer answered", "post StartContainer"]
+
+
 def test_unmodelled_fields_of_the_runtime_are_tolerated() -> None:
     async def main():
         async with Harness([SharesHook()]) as h:

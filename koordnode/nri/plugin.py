@@ -333,7 +333,7 @@ class NriPlugin:
     # ---- events as CRI calls --------------------------------------------------------------
 
     async def _hooks(self, method: str, request: Any, response: Any, labels: dict[str, str],
-                     facts: CallFacts | None = None) -> CallContext:
+                     facts: CallFacts | None = None, *, answer_first: bool = False) -> CallContext:
         original = type(request)()
         original.CopyFrom(request)
         call = CallContext(method=method, request=request, pod_labels=labels, facts=facts or CallFacts())
@@ -341,7 +341,12 @@ class NriPlugin:
         if self.dry_run:  # the Post hooks (state recorder) see what the runtime really has
             call.request = original
         call.response, call.grpc_status = response, 0
-        await self.chain.run_post_now(call)
+        if answer_first:
+            # The runtime waits for an answer that carries nothing: the Post hooks run after it,
+            # and still before the Pre hooks of the next event (the pod's CreateContainer).
+            self.chain.schedule_post(call)
+        else:
+            await self.chain.run_post_now(call)
         return call
 
     def _labels_of(self, pod: nri.PodSandbox) -> dict[str, str]:
@@ -354,7 +359,7 @@ class NriPlugin:
     async def _run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         req = cri.RunPodSandboxRequest(config=convert.sandbox_config(pod), runtime_handler=pod.runtime_handler)
         await self._hooks("RunPodSandbox", req, cri.RunPodSandboxResponse(pod_sandbox_id=pod.id), dict(pod.labels),
-                          facts=CallFacts(pod_ips=tuple(pod.ips)))
+                          facts=CallFacts(pod_ips=tuple(pod.ips)), answer_first=True)
 
     async def _stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         await self._hooks("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.id),
@@ -404,7 +409,7 @@ class NriPlugin:
 
     async def _post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
         await self._hooks("StartContainer", cri.StartContainerRequest(container_id=container.id),
-                          cri.StartContainerResponse(), dict(pod.labels))
+                          cri.StartContainerResponse(), dict(pod.labels), answer_first=True)
         await self._oom_score_adj_fallback(container)
 
     async def _oom_score_adj_fallback(self, container: nri.Container) -> None:
