@@ -14,8 +14,9 @@ from koordnode.hooks.chain import CallContext, Phase, RuntimeHook, Stage
 class PodNetworkBook(Protocol):
     """Keeps the pods' networks and the network classes built from them."""
 
-    async def record_pod_network(self, sandbox_id: str) -> None:
-        """Ask the runtime for a new pod's IPs, then refresh the classes (on the loop)."""
+    def record_pod_network_soon(self, sandbox_id: str) -> None:
+        """Ask the runtime for a new pod's IPs, then refresh the classes: started on the loop,
+        not waited for (the pod's next call must not wait for the runtime's answer)."""
 
     def refresh_network_classes(self) -> None:
         """Rebuild the network classes from the pods recorded now (on the loop; the work goes
@@ -57,7 +58,7 @@ class HardwareQoSHook:
         if call.facts.pod_ips is not None:  # NRI mode: the runtime said; CRI does not know the pod yet
             self._networks.refresh_network_classes()
         else:
-            await self._networks.record_pod_network(call.response.pod_sandbox_id)
+            self._networks.record_pod_network_soon(call.response.pod_sandbox_id)
 
     async def container_started(self, call: CallContext) -> None:
         # On the loop, to a thread only where resctrl is on (NRI: the runtime waits for this answer).

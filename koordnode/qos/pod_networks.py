@@ -33,6 +33,12 @@ class PodNetworks:
         self._runtime = runtime
         self._spawn = spawn
 
+    def record_pod_network_soon(self, sandbox_id: str) -> None:
+        """RunPodSandbox's Post hook: the IPs are asked for beside the hooks, so the pod's
+        CreateContainer (whose Pre hooks wait for that Post hook) never waits for the round trip
+        to the runtime; no Pre hook reads them."""
+        self._spawn(self.record_pod_network(sandbox_id))
+
     async def record_pod_network(self, sandbox_id: str) -> None:
         """A new pod's IPs, then the classes with it."""
         network = await self._runtime.pod_network(sandbox_id)
