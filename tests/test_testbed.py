@@ -157,7 +157,8 @@ def _run_pytest_with_missing_prerequisites(tmp_path: Path, ci: str) -> subproces
         "from testbed.fixtures import containerd_bed\n"
     )
     (tmp_path / "test_uses_bed.py").write_text("def test_uses_bed(containerd_bed):\n    pass\n")
-    env = dict(os.environ, CI=ci, PYTHONPATH=str(Path(__file__).parent))
+    # tests/ for the bed, the checkout for koordnode (the bed reads its oom_score_adj floor).
+    env = dict(os.environ, CI=ci, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,

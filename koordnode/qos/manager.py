@@ -38,8 +38,7 @@ from koordnode.executor.originals import OriginalsJournal
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
-from koordnode.policy.strategies.be_memory import BeMemoryState
-from koordnode.policy.strategies.common import Eviction
+from koordnode.policy.strategies.common import Eviction, PodStatusFields
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
 from koordnode.config.components import ManagerSettings
@@ -198,16 +197,12 @@ class QoSManager:
         return self._measure.forgets(cgroup)
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
-        """Add each BE pod's memory bound from [strategy.be_memory] to a NodeState snapshot
-        (after the engine's decorate, which gives the pods their class); nothing while it is off."""
-        be_memory = self._runner.state_of(BeMemoryState)
-        if be_memory is None:
-            return snapshot
-        for pod in snapshot.get("pods", []):
-            if pod.get("qos_class") == "BE":
-                bound = be_memory.pod_bounds.get(pod["sandbox_id"])
-                pod["be_memory_bound"] = ({"memory.high": bound, "budget_bytes": be_memory.budget_bytes}
-                                          if bound is not None else None)
+        """Add the enabled strategies' per-pod fields (e.g. a BE pod's memory bound) to a
+        NodeState snapshot, after the engine's decorate, which gives the pods their class."""
+        sources = [s for s in self._runner.enabled_states() if isinstance(s, PodStatusFields)]
+        for pod in snapshot.get("pods", []) if sources else ():
+            for source in sources:
+                pod.update(source.pod_status_fields(pod))
         return snapshot
 
     def reconfigure(self, settings: ManagerSettings) -> None:

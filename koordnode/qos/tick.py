@@ -169,6 +169,10 @@ class StrategyRunner:
     def status(self) -> dict[str, dict[str, Any]]:
         return self._status.strategies(self.registry, self.configs, self.states)
 
+    def enabled_states(self) -> list[object]:
+        """The states the enabled strategies keep; any thread (states are replaced whole)."""
+        return [self.states[s.name] for s in self.registry if self.configs[s.name].enable and s.name in self.states]
+
     def state_of(self, kind: type[State]) -> State | None:
         """The state of type `kind` an enabled strategy keeps between ticks (None: no such
         strategy, or it is off). States are replaced whole, never changed: any thread."""

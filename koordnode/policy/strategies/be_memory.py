@@ -66,6 +66,14 @@ class BeMemoryState:
     written: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     pod_bounds: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # sandbox id -> bytes
 
+    def pod_status_fields(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """A BE pod's `be_memory_bound` in status: its memory.high and the budget, or None."""
+        if pod.get("qos_class") != "BE":
+            return {}
+        bound = self.pod_bounds.get(pod.get("sandbox_id", ""))
+        return {"be_memory_bound": {"memory.high": bound, "budget_bytes": self.budget_bytes}
+                if bound is not None else None}
+
 
 def be_memory_budget(inp: BeMemoryInput, cfg: BeMemoryConfig) -> tuple[int, dict[str, int]]:
     """The budget in bytes and its terms."""

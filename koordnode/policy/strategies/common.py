@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
+
+
+@runtime_checkable
+class PodStatusFields(Protocol):
+    """A strategy state that adds fields to each pod in `koordnode status` (the manager asks
+    every enabled strategy's state that has it, naming none)."""
+
+    def pod_status_fields(self, pod: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
