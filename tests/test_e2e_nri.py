@@ -304,7 +304,9 @@ def test_pool_changes_outside_an_nri_event_reach_containerd_as_update_containers
 def test_a_kubelet_resize_keeps_the_class_values(nri_bed, cri, koordnode, pods):
     sb, _, cid = pods.run("lsr", qos="guaranteed", resources=GUARANTEED_1CPU)
     ccg = f"{sb.linux.cgroup_parent}/{cid}"
-    assert cg_read("cpu", ccg, "cpu.shares") == "65536"
+    # The class's shares go to the file after the start (PostStartContainer is answered before
+    # its Post hooks run, the runtime's reported resources stay kubelet's).
+    wait_for(lambda: cg_read("cpu", ccg, "cpu.shares") == "65536", 5, "LSR shares after the start")
     overwrites = koordnode.status()["qos"]["overwrites"]["counts"].get("cpu.shares", 0)
     # kubelet resizes the container to 2 CPUs: UpdateContainerResources straight to containerd.
     cri.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
