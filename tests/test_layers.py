@@ -77,7 +77,7 @@ WRITE_ALLOWED: dict[tuple[str, str], str] = {
         "open fd is the trigger, it changes no setting",
     ("koordnode.periodic", "return_free_memory_to_the_os"):
         "malloc_trim(3) through ctypes: gives koordnode's own freed heap back, no kernel setting",
-    ("koordnode.doctor", "_check_nftables"): "runs `nft list tables`, a read (doctor writes nothing)",
+    ("koordnode.doctor.kernel", "check_nftables"): "runs `nft list tables`, a read (doctor writes nothing)",
 }
 # Pending until other branches are merged (each names who removes it). A pending entry
 # that is not needed any more fails test_pending_entries_are_still_needed: delete it then.
