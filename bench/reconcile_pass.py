@@ -4,7 +4,7 @@
 koordnode runs in this process on the test bed (its own loop in a thread, periodic passes off);
 N pods are created through it as in bench/daemon_cpu.py (half LS, half BE, each with one running
 container, kubelet's tier and pod cgroups reproduced). Then the three calls of one pass
-(`Daemon.reconcile_once`: the engine's reconcile, the resctrl and the net QoS reconcile) are run
+(`Reconciler.reconcile_once`, koordnode/periodic.py: the engine's reconcile, the resctrl and the net QoS reconcile) are run
 --passes times from this thread on the loop's snapshot of the state, and each one's CPU time
 (this thread's, so the daemon's other threads are not in it) is reported: median and max; and
 the CPU of the engine's memory_plan(), which the QoS manager's memory_qos strategy calls every

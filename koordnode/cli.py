@@ -294,20 +294,21 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_USAGE
-    from koordnode import doctor
+    from koordnode.doctor import report as doctor_report
+    from koordnode.doctor.run import run_doctor
 
-    paths = doctor.DoctorPaths(
+    paths = doctor_report.DoctorPaths(
         cgroup_root=config.cgroup.root, procfs_root=config.procfs.root,
         sysfs_root=config.sysfs.root, resctrl_root=config.resctrl.root,
-        containerd_config=args.containerd_config or doctor.DEFAULT_CONTAINERD_CONFIG,
-        kubelet_config=args.kubelet_config or doctor.DEFAULT_KUBELET_CONFIG,
-        kubelet_flags=tuple(args.kubelet_flags) if args.kubelet_flags else doctor.DEFAULT_KUBELET_FLAGS,
+        containerd_config=args.containerd_config or doctor_report.DEFAULT_CONTAINERD_CONFIG,
+        kubelet_config=args.kubelet_config or doctor_report.DEFAULT_KUBELET_CONFIG,
+        kubelet_flags=tuple(args.kubelet_flags) if args.kubelet_flags else doctor_report.DEFAULT_KUBELET_FLAGS,
     )
-    report = doctor.run_doctor(config, paths)
+    report = run_doctor(config, paths)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
     else:
-        print(doctor.render_text(report), end="")
+        print(doctor_report.render_text(report), end="")
     return report.exit_code
 
 

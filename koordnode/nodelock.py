@@ -4,7 +4,8 @@ Two instances would both decide and write every pod's cgroups — worst of all o
 proxy and one as an NRI plugin, each undoing the other. The lock lives in the directory of
 the admin socket (by default /var/run/koordnode), which every koordnode on a node shares
 unless configured otherwise; the holder writes its pid, mode and endpoint into it so the
-refusal can say who runs.
+refusal can say who runs. In NRI mode, a CRI proxy still answering on [proxy] listen counts
+as another koordnode too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 from pathlib import Path
 
 LOCK_NAME = "koordnode.lock"
@@ -63,3 +65,20 @@ def _describe(fd: int) -> str:
         return f"pid {int(doc['pid'])}, {doc['mode']} mode on {doc['endpoint']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown"
+
+
+def refuse_if_proxy_serves(listen: str) -> None:
+    """NRI mode: a CRI proxy answering on [proxy] listen (kubelet may still use it) would apply
+    QoS a second time; refuse instead. A stale socket file with nobody behind it is fine."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(listen)
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise NodeLockError(
+        f"a CRI proxy serves {listen} (another koordnode in proxy mode?): refusing to start in "
+        f"nri mode, the two would both apply QoS; stop it and point kubelet at containerd first"
+    )

@@ -132,12 +132,12 @@ enable = false
 root = "{tmp_path / 'sys'}"
 """)
     log = _Log()
-    monkeypatch.setattr("koordnode.daemon.log", log)
+    monkeypatch.setattr("koordnode.reload.log", log)
     try:
-        asyncio.run(daemon.reload())
+        asyncio.run(daemon.running_config.reload())
     finally:
         daemon.chain.close()
-    assert daemon.last_reload["result"] == "applied", daemon.last_reload
+    assert daemon.running_config.last_reload["result"] == "applied", daemon.running_config.last_reload
     # the engine: [qos_mapping], [node]
     assert engine.classify({}, burstable_pod).qos_class.value == "BE"
     assert engine.reserved_cpus() == frozenset({0})

@@ -14,7 +14,8 @@ from support.fake_core_sched import FakeCoreKernel
 from koordnode.config.classes import QoSConfig
 from koordnode.config.loader import ConfigError, load_config
 from koordnode.config.root import Config
-from koordnode.doctor import Report, _check_core_sched
+from koordnode.doctor.kernel import check_core_sched
+from koordnode.doctor.report import Report
 from koordnode.executor.core_sched import PR_SCHED_CORE_GET, CoreSchedResult, CoreScheduling
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.core_sched import Cookie, describe, expeller_classes, in_use, pod_cookie
@@ -159,12 +160,12 @@ def test_the_config_file_takes_core_expeller(tmp_path):
 def test_doctor_warns_when_a_class_asks_and_the_kernel_refuses():
     config = Config(qos=_qos(LS=dict(core_expeller=True)))
     report = Report()
-    _check_core_sched(report, config, CoreScheduling(FakeCoreKernel(error=errno.EINVAL)))
+    check_core_sched(report, config, CoreScheduling(FakeCoreKernel(error=errno.EINVAL)))
     check = next(c for c in report.checks if c.name == "core scheduling")
     assert check.status == "WARN" and "LS ask for it ([qos.<CLASS>] core_expeller)" in check.message
     assert "CONFIG_SCHED_CORE" in check.message
     assert report.facts["core_sched"]["expellers"] == ["LS"]
     report = Report()
-    _check_core_sched(report, config, CoreScheduling(FakeCoreKernel()))
+    check_core_sched(report, config, CoreScheduling(FakeCoreKernel()))
     check = next(c for c in report.checks if c.name == "core scheduling")
     assert check.status == "OK" and check.message == "PR_SCHED_CORE available; BE kept off the cores of LS"

@@ -12,7 +12,12 @@ import pytest
 
 from fake_resctrl import INTEL_XEON_2S, make_resctrl
 from faketree import make_cgroup_tree, make_procfs_tree
-from koordnode import cli, doctor
+from koordnode import cli
+from koordnode.doctor.kernel import check_resctrl
+from koordnode.doctor.node_configs import containerd_settings, kubelet_settings
+from koordnode.doctor.report import DoctorPaths, Report, render_text
+from koordnode.doctor.run import run_doctor
+from koordnode.doctor.runtime import check_cpu_owner, check_nri
 from koordnode.config import parse_config
 
 
@@ -123,17 +128,17 @@ def test_doctor_rejects_a_bad_config(tmp_path: Path, capsys) -> None:
     assert "proxy.listn: unknown key" in capsys.readouterr().err
 
 
-def _v2_paths(tmp_path: Path, **kw) -> doctor.DoctorPaths:
+def _v2_paths(tmp_path: Path, **kw) -> DoctorPaths:
     root = make_cgroup_tree(tmp_path, "v2", cgroups=["/kubepods"])
     procfs = make_procfs_tree(tmp_path)
-    return doctor.DoctorPaths(cgroup_root=str(root), procfs_root=str(procfs), **kw)
+    return DoctorPaths(cgroup_root=str(root), procfs_root=str(procfs), **kw)
 
 
 def test_cgroup_v2_tree(tmp_path: Path) -> None:
     config = parse_config(f'[proxy]\nbackend = "{tmp_path / "x.sock"}"\n')
     paths = _v2_paths(tmp_path, containerd_config=str(tmp_path / "none"),
                       kubelet_config=str(tmp_path / "none"), kubelet_flags=())
-    report = doctor.run_doctor(config, paths).as_dict()
+    report = run_doctor(config, paths).as_dict()
     checks, feats = by_name(report), features(report)
     assert checks["cgroup"]["status"] == "OK" and "cgroup v2" in checks["cgroup"]["message"]
     assert checks["CPU burst"]["message"] == "cpu.max.burst present"
@@ -144,16 +149,16 @@ def test_cgroup_v2_tree(tmp_path: Path) -> None:
 
 
 def test_nri_detection_from_containerd_config(tmp_path: Path) -> None:
-    paths = doctor.DoctorPaths(containerd_config=str(tmp_path / "config.toml"))
+    paths = DoctorPaths(containerd_config=str(tmp_path / "config.toml"))
 
     def nri(version: str, config_text: str | None) -> tuple[str, str]:
         if config_text is None:
             Path(paths.containerd_config).unlink(missing_ok=True)
         else:
             Path(paths.containerd_config).write_text(config_text)
-        report = doctor.Report()
-        report.facts["containerd_config"] = doctor.containerd_settings(paths.containerd_config)
-        doctor._check_nri(report, paths, {"runtime_version": version})
+        report = Report()
+        report.facts["containerd_config"] = containerd_settings(paths.containerd_config)
+        check_nri(report, paths, {"runtime_version": version})
         return report.checks[0].message, report.features[0].state
 
     enabled_17 = 'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n  disable = false\n'
@@ -172,32 +177,32 @@ def test_containerd_driver_from_config_versions_2_and_3(tmp_path: Path) -> None:
     v3 = tmp_path / "v3.toml"
     v3.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]\n'
                   "SystemdCgroup = true\n")
-    assert doctor.containerd_settings(str(v2))["systemd_cgroup"] is True
-    assert doctor.containerd_settings(str(v3))["systemd_cgroup"] is True
+    assert containerd_settings(str(v2))["systemd_cgroup"] is True
+    assert containerd_settings(str(v3))["systemd_cgroup"] is True
     bad = tmp_path / "bad.toml"
     bad.write_text("version = [\n")
-    assert doctor.containerd_settings(str(bad))["error"]
+    assert containerd_settings(str(bad))["error"]
 
 
 def test_resctrl_on_a_fake_xeon(tmp_path: Path) -> None:
     kernel, procfs = make_resctrl(tmp_path, INTEL_XEON_2S)
     (procfs / "mounts").write_text(f"resctrl {kernel.root} resctrl rw,relatime 0 0\n")
     config = parse_config(f'[resctrl]\nenable = true\nroot = "{kernel.root}"\n')
-    paths = doctor.DoctorPaths(procfs_root=str(procfs), resctrl_root=str(kernel.root))
-    report = doctor.Report()
-    doctor._check_resctrl(report, config, paths)
+    paths = DoctorPaths(procfs_root=str(procfs), resctrl_root=str(kernel.root))
+    report = Report()
+    check_resctrl(report, config, paths)
     assert report.checks[0].status == "OK"
     assert report.checks[0].message.startswith(f"resctrl at {kernel.root}: intel, L3 (11 ways), MB")
     assert report.features[0].state == "active"
     # Mounted with mba_MBps: koordnode's percentages would be read as MB/s.
     (procfs / "mounts").write_text(f"resctrl {kernel.root} resctrl rw,mba_MBps 0 0\n")
-    report = doctor.Report()
-    doctor._check_resctrl(report, config, paths)
+    report = Report()
+    check_resctrl(report, config, paths)
     assert report.checks[0].status == "WARN" and "mba_MBps" in report.checks[0].message
     # Enabled where nothing is mounted.
     config = parse_config(f'[resctrl]\nenable = true\nroot = "{tmp_path / "nowhere"}"\n')
-    report = doctor.Report()
-    doctor._check_resctrl(report, config, doctor.DoctorPaths(procfs_root=str(procfs),
+    report = Report()
+    check_resctrl(report, config, DoctorPaths(procfs_root=str(procfs),
                                                              resctrl_root=str(tmp_path / "nowhere")))
     assert report.checks[0].status == "WARN"  # the fake CPU has RDT: mount it
     assert report.checks[0].fix == "mount -t resctrl resctrl /sys/fs/resctrl"
@@ -205,14 +210,14 @@ def test_resctrl_on_a_fake_xeon(tmp_path: Path) -> None:
 
 
 def test_exit_code_is_the_worst_line() -> None:
-    report = doctor.Report()
+    report = Report()
     report.add("a", "OK", "fine")
     assert report.exit_code == 0
     report.add("b", "WARN", "hm", "do x")
     assert report.exit_code == 1
     report.add("c", "FAIL", "no", "do y")
     assert report.exit_code == 2
-    assert "-> do y" in doctor.render_text(report)
+    assert "-> do y" in render_text(report)
 
 
 @pytest.mark.parametrize("config_text, flags, status, says", [
@@ -228,9 +233,9 @@ def test_cpu_owner_from_kubelets_cpu_manager_policy(tmp_path: Path, config_text,
     config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n" + config_text)
     flags_file = tmp_path / "kubeadm-flags.env"
     flags_file.write_text(f'KUBELET_KUBEADM_ARGS="{flags}"\n')
-    report = doctor.Report()
-    report.facts["kubelet"] = doctor.kubelet_settings(str(config), (str(flags_file),))
-    doctor._check_cpu_owner(report)
+    report = Report()
+    report.facts["kubelet"] = kubelet_settings(str(config), (str(flags_file),))
+    check_cpu_owner(report)
     check = by_name(report.as_dict())["CPU owner"]
     assert check["status"] == status and says in check["message"], check
     if status == "WARN":

@@ -107,7 +107,7 @@ def test_cpu_release_queued_behind_busy_hook_threads_still_runs(containerd_bed, 
                                                        resources=GUARANTEED_1CPU))
 
         def allocations():
-            return kn.call(lambda: kn.daemon.status())["qos"]["cpus"]["allocations"]
+            return kn.call(lambda: kn.daemon.status_report.status())["qos"]["cpus"]["allocations"]
 
         assert _wait(allocations), "the LSE pod got no exclusive CPU"
         chain = kn.daemon.chain

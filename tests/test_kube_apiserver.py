@@ -520,11 +520,12 @@ def test_in_cluster_service_account_token_and_ca(plane: ControlPlane, tmp_path: 
 
 
 def test_doctor_reports_the_api_server(plane: ControlPlane, tmp_path: Path) -> None:
-    from koordnode.doctor import Report, _check_kubernetes
+    from koordnode.doctor.cluster import check_kubernetes
+    from koordnode.doctor.report import Report
 
     def check(toml: str) -> Any:
         report = Report()
-        _check_kubernetes(report, parse_config(toml))
+        check_kubernetes(report, parse_config(toml))
         return next(c for c in report.checks if c.name == "kubernetes")
 
     kubeconfig = kubeconfig_for(plane, tmp_path / "doctor", plane.tokens["koordnode"])

@@ -1,4 +1,4 @@
-"""Daemon.reconcile_once: what the event loop prepares for the periodic pass (the pass itself is
+"""Reconciler.reconcile_once (koordnode/periodic.py): what the event loop prepares for the periodic pass (the pass itself is
 tested in test_qos_engine.py and end to end in test_e2e_qos.py)."""
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def test_disabled_resctrl_and_net_get_nothing_prepared_on_the_loop(tmp_path, mon
     monkeypatch.setattr(daemon.pod_networks, "ready_pods", networks)
     monkeypatch.setattr(daemon.resctrl, "reconcile", lambda g: calls["resctrl"].append(g))
     monkeypatch.setattr(daemon.netqos, "reconcile", lambda n: calls["net"].append(n))
-    asyncio.run(daemon.reconcile_once())
-    asyncio.run(daemon.reconcile_once())
+    asyncio.run(daemon.reconciler.reconcile_once())
+    asyncio.run(daemon.reconciler.reconcile_once())
     expected = 2 if enabled else 0
     assert (calls["groups"], calls["networks"]) == (expected, expected)
     # Both are still called every pass: a disabled feature removes what is left of koordnode's.

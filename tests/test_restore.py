@@ -441,7 +441,7 @@ def test_restore_on_stop(tmp_path: Path, restore_on_stop: bool, dry_run: bool) -
     daemon.qos_manager._procfs().write("vm.min_free_kbytes", 135168, "test")
     assert quota.read_text().strip() == "5000"
     assert {e.kind for e in OriginalsJournal(tmp_path / "state").entries()} == {"cgroup_file", "sysctl"}
-    daemon._set_dry_run(dry_run)
+    daemon.running_config.set_dry_run(dry_run)
 
     asyncio.run(daemon.stop())
     restored = restore_on_stop and not dry_run
