@@ -32,8 +32,8 @@ from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.hooks.qos_hook import QoSHook
 from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
-from koordnode.metrics import METRICS, Metrics, MetricsServer, MetricsStartError
-from koordnode.metrics import start as start_metrics
+from koordnode.metrics.recorder import METRICS, Metrics
+from koordnode.metrics.server import MetricsServer, MetricsStartError, start as start_metrics
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path, refuse_if_proxy_serves

@@ -15,7 +15,7 @@ from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.hooks.chain import HookChain
 from koordnode.hooks.qos_engine import QoSEngine
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 from koordnode.model.state import NodeState
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.qos.manager import QoSManager

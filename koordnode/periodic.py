@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from koordnode.hooks.qos_engine import QoSEngine
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 from koordnode.model.state import NodeState, NodeView
 from koordnode.policy.net import PodNetwork
 from koordnode.qos.net_control import NetQoSController

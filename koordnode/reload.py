@@ -16,7 +16,7 @@ from koordnode.config import CgroupConfig, Config, ConfigError, NetQoSConfig, re
 from koordnode.cri.client import RuntimeBackend
 from koordnode.hooks.chain import HookChain
 from koordnode.logsetup import configure_logging
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 from koordnode.proxy.server import ProxyServer
 
 log = structlog.get_logger("koordnode")

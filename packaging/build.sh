@@ -186,7 +186,7 @@ chmod 0644 "$stage/usr/share/man/man8/koordnode.8.gz"
 # A quick smoke test of the staged tree, through the launcher, before packaging it.
 KOORDNODE_PYTHON=$PYTHON "$stage$APP/bin/koordnode" version >/dev/null \
     || die "the staged launcher cannot run koordnode"
-printf 'import google.protobuf, psutil, pyroute2, structlog, prometheus_client, h2\nimport koordnode.cli, koordnode.daemon\n' \
+printf 'import google.protobuf, psutil, pyroute2, structlog, h2\nimport koordnode.cli, koordnode.daemon\n' \
     > "$work/smoke.py"
 "${with_lib[@]}" "$work/smoke.py" || die "the staged library cannot import koordnode's dependencies"
 find "$lib" -name __pycache__ -prune -exec rm -rf {} +   # byte code is made at install time

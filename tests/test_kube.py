@@ -592,7 +592,7 @@ def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_an
     """BeEviction's choice (the daemon wires it as the QoS manager's evict): the container's pod
     first, then the node's other BE pods by priority; CRI stop when the API does not answer."""
     from koordnode.cri import api_pb2 as pb
-    from koordnode.metrics import Metrics
+    from koordnode.metrics.recorder import Metrics
     from koordnode.qos.eviction import BeEviction
     from koordnode.model.state import ContainerRecord, NodeState, PodRecord
 

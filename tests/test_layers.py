@@ -523,7 +523,7 @@ def test_pending_entries_are_still_needed() -> None:
     ("koordnode/nri/plugin.py", "from koordnode.proxy.relay import Relay\n", "may not import koordnode.proxy"),
     ("koordnode/kube/agent.py", "import koordnode.cri.client\n", "may not import koordnode.cri"),
     ("koordnode/hooks/chain.py", "from koordnode.nri import api_pb2\n", "may not import koordnode.nri"),
-    ("koordnode/metrics.py", "from koordnode.kube import pods\n", "may not import koordnode.kube"),
+    ("koordnode/metrics/recorder.py", "from koordnode.kube import pods\n", "may not import koordnode.kube"),
     ("koordnode/model/state.py", "from koordnode.observe import x\n", "has no row"),
 ])
 def test_a_bad_import_is_caught(importer: str, source: str, expected: str) -> None:
@@ -638,7 +638,7 @@ def test_no_module_re_exports_another_ones_names() -> None:
 
 
 @pytest.mark.parametrize(("module", "source"), [
-    ("koordnode/metrics.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['MetricsConfig']\n"),
+    ("koordnode/metrics/recorder.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['MetricsConfig']\n"),
     ("koordnode/executor/resources.py", "from koordnode.model.kernel import CPU_SHARES_MAX as CPU_SHARES_MAX\n"),
     ("koordnode/qos/__init__.py", "def __getattr__(name):\n    return 1\n__all__ = ['QoSManager']\n"),
     ("koordnode/executor/__init__.py", "from koordnode.policy.plan import CgroupWrite\n__all__ = ['CgroupWrite']\n"),
@@ -648,7 +648,7 @@ def test_a_re_export_is_caught(module: str, source: str) -> None:
 
 
 @pytest.mark.parametrize(("module", "source"), [
-    ("koordnode/metrics.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['f']\n"
+    ("koordnode/metrics/recorder.py", "from koordnode.config.metrics import MetricsConfig\n__all__ = ['f']\n"
                              "def f(c: MetricsConfig) -> None: ...\n"),
     ("koordnode/config/__init__.py", "from koordnode.config.root import Config\n__all__ = ['Config']\n"),
 ])

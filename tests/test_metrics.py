@@ -1,35 +1,39 @@
-"""Prometheus metrics: names and units, recording semantics, and the HTTP endpoint."""
+"""Prometheus metrics: names and units, recording semantics, the text format and the HTTP endpoint."""
 
 from __future__ import annotations
 
+import json
+import math
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from koordnode import __version__
 from koordnode.config import ConfigError, from_dict
 from koordnode.policy.plan import SysctlWrite
 from koordnode.executor.executor import WriteResult, WriteStatus
 from koordnode.policy.plan import CgroupWrite
-from koordnode.metrics import Metrics, MetricsStartError, start
+from koordnode.metrics.exposition import format_value, render
+from koordnode.metrics.recorder import Metrics
+from koordnode.metrics.server import MetricsStartError, start
+from koordnode.metrics.types import Counter as CounterMetric
+from koordnode.metrics.types import Gauge, Histogram, Registry
+from koordnode.model.interference import PodInterference
 from koordnode.config.metrics import MetricsConfig, normalize_listen, parse_listen
+from support import metrics_text
 
 POD = ("default", "web-0")
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset], float]:
     """{(sample name, labels): value} from the text exposition."""
-    text = metrics.render().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return metrics_text.samples(metrics.render().decode())
 
 
 def value(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -93,21 +97,22 @@ def test_names_follow_prometheus_conventions(metrics: Metrics) -> None:
     metrics.follow_hook_failures(lambda: {("qos", "pre", "timeout"): 1})
     metrics.follow_proxy_stats(SimpleNamespace(connections_open=1, connections_total=2,
                                                intercepted_calls=3))
-    families = list(text_string_to_metric_families(metrics.render().decode()))
+    families = metrics_text.parse(metrics.render().decode())
     assert families
     for family in families:
         assert family.name.startswith("koordnode_"), family.name
         if family.type == "counter":
-            assert any(s.name == family.name + "_total" for s in family.samples), family.name
+            assert family.name.endswith("_total"), family.name
+            assert all(s.name == family.name for s in family.samples), family.name
         assert not family.name.endswith(("_ms", "_us", "_milliseconds", "_percent"))
     names = {f.name for f in families}
-    assert {"koordnode_build_info", "koordnode_uptime_seconds", "koordnode_cri_requests",
-            "koordnode_cri_request_duration_seconds", "koordnode_hook_failures",
-            "koordnode_executor_writes", "koordnode_evictions", "koordnode_psi_avg10_ratio",
+    assert {"koordnode_build_info", "koordnode_uptime_seconds", "koordnode_cri_requests_total",
+            "koordnode_cri_request_duration_seconds", "koordnode_hook_failures_total",
+            "koordnode_executor_writes_total", "koordnode_evictions_total", "koordnode_psi_avg10_ratio",
             "koordnode_be_cpu_quota_cores", "koordnode_be_cpu_suppress_ratio",
             "koordnode_applied_cpu_shares", "koordnode_applied_memory_high_bytes",
-            "koordnode_config_reloads", "koordnode_proxy_connections_open",
-            "koordnode_cgroup_overwrites"} <= names
+            "koordnode_config_reloads_total", "koordnode_proxy_connections_open",
+            "koordnode_cgroup_overwrites_total"} <= names
     assert 'koordnode_cgroup_overwrites_total{resource="cpu.cfs_quota_us"} 1.0' in metrics.render().decode()
 
 
@@ -452,7 +457,7 @@ def test_an_invalid_address_is_a_clear_error(metrics: Metrics) -> None:
 
 
 def test_the_default_instance_serves_process_metrics() -> None:
-    from koordnode.metrics import METRICS
+    from koordnode.metrics.recorder import METRICS
 
     server = start("127.0.0.1:0")
     assert server is not None
@@ -466,8 +471,6 @@ def test_the_default_instance_serves_process_metrics() -> None:
 
 
 def test_interference_per_pod_and_class_read_at_each_scrape(metrics: Metrics) -> None:
-    from koordnode.model.interference import PodInterference
-
     rows = [PodInterference("default", "web-0", "LS", 1.5, 0.25),
             PodInterference("default", "web-1", "LS", 0.5, None),
             PodInterference("db", "pg-0", "LSR", None, 2.0)]
@@ -488,3 +491,146 @@ def test_interference_per_pod_and_class_read_at_each_scrape(metrics: Metrics) ->
 
     metrics.follow_interference(broken)  # a failing source gives no series, not a failed scrape
     assert value(metrics, "koordnode_class_cpu_pressure_seconds_total", **{"class": "LS"}) is None
+
+
+# --- the contract: names, types, labels and HELP texts -------------------------------------
+
+CONTRACT = Path(__file__).parent / "data" / "metrics_contract.json"
+
+
+def _record_one_of_everything(metrics: Metrics) -> None:
+    metrics.observe_cri_call("/runtime.v1.RuntimeService/RunPodSandbox", 0, 0.01)
+    metrics.observe_hook_delay("RunPodSandbox", 0.001)
+    metrics.record_eviction("memory")
+    metrics.record_write("cpu.shares", "written")
+    metrics.record_writes([SimpleNamespace(write=SimpleNamespace(resource="cpu.cfs_quota_us"), status="written",
+                                           overwritten=True)])
+    metrics.record_config_reload(True)
+    metrics.follow_hook_failures(lambda: {("qos", "pre", "timeout"): 1})
+    metrics.follow_proxy_stats(SimpleNamespace(connections_open=1, connections_total=2, intercepted_calls=3))
+    metrics.follow_interference(lambda: [PodInterference("default", "web-0", "LS", 1.5, 0.25)])
+    metrics.set_applied("default", "web-0", "", "LS", {
+        "cpu.shares": 2, "cpu.cfs_quota_us": 1000, "cpuset.cpus": "0-1", "memory.min": 1, "memory.low": 2,
+        "memory.high": 3, "oom_score_adj": 1, "blkio.weight": 10})
+    metrics.set_be_cpu(1.0, 0.5)
+    metrics.set_psi("cpu", some_avg10=1.0, full_avg10=2.0)
+    metrics.record_nodeslo(True)
+    metrics.record_api_eviction("evicted")
+    metrics.set_batch_allocatable(1.0, 2.0)
+    metrics.kube_api_up.set(1)
+    metrics.dry_run.set(0)
+
+
+def test_every_name_type_label_set_and_help_text_stays_as_users_know_them() -> None:
+    """tests/data/metrics_contract.json was captured from prometheus-client's exposition before
+    koordnode wrote its own: dashboards, alerts and scrapers rely on each line of it."""
+    metrics = Metrics(process_metrics=True, clock=lambda: 1000.0)
+    _record_one_of_everything(metrics)
+    now = [{"name": f.name, "type": f.type, "help": f.help,
+            "samples": [[n, list(labels)] for n, labels in sorted({(s.name, tuple(sorted(s.labels)))
+                                                                  for s in f.samples})]}
+           for f in metrics_text.parse(metrics.render().decode())]
+    assert now == json.loads(CONTRACT.read_text())
+
+
+def test_process_metrics_are_this_process() -> None:
+    metrics = Metrics(clock=lambda: 1000.0)
+    got = samples(metrics)
+    rss = got[("process_resident_memory_bytes", frozenset())]
+    with open("/proc/self/status") as f:
+        status_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    assert 0.5 < rss / (status_kib * 1024) < 2
+    assert got[("process_open_fds", frozenset())] >= 3
+    assert got[("process_max_fds", frozenset())] >= got[("process_open_fds", frozenset())]
+    assert 0 < got[("process_start_time_seconds", frozenset())] <= __import__("time").time()
+    assert got[("process_cpu_seconds_total", frozenset())] > 0
+    info = [labels for name, labels in got if name == "python_info"]
+    assert dict(info[0])["implementation"] == "CPython"
+
+
+# --- the text format -----------------------------------------------------------------------
+
+
+def test_label_values_and_help_are_escaped() -> None:
+    registry = Registry()
+    gauge = Gauge("x_ratio", 'help with \\ and\nnewline', ["path"], registry=registry)
+    gauge.labels('C:\\dir "quoted"\nnext').set(0.5)
+    text = render(registry.collect()).decode()
+    assert "# HELP x_ratio help with \\\\ and\\nnewline\n" in text
+    assert 'x_ratio{path="C:\\\\dir \\"quoted\\"\\nnext"} 0.5\n' in text
+    [family] = metrics_text.parse(text)
+    assert family.help == "help with \\ and\nnewline"
+    assert family.samples[0].labels == {"path": 'C:\\dir "quoted"\nnext'}
+
+
+def test_counters_histograms_and_gauges_in_the_text_format() -> None:
+    registry = Registry()
+    counter = CounterMetric("x_events_total", "Events", ["kind", "app"], registry=registry)
+    counter.labels("b", "z").inc(2)
+    hist = Histogram("x_seconds", "Durations", ["op"], buckets=(0.1, 1.0), registry=registry)
+    for v in (0.05, 0.1, 0.5, 3.0):
+        hist.labels("get").observe(v)
+    Gauge("x_up", "Up", registry=registry).set(1)
+    lines = render(registry.collect()).decode().splitlines()
+    assert lines[:3] == ["# HELP x_events_total Events", "# TYPE x_events_total counter",
+                         'x_events_total{app="z",kind="b"} 2.0']
+    assert lines[3:5] == ["# HELP x_events_created Events", "# TYPE x_events_created gauge"]
+    assert lines[7:14] == ["# TYPE x_seconds histogram",
+                           'x_seconds_bucket{le="0.1",op="get"} 2.0',
+                           'x_seconds_bucket{le="1.0",op="get"} 3.0',
+                           'x_seconds_bucket{le="+Inf",op="get"} 4.0',
+                           'x_seconds_count{op="get"} 4.0',
+                           'x_seconds_sum{op="get"} 3.65',
+                           "# HELP x_seconds_created Durations"]
+    assert lines[-3:] == ["# HELP x_up Up", "# TYPE x_up gauge", "x_up 1.0"]
+    assert [format_value(v) for v in (math.inf, -math.inf, math.nan, 1e20, -0.5)] == [
+        "+Inf", "-Inf", "NaN", "1e+20", "-0.5"]
+    with pytest.raises(ValueError):
+        counter.labels("a", "b").inc(-1)
+    with pytest.raises(ValueError):
+        counter.labels("only one")
+
+
+def test_recording_from_many_threads_loses_nothing() -> None:
+    """The Metrics object is recorded into from the event loop, hook threads and the tick's
+    thread while scrapes read it: every increment and observation counts."""
+    metrics = Metrics(process_metrics=False)
+    start_line = threading.Barrier(8)
+
+    def work(n: int) -> None:
+        start_line.wait()
+        for i in range(2000):
+            metrics.observe_cri_call("CreateContainer", 0, 0.001)
+            metrics.record_write(f"r{i % 3}", "written")
+            metrics.set_applied("ns", f"pod-{n}", "", "LS", {"cpu.shares": i + 2})
+            if i % 500 == 0:
+                metrics.render()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert value(metrics, "koordnode_cri_requests_total", method="CreateContainer", code="OK") == 16000
+    assert value(metrics, "koordnode_cri_request_duration_seconds_count", method="CreateContainer") == 16000
+    assert sum(v for (name, _), v in samples(metrics).items() if name == "koordnode_executor_writes_total") == 16000
+    assert metrics.cri_calls_by_method() == {"CreateContainer": 16000}
+
+
+def test_head_and_query_strings(metrics: Metrics) -> None:
+    server = start("127.0.0.1:0", metrics)
+    assert server is not None
+    try:
+        request = urllib.request.Request(server.url, method="HEAD")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert int(response.headers["Content-Length"]) > 0
+            assert response.read() == b""
+        assert _get(server.url + "?name[]=koordnode_build_info")[0] == 200
+        host, port = server.address
+        with socket.create_connection((host, port), timeout=5) as raw:  # not HTTP at all
+            raw.sendall(b"hello\r\n\r\n")
+            assert raw.recv(100).startswith(b"HTTP/1.0 400 ")
+    finally:
+        server.stop()

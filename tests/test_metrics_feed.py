@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from koordnode.executor.executor import WriteResult, WriteStatus
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 from koordnode.policy.plan import CgroupWrite, SysctlWrite
 from koordnode.policy.strategies.common import BeBudget, Explanation, StrategyResult, fact
 from koordnode.qos.metrics_feed import TickMetrics

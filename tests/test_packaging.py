@@ -208,10 +208,10 @@ def test_deb_contents(packages: Packages, tmp_path: Path) -> None:
     assert all(" root/root" in entry for entry in files.values())
     site = "/opt/koordnode/lib"
     for module in ("koordnode/cli.py", "koordnode/daemon.py", "koordnode/sdnotify.py",
-                   "koordnode/metrics.py", "google/protobuf/__init__.py", "h2/__init__.py",
-                   "psutil/__init__.py", "pyroute2/__init__.py", "structlog/__init__.py",
-                   "prometheus_client/__init__.py"):
+                   "koordnode/metrics/recorder.py", "google/protobuf/__init__.py", "h2/__init__.py",
+                   "psutil/__init__.py", "pyroute2/__init__.py", "structlog/__init__.py"):
         assert f"{site}/{module}" in files, module
+    assert not [p for p in files if p.startswith(f"{site}/prometheus_client")]  # koordnode writes its own exposition
     sources = [p for p in files if p.startswith(site) and p.endswith(".py")]
     # One library directory for every CPython >= 3.11: no grpcio (the daemon does not use it),
     # extension modules only abi3, no byte code (it is per interpreter: made at install time).

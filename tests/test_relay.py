@@ -16,7 +16,7 @@ from koordnode.cri import api_pb2 as pb
 from support import api_pb2_grpc as pb_grpc
 from koordnode.hooks.chain import CallContext, HookChain, Phase, Stage
 from koordnode.hooks.interceptor import ChainInterceptor
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 from koordnode.proxy.handler import InterceptingHandler
 from koordnode.proxy.server import ProxyServer
 from koordnode.model.state import NodeState

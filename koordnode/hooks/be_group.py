@@ -40,7 +40,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.executor import systemd
 from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, pod_cgroup_path
-from koordnode.metrics import METRICS
+from koordnode.metrics.recorder import METRICS
 from koordnode.model.be_group import (
     KUBELET_POD_CONTROLLERS, be_group_of, be_group_parent, in_be_group, kubelet_parent_of, systemd_group_slice,
 )

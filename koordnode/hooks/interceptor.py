@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
-from koordnode.metrics import Metrics
+from koordnode.metrics.recorder import Metrics
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from koordnode.hooks.be_group import BeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.engine_status import EngineStatus, Record, oom_lines
 from koordnode.hooks.pod_plans import PassState, PodPlan, PodPlanner
-from koordnode.metrics import METRICS
+from koordnode.metrics.recorder import METRICS
 from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import CONTAINER_RUNNING, NodeView, PodRecord
 from koordnode.policy.class_policy import REPORTED_BY_RUNTIME, KernelFeatures, PodInput

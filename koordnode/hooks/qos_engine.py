@@ -48,7 +48,7 @@ from koordnode.hooks.pod_apply import PodApplier
 from koordnode.hooks.pod_plans import PassState, PodPlanner
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.resized import ResizedResources
-from koordnode.metrics import METRICS
+from koordnode.metrics.recorder import METRICS
 from koordnode.model.annotations import parse_pod_annotations
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
 from koordnode.model.cpulist import format_cpu_list

@@ -55,7 +55,7 @@ GUEST_PACKAGES = (
 # What the guest's Python needs: the project's runtime dependencies and the test runner.
 GUEST_PY_DISTS = (
     "grpcio", "protobuf", "hpack", "hyperframe", "h2", "psutil", "pyroute2", "structlog",
-    "prometheus_client", "pytest", "pytest-timeout",
+    "pytest", "pytest-timeout",
     "PyYAML",  # tests/k8s_support.py reads the example pods (tests/vm_guest/test_real_kubelet_v2.py)
 )
 GUEST_DIR = Path(__file__).resolve().parent / "guest"

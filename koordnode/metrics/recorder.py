@@ -1,16 +1,17 @@
-"""Prometheus metrics: what koordnode did and what it sees, on a private registry.
+"""The :class:`Metrics` koordnode records into: what it did and what it sees, on a private registry.
 
 One :class:`Metrics` object owns every metric (``koordnode_...``); the daemon constructs it and
 hands it to whoever records. Recording is thread-safe: the event loop (CRI calls), hook threads
 and reconcile passes (applied values, writes), the QoS tick's thread and the metrics server's
-scrapes all use it at once; prometheus_client's metrics lock themselves, and the bookkeeping
-here is under one lock. :func:`start` serves it over HTTP at ``/metrics`` from a thread. Names follow Prometheus conventions: counters end in ``_total``, values are in base
-units (seconds, bytes, cores, ratios 0..1).
+scrapes all use it at once; the metrics lock themselves (:mod:`koordnode.metrics.types`), and
+the bookkeeping here is under one lock. :func:`koordnode.metrics.server.start` serves it over
+HTTP at ``/metrics`` from a thread. Names follow Prometheus conventions: counters end in
+``_total``, values are in base units (seconds, bytes, cores, ratios 0..1).
 
 Exported metrics (labels in braces):
 
 - ``koordnode_build_info{version,python_version}`` (always 1), ``koordnode_start_time_seconds``,
-  ``koordnode_uptime_seconds``; ``process_*`` and ``python_info`` from prometheus-client.
+  ``koordnode_uptime_seconds``; ``process_*`` and ``python_info`` (:mod:`koordnode.metrics.process`).
 - ``koordnode_cri_requests_total{method,code}``, ``koordnode_cri_request_duration_seconds{method}``
   (histogram): intercepted CRI calls by gRPC method and status code name (``OK``, ...); a
   path that names no CRI method counts as ``other``, so clients cannot grow the label set.
@@ -48,46 +49,27 @@ the return value where there is one), because metrics must not break the daemon.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import platform
 import re
-import socket
-import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
-
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-    make_wsgi_app,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from koordnode import __version__
-from koordnode.config.metrics import MetricsConfig, parse_listen
 from koordnode.cri import api_pb2 as _cri
+from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
+from koordnode.metrics.exposition import render
+from koordnode.metrics.followers import FollowHookFailures, FollowInterference, FollowProxyStats
+from koordnode.metrics.process import PlatformCollector, ProcessCollector
+from koordnode.metrics.types import Collector, Counter, Gauge, Histogram, Registry
 from koordnode.model.cpulist import CpuListError, parse_cpu_list
 from koordnode.model.interference import PodInterference
 from koordnode.model.kernel import DEFAULT_CFS_PERIOD_US
-from koordnode.cri.grpc_wire import STATUS_NAMES, status_name
 
-__all__ = [
-    "METRICS",
-    "Metrics",
-    "MetricsServer",
-    "MetricsStartError",
-    "start",
-]
+__all__ = ["METRICS", "Metrics", "NO_STATUS", "OTHER_METHOD"]
 
 # ---------------------------------------------------------------------------------------------
 # The metrics
@@ -132,21 +114,21 @@ class _AppliedSeries:
 class Metrics:
     """Every koordnode metric, on its own registry (nothing global is touched)."""
 
-    def __init__(self, *, registry: CollectorRegistry | None = None,
+    def __init__(self, *, registry: Registry | None = None,
                  process_metrics: bool = True, clock: Callable[[], float] = time.time) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else Registry()
         r = self.registry
         self._clock = clock
         self._lock = threading.Lock()  # guards the bookkeeping below (any thread); gauges lock themselves
         self._applied: dict[tuple[str, str, str], _AppliedSeries] = {}
-        self._followers: dict[str, Any] = {}
+        self._followers: dict[str, Collector] = {}
         # Gauges the QoS tick sets every tick, with the value last set: unchanged values are not
         # set again (a labelled set is a lookup and a lock; PSI averages move every 2 s).
         self._gauge_last: dict[tuple[Any, ...], float] = {}
 
         if process_metrics:
-            ProcessCollector(registry=r)
-            PlatformCollector(registry=r)
+            r.register(ProcessCollector())
+            r.register(PlatformCollector())
 
         self.build_info = Gauge("koordnode_build_info",
                                 "koordnode build, always 1; the labels carry the information",
@@ -254,7 +236,7 @@ class Metrics:
 
     def render(self) -> bytes:
         """The current metrics in the Prometheus text format."""
-        return generate_latest(self.registry)
+        return render(self.registry.collect())
 
     # --- CRI, hooks, proxy --------------------------------------------------------------
 
@@ -270,11 +252,8 @@ class Metrics:
     def cri_calls_by_method(self) -> dict[str, int]:
         """CRI calls relayed so far by method (all status codes together)."""
         calls: dict[str, int] = {}
-        for family in self.cri_requests.collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    method = sample.labels["method"]
-                    calls[method] = calls.get(method, 0) + int(sample.value)
+        for (method, _code), count in self.cri_requests.values().items():
+            calls[method] = calls.get(method, 0) + int(count)
         return calls
 
     def observe_hook_delay(self, method: str, seconds: float) -> None:
@@ -287,19 +266,19 @@ class Metrics:
     ) -> None:
         """Export ``source()`` -- {(hook, phase, kind): count}, e.g. ``HookChain.failures`` --
         as ``koordnode_hook_failures_total``, read at each scrape. A later call replaces it."""
-        self._follow("hook_failures", _FollowHookFailures(source))
+        self._follow("hook_failures", FollowHookFailures(source))
 
     def follow_proxy_stats(self, stats: Any) -> None:
         """Export a ``ProxyStats``-like object's connection and call counts at each scrape.
         A later call replaces it."""
-        self._follow("proxy_stats", _FollowProxyStats(stats))
+        self._follow("proxy_stats", FollowProxyStats(stats))
 
     def follow_interference(self, source: Callable[[], Iterable[PodInterference]]) -> None:
         """Export per-pod and per-class CPU pressure and throttling from ``source()``, read at
         each scrape. A later call replaces it."""
-        self._follow("interference", _FollowInterference(source))
+        self._follow("interference", FollowInterference(source))
 
-    def _follow(self, name: str, collector: Any) -> None:
+    def _follow(self, name: str, collector: Collector) -> None:
         with self._lock:
             previous = self._followers.pop(name, None)
             if previous is not None:
@@ -483,11 +462,11 @@ class Metrics:
             if name in series.values:
                 gauge.labels(*labels).set(series.values[name])
             else:
-                _remove(gauge, labels)
+                gauge.remove(*labels)
 
     def _remove_series(self, key: tuple[str, str, str], series: _AppliedSeries) -> None:
         for gauge in self._applied_gauges.values():
-            _remove(gauge, (*key, series.qos_class))
+            gauge.remove(*key, series.qos_class)
 
 
 def _method_label(method: str) -> str:
@@ -549,203 +528,6 @@ def _set(values: dict[str, float], name: str, value: float | None) -> None:
         values[name] = float(value)
 
 
-def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
-    with contextlib.suppress(KeyError):  # never set for these labels
-        gauge.remove(*labels)
-
-
-class _FollowHookFailures:
-    def __init__(self, source: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
-        self._source = source
-
-    def _family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(
-            "koordnode_hook_failures",
-            "Runtime hook failures by hook, phase and kind (error, timeout)",
-            labels=["hook", "phase", "kind"])
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family()
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        try:
-            snapshot = dict(self._source())
-        except Exception:  # a scrape must not fail because the source is mid-change
-            snapshot = {}
-        for (hook, phase, kind), count in sorted(snapshot.items()):
-            family.add_metric([hook, phase, kind], count)
-        yield family
-
-
-class _FollowInterference:
-    def __init__(self, source: Callable[[], Iterable[PodInterference]]) -> None:
-        self._source = source
-
-    @staticmethod
-    def _families() -> tuple[CounterMetricFamily, ...]:
-        pod = ["namespace", "pod", "class"]
-        return (
-            CounterMetricFamily("koordnode_pod_cpu_pressure_seconds",
-                                "Time some task of the pod waited for a CPU (cpu.pressure some total)",
-                                labels=pod),
-            CounterMetricFamily("koordnode_pod_cpu_throttled_seconds",
-                                "Time the pod was throttled by CFS quotas", labels=pod),
-            CounterMetricFamily("koordnode_class_cpu_pressure_seconds",
-                                "Sum of koordnode_pod_cpu_pressure_seconds_total per class", labels=["class"]),
-            CounterMetricFamily("koordnode_class_cpu_throttled_seconds",
-                                "Sum of koordnode_pod_cpu_throttled_seconds_total per class", labels=["class"]),
-        )
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(self._families())
-
-    def collect(self) -> Iterator[Metric]:
-        pressure, throttled, class_pressure, class_throttled = self._families()
-        try:
-            rows = list(self._source())
-        except Exception:  # a scrape must not fail because the source is mid-change
-            rows = []
-        sums: dict[str, list[float]] = {}
-        for row in rows:
-            sums.setdefault(row.qos_class, [0.0, 0.0])
-            if row.cpu_pressure_s is not None:
-                pressure.add_metric([row.namespace, row.pod, row.qos_class], row.cpu_pressure_s)
-                sums[row.qos_class][0] += row.cpu_pressure_s
-            if row.cpu_throttled_s is not None:
-                throttled.add_metric([row.namespace, row.pod, row.qos_class], row.cpu_throttled_s)
-                sums[row.qos_class][1] += row.cpu_throttled_s
-        for cls, (p, t) in sorted(sums.items()):
-            class_pressure.add_metric([cls], p)
-            class_throttled.add_metric([cls], t)
-        yield from (pressure, throttled, class_pressure, class_throttled)
-
-
-class _FollowProxyStats:
-    def __init__(self, stats: Any) -> None:
-        self._stats = stats
-
-    def describe(self) -> Iterator[Metric]:
-        return self._families(0, 0, 0)
-
-    def collect(self) -> Iterator[Metric]:
-        return self._families(getattr(self._stats, "connections_open", 0),
-                              getattr(self._stats, "connections_total", 0),
-                              getattr(self._stats, "intercepted_calls", 0),
-                              getattr(self._stats, "dry_run_changed_requests", 0))
-
-    @staticmethod
-    def _families(open_: int, total: int, intercepted: int, dry_run_changed: int = 0) -> Iterator[Metric]:
-        yield GaugeMetricFamily("koordnode_proxy_connections_open",
-                                "kubelet connections open to the CRI proxy", value=open_)
-        yield CounterMetricFamily("koordnode_proxy_connections",
-                                  "kubelet connections accepted by the CRI proxy", value=total)
-        yield CounterMetricFamily("koordnode_proxy_intercepted_calls",
-                                  "CRI calls that went through the hooks", value=intercepted)
-        yield CounterMetricFamily("koordnode_dry_run_unchanged_requests",
-                                  "Dry run: CRI requests the hooks would have changed, forwarded "
-                                  "unchanged", value=dry_run_changed)
-
-
 # The process's default instance: the daemon's unless it is handed another. The QoS engine still
 # records here directly (until it is handed the daemon's). Tests build their own Metrics().
 METRICS = Metrics()
-
-
-# ---------------------------------------------------------------------------------------------
-# The HTTP endpoint
-
-
-class MetricsStartError(Exception):
-    """The endpoint could not listen (address in use, not local, ...)."""
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 10  # seconds a client may take to send its request
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass  # scrapes every few seconds would drown the log
-
-
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # WSGIServer would resolve the host name (socket.getfqdn): a DNS wait for nothing.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-        self.setup_environ()
-
-
-def _app(metrics: Metrics) -> Callable[..., Iterable[bytes]]:
-    exposition = make_wsgi_app(metrics.registry)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO") or "/"
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"),
-                                                       ("Allow", "GET, HEAD")])
-            return [b"method not allowed\n"]
-        if path == "/metrics":
-            return exposition(environ, start_response)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [f"koordnode {__version__}: metrics at /metrics\n".encode()]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found; metrics are at /metrics\n"]
-
-    return app
-
-
-class MetricsServer:
-    """A running /metrics endpoint; :meth:`stop` it on shutdown or when the address changes."""
-
-    def __init__(self, httpd: _Server, thread: threading.Thread, listen: str) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.listen = listen
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The bound (host, port); the port is the real one when 0 was asked for."""
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
-
-    def stop(self) -> None:
-        """Stop serving and close the socket (blocks for at most ~0.1 s)."""
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-
-def start(config: MetricsConfig | str, metrics: Metrics | None = None) -> MetricsServer | None:
-    """Serve ``metrics`` (default: :data:`METRICS`) at ``http://<listen>/metrics`` from a
-    daemon thread; None when ``listen`` is ``""``. Raises MetricsStartError if it cannot bind."""
-    listen = config.listen if isinstance(config, MetricsConfig) else config
-    try:
-        address = parse_listen(listen)
-    except ValueError as exc:
-        raise MetricsStartError(f"metrics.listen {listen!r}: {exc}") from None
-    if address is None:
-        return None
-    host, port = address
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                    flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("_BoundServer", (_Server,), {"address_family": family})
-        httpd = server_class((host, port), _QuietHandler)
-    except OSError as exc:
-        raise MetricsStartError(f"cannot serve metrics on {listen}: "
-                                f"{exc.strerror or exc}") from None
-    httpd.set_app(_app(metrics if metrics is not None else METRICS))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                              name="koordnode-metrics", daemon=True)
-    thread.start()
-    return MetricsServer(httpd, thread, listen)
