@@ -53,7 +53,7 @@ from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState, NodeView
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path
 from koordnode.policy.net import PodNetwork
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.eviction import BeEviction

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from koordnode import __version__
 from koordnode.config import ConfigError, from_dict
 from koordnode.policy.plan import SysctlWrite
-from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.policy.plan import CgroupWrite
 from koordnode.metrics import Metrics, MetricsStartError, start
 from koordnode.config.metrics import MetricsConfig, normalize_listen, parse_listen
