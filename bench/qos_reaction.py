@@ -49,7 +49,9 @@ from pathlib import Path
 
 import structlog
 
-from koordnode.executor.executor import CgroupExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+
+from koordnode.executor.write_result import WriteStatus
 from koordnode.qos.manager import QoSManager
 from koordnode.config.cgroup import CgroupConfig
 from koordnode.config.components import ManagerSettings

@@ -33,7 +33,7 @@ import structlog
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.strategies import BeEvictConfig, CpuBurstConfig, StrategyConfig
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.config.components import ManagerSettings
 from koordnode.qos.manager import QoSManager

@@ -20,7 +20,6 @@ from koordnode.config import Config, EngineSettings, ManagerSettings, ResctrlSet
 from koordnode.cri.client import CriClient, CriError, RuntimeBackend
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.daemon_status import StatusReport
-from koordnode.executor.executor import CgroupExecutor
 from koordnode.executor.netqos import NetQoSExecutor
 from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.restore import RestoreRoots, restore
@@ -38,6 +37,7 @@ from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path, refuse_if_proxy_serves
 from koordnode.periodic import Reconciler, return_free_memory_to_the_os, usage_loop
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
 from koordnode.qos.eviction import BeEviction

@@ -9,7 +9,9 @@ from pathlib import Path
 from fake_resctrl import INTEL_XEON_2S, make_resctrl
 from faketree import make_cgroup_tree, make_procfs_tree, read_cgroup_file
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.procfs_executor import ProcfsExecutor
+from koordnode.executor.write_result import WriteStatus
 from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
 from koordnode.qos.resctrl_control import ResctrlController

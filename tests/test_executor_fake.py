@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-import koordnode.executor.executor as executor_module
+import koordnode.executor.cgroup_executor as cgroup_executor_module
+import koordnode.executor.converge as converge_module
 from faketree import (
     add_cgroup,
     cgroup_file,
@@ -20,7 +21,9 @@ from faketree import (
     write_cgroup_file,
 )
 from koordnode.executor.cgroup import write_file as real_write_file
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.procfs_executor import ProcfsExecutor
+from koordnode.executor.write_result import WriteStatus
 from koordnode.policy.plan import SysctlWrite
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.policy.plan import CgroupWrite
@@ -28,6 +31,14 @@ from koordnode.executor.resources import parse_cpu_list
 
 POD = "/kubepods/besteffort/pod1"
 CTR = POD + "/c1"
+
+
+def patch_write_path(monkeypatch: pytest.MonkeyPatch, name: str, replacement: Any) -> None:
+    """Replace `name` (a file or path function) in every module of the write path that calls it:
+    converge.py (write, read back) and cgroup_executor.py (lookup, v1 cpuset widening)."""
+    for module in (converge_module, cgroup_executor_module):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, replacement)
 
 
 class RecordingLogger:
@@ -374,7 +385,7 @@ def test_read_back_mismatch_fails_with_both_values(
             return  # the file "sticks" at its old value
         real_write_file(path, text)
 
-    monkeypatch.setattr(executor_module, "write_file", kernel_that_ignores_writes)
+    patch_write_path(monkeypatch, "write_file", kernel_that_ignores_writes)
     result = CgroupExecutor(root, logger=log).apply([W(POD, "cpu.cfs_quota_us", 50_000)])[0]
     assert result.status is WriteStatus.FAILED
     assert (result.old, result.new, result.read_back) == ("-1", "50000", "-1")
@@ -388,7 +399,7 @@ def test_kernel_rejection_is_a_failure(tmp_path: Path, monkeypatch: pytest.Monke
     def einval(path: Path, text: str) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(executor_module, "write_file", einval)
+    patch_write_path(monkeypatch, "write_file", einval)
     result = CgroupExecutor(root).apply([W(POD, "cpu.cfs_burst_us", 90_000)])[0]
     assert result.status is WriteStatus.FAILED
     assert "EINVAL" in result.detail
@@ -412,7 +423,7 @@ def test_cgroup_vanishing_mid_write_is_missing(tmp_path: Path, monkeypatch: pyte
     def gone(path: Path, text: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory")
 
-    monkeypatch.setattr(executor_module, "write_file", gone)
+    patch_write_path(monkeypatch, "write_file", gone)
     assert CgroupExecutor(root).apply([W(POD, "cpu.shares", 2)])[0].status is WriteStatus.MISSING
 
 
@@ -526,7 +537,7 @@ def test_v1_cpuset_ordering(
     write_cgroup_file(root, POD, "cpuset.cpus", before[0])
     write_cgroup_file(root, CTR, "cpuset.cpus", before[1])
     kernel = SubsetEnforcingKernel()
-    monkeypatch.setattr(executor_module, "write_file", kernel)
+    patch_write_path(monkeypatch, "write_file", kernel)
     plan = [W(POD, "cpuset.cpus", after[0]), W(CTR, "cpuset.cpus", after[1])]
     if child_first_in_plan:
         plan.reverse()
@@ -552,7 +563,7 @@ def test_v2_cpuset_written_directly(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     write_cgroup_file(root, POD, "cpuset.cpus", "0-1")
     write_cgroup_file(root, CTR, "cpuset.cpus", "0-1")
     writes: list[str] = []
-    monkeypatch.setattr(executor_module, "write_file", lambda p, t: (writes.append(t), real_write_file(p, t)))
+    patch_write_path(monkeypatch, "write_file", lambda p, t: (writes.append(t), real_write_file(p, t)))
     results = CgroupExecutor(root).apply([W(POD, "cpuset.cpus", "2-3"), W(CTR, "cpuset.cpus", "2-3")])
     assert all(r.status is WriteStatus.WRITTEN for r in results)
     assert writes == ["2-3", "2-3"]  # no intermediate union on v2
@@ -768,13 +779,13 @@ def test_a_repeated_write_is_not_looked_up_again_and_an_unsupported_one_reads_no
     counts = {"normalize": 0, "resolve": 0, "reads": 0}
 
     def spy(name, key):
-        real = getattr(executor_module, name)
+        real = getattr(cgroup_executor_module, name)
 
         def wrapper(*args, **kwargs):
             counts[key] += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(executor_module, name, wrapper)
+        patch_write_path(monkeypatch, name, wrapper)
 
     spy("normalize_cgroup_path", "normalize")
     spy("read_file", "reads")

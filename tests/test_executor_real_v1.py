@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from koordnode.executor.executor import CgroupExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.paths import CgroupVersion, detect_cgroup_version
 from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import PAGE_SIZE, parse_cpu_list

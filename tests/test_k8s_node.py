@@ -32,7 +32,7 @@ from k8s_support import (
     require_component,
     runtime_errors,
 )
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.model.cpulist import parse_cpu_list
 from testbed.real_node import NODE_NAMES, RealNode, real_node
 

@@ -28,7 +28,8 @@ from koordnode.kube.pods import parse_quantity, pod_facts_of
 from koordnode.kube.reflector import Reflector
 from koordnode.model.pod_facts import PodFacts
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
-from koordnode.policy.class_policy import ContainerInput, ContainerResources, PodInput, plan_container
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, PodInput
+from koordnode.policy.container_policy import plan_container
 from koordnode.config.classes import QoSConfig
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 
@@ -404,7 +405,7 @@ def test_ls_burstable_pod_gets_memory_protection_from_the_api() -> None:
     decision = ClassDecision(QoSClass.LS, "burstable", "cgroup_parent", KubeQoS.BURSTABLE)
     container = ContainerInput("app", ContainerResources(memory_limit_in_bytes=4 << 30))
     config = QoSConfig().for_class(QoSClass.LS)
-    from koordnode.policy.class_policy import KernelFeatures
+    from koordnode.policy.class_inputs import KernelFeatures
 
     features = KernelFeatures(cgroup_version="v2")
     alone = plan_container(PodInput(uid="u1"), container, decision=decision, config=config, features=features,

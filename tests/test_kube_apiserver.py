@@ -34,7 +34,8 @@ from koordnode.kube.agent import NODEMETRICS, NODESLOS, ClusterLink, EvictTarget
 from koordnode.kube.client import Unreachable
 from koordnode.kube.nodemetric import PodUsage, node_metric_status
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
-from koordnode.policy.class_policy import ContainerInput, ContainerResources, KernelFeatures, plan_container
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures
+from koordnode.policy.container_policy import plan_container
 
 # "Within one watch round trip": the ConfigMap edit, the rendering and the watch event together.
 ROUND_TRIP_BOUND_S = 5.0
@@ -309,7 +310,7 @@ def test_ls_burstable_memory_protection_from_the_pod_spec(plane: ControlPlane, t
     assert facts is not None and facts.memory_requests == {"app": 256 << 20} and facts.kube_qos == "Burstable"
     assert node.facts_changes >= 1
     # The engine's plan of that container: CRI carries no request (no Memory QoS), the API does.
-    from koordnode.policy.class_policy import PodInput
+    from koordnode.policy.class_inputs import PodInput
 
     plan = plan_container(PodInput(uid=uid, memory_requests=facts.memory_requests),
                           ContainerInput("app", ContainerResources(memory_limit_in_bytes=1 << 30)),

@@ -17,7 +17,7 @@ import pytest
 from koordnode import __version__
 from koordnode.config import ConfigError, from_dict
 from koordnode.policy.plan import SysctlWrite
-from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.policy.plan import CgroupWrite
 from koordnode.metrics.exposition import format_value, render
 from koordnode.metrics.recorder import Metrics

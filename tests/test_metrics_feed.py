@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.metrics.recorder import Metrics
 from koordnode.policy.plan import CgroupWrite, SysctlWrite
 from koordnode.policy.strategies.common import BeBudget, Explanation, StrategyResult, fact

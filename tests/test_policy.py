@@ -14,24 +14,15 @@ from koordnode.executor.resources import get_resource
 from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC, MEMORY_QOS
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.policy.cpuset import CpusetAllocator
-from koordnode.policy.class_policy import (
-    ContainerInput,
-    ContainerResources,
-    CriOverrides,
-    KernelFeatures,
-    MemoryProtection,
-    REPORTED_BY_RUNTIME,
-    PodInput,
-    allocate_cpuset,
-    batch_cpu_quota,
-    cpu_shares_for,
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures, PodInput
+from koordnode.policy.class_values import CriOverrides, MemoryProtection, batch_cpu_quota, cpu_shares_for
+from koordnode.policy.container_policy import REPORTED_BY_RUNTIME, allocate_cpuset, plan_container, requested_cpus
+from koordnode.policy.pod_policy import (
     plan_besteffort_tier,
-    plan_container,
     plan_pod_cpu_weight,
     plan_pod_memory,
     plan_pod_resources,
     plan_pod_sandbox,
-    requested_cpus,
 )
 from koordnode.model.qos_class import QOS_CLASS_LABEL, QoSClass, resolve_qos_class
 from koordnode.config.classes import MIB, QoSConfig

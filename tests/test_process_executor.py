@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from koordnode.executor.executor import WriteStatus
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.process import ProcessExecutor, oom_score_adj_wanted
 
 

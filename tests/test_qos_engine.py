@@ -26,7 +26,7 @@ import pytest
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.config import EngineSettings, parse_config
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.hooks.chain import CallContext, HookChain
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
@@ -1659,7 +1659,8 @@ def test_node_state_refuses_changes_from_a_worker_thread():
 def counted(monkeypatch):
     """Counts of the engine's planning calls and of the executor's file reads (spies on the
     functions the engine and the executor call; nothing is timed)."""
-    import koordnode.executor.executor as executor_module
+    import koordnode.executor.cgroup_executor as cgroup_executor
+    import koordnode.executor.converge as converge
     import koordnode.hooks.pod_plans as pod_plans
     import koordnode.hooks.qos_engine as qos_engine
 
@@ -1677,8 +1678,10 @@ def counted(monkeypatch):
     spy(qos_engine, "plan_container", "plan_container")  # CreateContainer's
     spy(pod_plans, "plan_container", "plan_container")  # running containers'
     spy(pod_plans, "plan_pod_sandbox", "plan_pod_sandbox")
-    spy(executor_module, "read_file", "reads")
-    spy(executor_module, "read_file_if_same", "reads")
+    # The executor reads files while converging them and while looking them up.
+    spy(converge, "read_file", "reads")
+    spy(cgroup_executor, "read_file", "reads")
+    spy(cgroup_executor, "read_file_if_same", "reads")
 
     def take() -> dict[str, int]:
         taken = dict(counts)

@@ -13,7 +13,7 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 
 from koordnode.config import CgroupConfig, from_dict
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.qos_class import QoSClass
 from koordnode.config.components import ManagerSettings

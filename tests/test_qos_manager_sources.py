@@ -11,7 +11,7 @@ import pytest
 from test_qos_manager import BESTEFFORT, BURSTABLE, FakeNode
 
 from koordnode.config import Config, ManagerSettings, from_dict
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.model.cpu_topology import read_cpu_topology
 from koordnode.policy.cpuset import reserved_cpus_from_config

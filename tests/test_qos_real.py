@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.config.components import ManagerSettings
 from koordnode.qos.manager import QoSManager
 from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig

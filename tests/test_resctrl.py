@@ -19,7 +19,7 @@ from fake_resctrl import (
 )
 from koordnode.config import ConfigError, from_dict
 from koordnode.cri import api_pb2 as pb
-from koordnode.executor.executor import WriteStatus
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.resctrl import (
     ResctrlExecutor,
     ResctrlUnsupported,
@@ -503,7 +503,7 @@ def test_containers_by_group_from_node_state() -> None:
 def test_threads_read_through_the_cgroup_executor(tmp_path: Path, version: str) -> None:
     from faketree import make_cgroup_tree, write_cgroup_file
 
-    from koordnode.executor.executor import CgroupExecutor
+    from koordnode.executor.cgroup_executor import CgroupExecutor
 
     cgroups = make_cgroup_tree(tmp_path, version, cgroups=[BE_CG])
     # v1 lists a cgroup's threads in "tasks", v2 in "cgroup.threads".

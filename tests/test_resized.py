@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from koordnode.policy.class_policy import ContainerResources
+from koordnode.policy.class_inputs import ContainerResources
 from koordnode.hooks.resized import ResizedResources
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from koordnode.cli import main
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.procfs_executor import ProcfsExecutor
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.netqos import NetQoSExecutor
 from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.executor.paths import CgroupVersion, detect_cgroup_version

@@ -16,7 +16,8 @@ from koordnode.model.annotations import MAX_ANNOTATION_CHARS
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.model.state import RecordedResources
-from koordnode.policy.class_policy import ContainerPlan, ContainerResources
+from koordnode.policy.class_inputs import ContainerResources
+from koordnode.policy.container_policy import ContainerPlan
 
 # Container annotation carrying kubelet's own resources, so that after a koordnode restart the
 # policy starts again from what kubelet asked, not from what koordnode made of it.

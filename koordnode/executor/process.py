@@ -12,7 +12,7 @@ from pathlib import Path
 import structlog
 
 from koordnode.executor.cgroup import ConfinedRoot, read_file, write_file
-from koordnode.executor.executor import WriteStatus
+from koordnode.executor.write_result import WriteStatus
 
 log = structlog.get_logger("koordnode.executor")
 

@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 
 from koordnode.executor.cgroup import ConfinedRoot, read_file, write_file
-from koordnode.executor.executor import WriteStatus
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.executor.paths import UnsafePathError
 from koordnode.policy.resctrl import (

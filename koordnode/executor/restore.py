@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from koordnode.executor.cgroup import ConfinedRoot, read_file, resolve_beneath, write_file
-from koordnode.executor.executor import MEMBERSHIP_FILES, ProcfsExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import MEMBERSHIP_FILES
+from koordnode.executor.procfs_executor import ProcfsExecutor
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.netqos import NetQoSExecutor
 from koordnode.executor.originals import Original, OriginalsError, OriginalsJournal
 from koordnode.executor.paths import CgroupRootError, UnsafePathError

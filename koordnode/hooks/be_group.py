@@ -38,7 +38,7 @@ import structlog
 from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor import systemd
-from koordnode.executor.executor import CgroupExecutor
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.paths import CgroupVersion, UnsafePathError, pod_cgroup_path
 from koordnode.metrics.recorder import METRICS
 from koordnode.model.be_group import (

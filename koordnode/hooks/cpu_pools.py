@@ -23,7 +23,8 @@ from koordnode.cri.koordnode_annotations import (
     fallback_from_annotation,
     resources_from_annotation,
 )
-from koordnode.executor.executor import CgroupExecutor, WriteResult
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.write_result import WriteResult
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.pool_updates import PoolUpdates
@@ -33,7 +34,8 @@ from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
 from koordnode.model.qos_class import CPU_OWNING_CLASSES, ClassDecision, KubeQoS, QoSClass
 from koordnode.model.state import CONTAINER_CREATED, CONTAINER_RUNNING, NodeView, PodRecord
-from koordnode.policy.class_policy import ContainerInput, ContainerResources, PodInput, allocate_cpuset
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, PodInput
+from koordnode.policy.container_policy import allocate_cpuset
 from koordnode.policy.cpuset import Allocation, CpusetAllocator, CpusetDecision, allocator_from_config, cpuset_owner_id
 from koordnode.policy.plan import CgroupWrite
 

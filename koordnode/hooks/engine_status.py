@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError
 from koordnode.executor.process import ProcessResult
 from koordnode.model.kernel import shares_to_weight

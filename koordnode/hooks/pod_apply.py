@@ -12,7 +12,9 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError
 from koordnode.executor.core_sched import CoreScheduling
 from koordnode.executor.process import ProcessExecutor, ProcessResult
@@ -24,7 +26,8 @@ from koordnode.hooks.pod_plans import PassState, PodPlan, PodPlanner
 from koordnode.metrics.recorder import METRICS
 from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import CONTAINER_RUNNING, NodeView, PodRecord
-from koordnode.policy.class_policy import REPORTED_BY_RUNTIME, KernelFeatures, PodInput
+from koordnode.policy.class_inputs import KernelFeatures, PodInput
+from koordnode.policy.container_policy import REPORTED_BY_RUNTIME
 
 log = structlog.get_logger("koordnode.qos")
 

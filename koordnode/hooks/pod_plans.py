@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from koordnode.config.components import EngineSettings
 from koordnode.cri import api_pb2 as pb
 from koordnode.cri.koordnode_annotations import KUBELET_RESOURCES_ANNOTATION, resources_from_annotation, resources_from_pb
-from koordnode.executor.executor import WriteResult
+from koordnode.executor.write_result import WriteResult
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path, pod_cgroup_path
 from koordnode.executor.process import ProcessResult
 from koordnode.hooks.chain import skip_requested
@@ -27,14 +27,10 @@ from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.pod_facts import PodFacts
 from koordnode.model.qos_class import ClassDecision, QoSClass, resolve_qos_class
 from koordnode.model.state import CONTAINER_RUNNING, POD_READY, NodeView, PodRecord
-from koordnode.policy.class_policy import (
-    ContainerInput,
-    ContainerPlan,
-    ContainerResources,
-    KernelFeatures,
-    PodInput,
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures, PodInput
+from koordnode.policy.container_policy import ContainerPlan, plan_container
+from koordnode.policy.pod_policy import (
     PodResourcesPlan,
-    plan_container,
     plan_pod_cpu_weight,
     plan_pod_memory,
     plan_pod_resources,

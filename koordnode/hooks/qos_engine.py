@@ -1,6 +1,6 @@
 """Applies the QoS policy to real pods: the façade the hooks, NRI and the daemon call.
 
-Policy (policy/class_policy.py) is pure; the state it needs across calls is kept beside this
+Policy (policy/container_policy.py, pod_policy.py) is pure; the state it needs across calls is kept beside this
 module, one job each: the CPU pools and their claims (cpu_pools.py), koordnode's BE group
 (be_group.py), pod plans and kubelet's resources (pod_plans.py), applying a pod's plan
 (pod_apply.py) and the status records (engine_status.py). Hook threads and the reconcile pass
@@ -36,7 +36,8 @@ from koordnode.cri.koordnode_annotations import (
     resources_to_annotation,
     resources_to_pb,
 )
-from koordnode.executor.executor import CgroupExecutor, WriteResult, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.core_sched import CoreScheduling
 from koordnode.executor.process import ProcessExecutor, oom_score_adj_floor
 from koordnode.hooks.core_sched import node_status
@@ -56,7 +57,8 @@ from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.pod_facts import PodFacts
 from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import POD_READY, NodeState, NodeView
-from koordnode.policy.class_policy import ContainerInput, ContainerPlan, KernelFeatures, plan_container
+from koordnode.policy.class_inputs import ContainerInput, KernelFeatures
+from koordnode.policy.container_policy import ContainerPlan, plan_container
 from koordnode.policy.plan import CgroupWrite
 
 log = structlog.get_logger("koordnode.qos")

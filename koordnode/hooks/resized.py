@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from koordnode.policy.class_policy import ContainerResources
+from koordnode.policy.class_inputs import ContainerResources
 
 log = structlog.get_logger("koordnode.resized")
 

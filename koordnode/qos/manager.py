@@ -33,7 +33,11 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteStatus
+from koordnode.executor.cgroup_executor import CgroupExecutor
+
+from koordnode.executor.procfs_executor import ProcfsExecutor
+
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.originals import OriginalsJournal
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.kubelet_layout import KubeletLayout

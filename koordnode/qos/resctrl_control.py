@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from koordnode.executor.executor import WriteStatus
+from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.paths import CgroupDriver, UnsafePathError, container_cgroup_path
 from koordnode.executor.resctrl import (

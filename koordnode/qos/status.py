@@ -10,7 +10,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from koordnode.executor.executor import WriteResult, WriteStatus
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.strategies.base import Strategy
 from koordnode.policy.strategies.common import Explanation

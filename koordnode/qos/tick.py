@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from koordnode.config.strategies import StrategyConfig
-from koordnode.executor.executor import CgroupExecutor, ProcfsExecutor, WriteResult
+from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.procfs_executor import ProcfsExecutor
+from koordnode.executor.write_result import WriteResult
 from koordnode.policy.plan import SysctlWrite
 from koordnode.policy.plan import CgroupWrite
 from koordnode.executor.resources import RESOURCES, FileFormatError, InvalidValueError
