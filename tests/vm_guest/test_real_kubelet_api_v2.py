@@ -12,8 +12,9 @@ resize through the ``resize`` subresource, at container and pod level.
 
 Kept cheap for the lane (TCG): one control plane, one node, and one batch of pods for all
 tests (the example pods SYSTEM, LSE, LS and BE, a Burstable LS pod and a pod with pod-level
-resources, 1.85 of the guest's 2 CPUs); the BE pod's busy loop goes once its values are
-checked. The tests build on each other in file order.
+resources, 1.85 of the guest's 2 CPUs); the BE pod goes once its values are checked, deleted
+through the API. The BE example runs without its busy loop (see the first
+test). The tests build on each other in file order.
 """
 
 from __future__ import annotations
@@ -107,13 +108,10 @@ class ApiNode:
             container.setdefault("image", self.bed.busybox_image)
         self.client.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
 
-    def running(self, name: str, status: dict[str, Any]) -> ApiPod | None:
-        """The pod once the API says it runs and koordnode has it ready; None before."""
-        pod = self.client.pod(name, NAMESPACE)
-        statuses = pod.get("status", {}).get("containerStatuses") or []
-        if pod["status"].get("phase") != "Running" or not statuses or \
-                not all("running" in s.get("state", {}) for s in statuses):
-            return None
+    def running(self, pod: dict[str, Any], status: dict[str, Any]) -> ApiPod | None:
+        """The pod (as the API has it, running) once koordnode has it ready; None before."""
+        name = pod["metadata"]["name"]
+        statuses = pod["status"]["containerStatuses"]
         uid = pod["metadata"]["uid"]
         kn_pod = next((p for p in status["pods"] if p["uid"] == uid and p["state"] == "ready"), None)
         if kn_pod is None:
@@ -125,29 +123,40 @@ class ApiNode:
                       pod_dir / f"cri-containerd-{cid}.scope", pod)
 
     def wait_running(self, names: list[str], timeout_s: float) -> dict[str, ApiPod]:
+        """The pods once the API says they run and koordnode has them ready. One LIST a probe, and
+        koordnode's status only once the API says all run: under TCG every request costs."""
         found: dict[str, ApiPod] = {}
+        phases: dict[str, str] = {}
 
         def all_running() -> bool:
             try:
+                listed = self.client.get(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                         fieldSelector=f"spec.nodeName={NODE}").get("items", [])
+                by_name = {p["metadata"]["name"]: p for p in listed}
+                phases.update({n: by_name[n]["status"].get("phase", "?") if n in by_name else "(absent)" for n in names})
+                if not all(_runs(by_name.get(n)) for n in names):
+                    return False
                 status = self.status()
-                for name in names:
-                    if name not in found:
-                        pod = self.running(name, status)
-                        if pod is not None:
-                            found[name] = pod
             except (OSError, ApiError):  # an answer slower than its bound under TCG: ask again
                 return False
+            for name in names:
+                pod = self.running(by_name[name], status)
+                if pod is not None:
+                    found[name] = pod
             return len(found) == len(names)
 
         try:
-            wait_for(all_running, timeout_s, f"{names} Running through the API", interval=2)
+            wait_for(all_running, timeout_s, f"{names} Running through the API", interval=5)
         except AssertionError as err:
-            raise AssertionError(f"{err}; running: {sorted(found)}; kubelet log tail:\n"
-                                 + "\n".join(self.kubelet.log_text().splitlines()[-30:])) from None
+            raise AssertionError(f"{err}; phases in the API: {phases}; ready in koordnode too: {sorted(found)}; "
+                                 "kubelet log tail:\n" + "\n".join(self.kubelet.log_text().splitlines()[-30:])) from None
         return found
 
     def node_ready(self) -> bool:
-        node = self.client.get(f"/api/v1/nodes/{NODE}")
+        try:
+            node = self.client.get(f"/api/v1/nodes/{NODE}")
+        except (OSError, ApiError):  # not registered yet (404), or an answer slower than its bound
+            return False
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 
     def resize(self, name: str, spec_patch: dict[str, Any]) -> None:
@@ -169,9 +178,16 @@ class ApiNode:
             return last if done(last) else None
 
         try:
-            return wait_for(probe, 90, what, interval=2)
+            return wait_for(probe, 90, what, interval=5)
         except AssertionError as err:
             raise AssertionError(f"{err}; the pod's status: {json.dumps(last.get('status', {}))[:3000]}") from None
+
+
+def _runs(pod: dict[str, Any] | None) -> bool:
+    if pod is None or pod.get("status", {}).get("phase") != "Running":
+        return False
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all("running" in s.get("state", {}) for s in statuses)
 
 
 def _dump(node: ApiNode, what: str) -> None:
@@ -300,6 +316,11 @@ def test_example_pods_created_through_the_api_run_with_their_class_values(api_no
     assert info["kubeletVersion"].startswith("v1.37."), info
     examples = example_pods()
     began = time.monotonic()
+    # The BE example's busy loop would take half the guest: TCG runs both vCPUs on one host
+    # thread, so a vCPU that never idles halves the other's time whatever the guest's priorities
+    # (with it, the API server timed out kubelet's calls and the pods' status stayed Pending for
+    # minutes). Here it sleeps; test_real_kubelet_v2.py runs it as written.
+    examples["BE"]["spec"]["containers"][0]["command"] = ["/bin/sleep", "3600"]
     for manifest in [examples[cls] for cls in CLASSES] + [BURSTABLE_LS, POD_LEVEL]:
         node.create(manifest)
     keys = (*CLASSES, "LS-burstable", "LS-pod-level")
@@ -360,7 +381,7 @@ def test_example_pods_created_through_the_api_run_with_their_class_values(api_no
     assert len(lse_cpus) == 1, lse_cpus
     for key in set(pods) - {"LSE"}:
         assert not lse_cpus & cpus(read(pods[key].container_dir, "cpuset.cpus")), key
-    # The BE pod's busy loop costs the TCG guest half its CPU: it goes (through the API).
+    # The BE pod goes through the API (checked gone in the last test).
     node.client.delete(node.pod_path(be.name), grace_seconds=0)
 
 
