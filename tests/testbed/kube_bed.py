@@ -81,10 +81,14 @@ def _stop_process(process: subprocess.Popen | None, timeout: float = 15.0) -> No
 
 
 class ControlPlane:
-    """etcd + kube-apiserver on loopback, private to ``workdir``."""
+    """etcd + kube-apiserver on loopback, private to ``workdir``.
 
-    def __init__(self, workdir: Path, node_names: tuple[str, ...] = ()) -> None:
+    ``start_timeout_s``: how long etcd, then kube-apiserver, may take to answer ready (the VM
+    lane's guest, under TCG, needs several times the default)."""
+
+    def __init__(self, workdir: Path, node_names: tuple[str, ...] = (), start_timeout_s: float = 120.0) -> None:
         self.workdir = Path(workdir).resolve()
+        self.start_timeout_s = start_timeout_s
         self.id = secrets.token_hex(3)
         self.host = "127.0.0.1"
         self.port = 0
@@ -156,7 +160,7 @@ class ControlPlane:
         def healthy() -> bool:
             with urllib.request.urlopen(self.etcd_url + "/health", timeout=2) as response:
                 return json.loads(response.read()).get("health") == "true"
-        _wait("etcd", healthy, 60, self._etcd, self.etcd_log)
+        _wait("etcd", healthy, self.start_timeout_s / 2, self._etcd, self.etcd_log)
 
     def _write_credentials(self) -> None:
         key = self.cert_dir / "service-account.key"
@@ -192,7 +196,7 @@ class ControlPlane:
              "--kubelet-preferred-address-types=InternalIP"],
             stdin=subprocess.DEVNULL, stdout=self._open_log(self.log_path), stderr=subprocess.STDOUT,
             start_new_session=True)
-        _wait("kube-apiserver", self._ready, 120, self._apiserver, self.log_path)
+        _wait("kube-apiserver", self._ready, self.start_timeout_s, self._apiserver, self.log_path)
 
     def _ready(self) -> bool:
         if not self.ca_file.exists():

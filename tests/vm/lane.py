@@ -36,8 +36,9 @@ from typing import Iterator
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-if str(TESTS) not in sys.path:  # run as a script: make tests/ importable like pytest does
-    sys.path.insert(0, str(TESTS))
+for _path in (REPO, TESTS):  # run as a script: make tests/ (and koordnode, which testbed imports) importable
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from testbed.containerd_dist import DistError, containerd_bin_dir, debian_mirror  # noqa: E402
 

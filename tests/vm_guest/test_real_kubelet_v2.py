@@ -32,9 +32,6 @@ starts the pods it needs if an earlier one did not leave them running.
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -47,32 +44,31 @@ from guestlib import CG, GuestKoordnode, free_port, wait_for
 from k8s_support import example_pods
 from koordnode.admin.client import fetch_status
 from koordnode.model.kernel import shares_to_weight
-from testbed.k8s_dist import K8sDistError, component_bin
+from kubelet_v2 import (
+    BE_GROUP,
+    BURSTABLE_LS,
+    KUBEPODS,
+    MIB,
+    OOM_SCORE_ADJ,
+    applied_values,
+    cpus,
+    file_agrees,
+    kubelet_binary,
+    kubelets_be_slice,
+    missing_controllers,
+    near,
+    read,
+    require_binaries,
+    start_koordnode,
+    stop_kubelets_slices,
+)
+from testbed.k8s_dist import component_bin
 from testbed.kube_bed import Kubelet
 from testbed.systemd_bed import SystemdBed, slice_path
 
-MIB = 1 << 20
-PAGE = 4096
 NODE = "kn-vm-node"
-KUBEPODS = CG / "kubepods.slice"
-BE_GROUP = KUBEPODS / "kubepods-koordnode_be.slice"
-RECONCILE_S = 5
-HOOK_TIMEOUT_MS = 3000
 # The periodic writes' window: two of kubelet's minutely tier updates and a dozen pod syncs.
 WINDOW_S = 130
-# What kubelet gives the classes' containers through CRI, koordnode replaces (oom_score_adj:
-# kubelet's -997 for Guaranteed pods, 1000 for BestEffort ones).
-OOM_SCORE_ADJ = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
-# The Burstable LS pod of the Memory QoS test: kubelet puts its memory request into `unified`.
-BURSTABLE_LS = {
-    "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "ls-burstable", "labels": {"koordinator.sh/qosClass": "LS"}},
-    "spec": {"containers": [{
-        "name": "app", "command": ["/bin/sleep", "3600"], "imagePullPolicy": "Never",
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
-    }]},
-}
-
 
 # --------------------------------------------------------------------------------------------
 # The node
@@ -183,12 +179,6 @@ class Node:
         return self.wait_running(list(wanted))
 
 
-def _stop_kubelets_slices() -> None:
-    """kubelet's kubepods.slice (and everything below it: tiers, pod slices, koordnode's BE group)
-    goes away, so neither this module nor the tests after it meet the other's slices and values."""
-    subprocess.run(["systemctl", "stop", "kubepods.slice"], capture_output=True, timeout=120)
-
-
 def _dump(node: Node, what: str) -> None:
     """koordnode's status and the end of kubelet's log into the results share, for post-mortems."""
     target = Path("/results/logs")
@@ -210,40 +200,16 @@ def _post_mortem(request):
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    try:
-        containerd_bin = component_bin("containerd")
-        component_bin("kubernetes")
-    except K8sDistError as err:
-        pytest.fail(f"the real-node bed's binaries are not in the guest: {err} (the host shares "
-                    "/var/cache/koordnode-testbed when scripts/k8s-bed.sh built it)", pytrace=False)
-    _stop_kubelets_slices()  # the slices the earlier guest tests' hand-made tiers left
+    require_binaries("containerd", "kubernetes")
+    stop_kubelets_slices()  # the slices the earlier guest tests' hand-made tiers left
     began = time.monotonic()
-    bed = SystemdBed(tmp_path_factory.mktemp("kubelet-containerd"), bin_dir=containerd_bin)
+    bed = SystemdBed(tmp_path_factory.mktemp("kubelet-containerd"), bin_dir=component_bin("containerd"))
     bed.start()
     kn: GuestKoordnode | None = None
     kubelet: Kubelet | None = None
     try:
-        port = free_port()
-        kn = GuestKoordnode(
-            tmp_path_factory.mktemp("kubelet-kn"), str(bed.socket), metrics_listen=f"127.0.0.1:{port}",
-            kubepods="/kubepods.slice",
-            # hook_timeout_ms: the hooks' 200 ms bound is for real machines; under TCG, with kubelet
-            # starting four pods at once, a RunPodSandbox pre ran over it and (fail-open, as
-            # designed) the BE pod stayed in kubelet's slice.
-            # cpu_suppress off: under TCG kubelet, containerd and koordnode themselves use 1-1.5 of
-            # the 2 vCPUs, so the BE budget sits at the quota's floor (2 ms per 100 ms) and the BE
-            # pod's sandbox and container, starting in the throttled group, outlasted kubelet's
-            # runtime request timeout (it recreated them). The suppression has its own guest tests.
-            extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n'
-                       '[strategy.cpu_suppress]\nenable = false\n')
-        kn.config_path.write_text(kn.config_path.read_text().replace(
-            "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
-        kn.metrics_port = port
-        kn.start()
-        # kubelet from the guest's own disk: re-reading 90 MB over 9p under TCG (after the page
-        # cache dropped it) kept a restarted kubelet silent for minutes.
-        kubelet_bin = Path(str(tmp_path_factory.mktemp("kubelet-bin"))) / "kubelet"
-        shutil.copy(component_bin("kubernetes") / "kubelet", kubelet_bin)
+        kn = start_koordnode(bed, tmp_path_factory.mktemp("kubelet-kn"))
+        kubelet_bin = kubelet_binary(tmp_path_factory.mktemp("kubelet-bin"))
         kubelet = Kubelet(
             tmp_path_factory.mktemp("kubelet"), f"unix://{kn.listen}", "/", node_name=NODE, cgroup_driver="systemd",
             binary=kubelet_bin,
@@ -259,70 +225,12 @@ def node(tmp_path_factory):
         if kn is not None:
             kn.stop()
         bed.stop()
-        _stop_kubelets_slices()
+        stop_kubelets_slices()
 
 
 # --------------------------------------------------------------------------------------------
 # What koordnode applied, read back from the files
 # --------------------------------------------------------------------------------------------
-
-_APPLIED = re.compile(r"^(?P<resource>[^=]+)=(?P<value>.*) on (?P<cgroup>/\S*) \((?P<status>[^),]+)")
-
-
-def _cpus(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in filter(None, text.strip().split(",")):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def _file_agrees(resource: str, value: str, cgroup: str) -> tuple[bool | None, str]:
-    """Whether the v2 file of ``resource`` holds ``value`` (None: a resource this test does not read)."""
-    directory = CG / cgroup.lstrip("/")
-
-    def read(name: str) -> str:
-        try:
-            return (directory / name).read_text().strip()
-        except FileNotFoundError:
-            return "(missing)"
-
-    if resource == "cpu.shares":
-        current = read("cpu.weight")
-        return current == str(shares_to_weight(int(value))), f"cpu.weight {current}"
-    if resource in ("cpu.idle", "cpu.weight"):
-        current = read(resource)
-        return current == value, f"{resource} {current}"
-    if resource in ("memory.min", "memory.low", "memory.high"):
-        current = read(resource)
-        if value in ("max", "-1"):
-            return current == "max", f"{resource} {current}"
-        return current.isdigit() and abs(int(current) - int(value)) < PAGE, f"{resource} {current}"
-    if resource in ("cpuset.cpus", "cpuset.mems"):
-        current = read(resource)
-        return current != "(missing)" and _cpus(current) == _cpus(value), f"{resource} {current}"
-    if resource in ("blkio.weight", "io.weight"):
-        current = read("io.weight")
-        return current.split()[:2] == ["default", value], f"io.weight {current!r}"
-    if resource == "cpu.cfs_quota_us":
-        current = read("cpu.max")
-        quota = current.split()[0] if current != "(missing)" else current
-        return quota == ("max" if int(value) < 0 else value), f"cpu.max {current}"
-    return None, ""
-
-
-def applied_values(status: dict[str, Any], uid: str) -> list[tuple[str, str, str, str]]:
-    """(level, resource, value, cgroup) of every value koordnode applied to the pod and its containers."""
-    pod = next(p for p in status["pods"] if p["uid"] == uid and p["state"] == "ready")
-    values = []
-    for level, entries in [("pod", pod.get("applied", []))] + [
-            (f"container {c['name']}", c.get("applied", [])) for c in pod["containers"]]:
-        for entry in entries:
-            match = _APPLIED.match(entry)
-            assert match, f"cannot read koordnode's applied entry {entry!r}"
-            values.append((level, match["resource"], match["value"], match["cgroup"]))
-    return values
-
 
 def disagreements(node: Node, pods: dict[str, RunningPod]) -> dict[tuple[str, str, str], str]:
     """(class, level, resource) -> what differs, for every applied value not in its file now."""
@@ -330,7 +238,7 @@ def disagreements(node: Node, pods: dict[str, RunningPod]) -> dict[tuple[str, st
     status = node.status()
     for cls, pod in pods.items():
         for level, resource, value, cgroup in applied_values(status, pod.uid):
-            agrees, current = _file_agrees(resource, value, cgroup)
+            agrees, current = file_agrees(resource, value, cgroup)
             if agrees is False:
                 problems[(cls, level, resource)] = f"{cls} {level}: koordnode applied {resource}={value}, " \
                                                    f"{cgroup} has {current}"
@@ -357,30 +265,9 @@ def settled(node: Node, pods: dict[str, RunningPod], timeout_s: float = 30) -> N
         raise AssertionError(f"{err}:\n" + "\n".join(last.values())) from None
 
 
-def read(directory: Path, name: str) -> str:
-    return (directory / name).read_text().strip()
-
-
-def near(value: str, expected: int) -> bool:
-    return value.isdigit() and abs(int(value) - expected) < PAGE
-
-
-# What kubelet's pcm.Exists wants in a pod slice's cgroup.controllers on cgroup v2 (of those the
-# root has): a pod whose slice lacks one is killed at its next sync.
-KUBELET_CONTROLLERS = {"cpu", "cpuset", "memory", "hugetlb", "pids"}
-
 
 def kubelets_slice(pod: RunningPod) -> Path:
-    """kubelet's own pod slice of a BestEffort pod (empty once koordnode moved the pod)."""
-    return KUBEPODS / "kubepods-besteffort.slice" / f"kubepods-besteffort-pod{pod.uid.replace('-', '_')}.slice"
-
-
-def missing_controllers(directory: Path) -> set[str]:
-    try:
-        have = set(read(directory, "cgroup.controllers").split())
-    except FileNotFoundError:
-        return {"(no such slice)"}
-    return (KUBELET_CONTROLLERS & set(read(CG, "cgroup.controllers").split())) - have
+    return kubelets_be_slice(pod.uid)
 
 
 def kills(node: Node, pod: RunningPod) -> list[str]:
@@ -472,10 +359,10 @@ def test_example_pods_run_with_their_class_values_in_kubelets_systemd_slices(nod
     assert near(read(lse.container_dir, "memory.min"), 256 * MIB * 50 // 100)
     assert near(read(lse.container_dir, "memory.low"), 256 * MIB)
     # ... and LSE's exclusive CPU, which no other pod's container shares.
-    lse_cpus = _cpus(read(lse.container_dir, "cpuset.cpus"))
+    lse_cpus = cpus(read(lse.container_dir, "cpuset.cpus"))
     assert len(lse_cpus) == 1, lse_cpus
     for cls in ("SYSTEM", "LS", "BE"):
-        assert not lse_cpus & _cpus(read(pods[cls].container_dir, "cpuset.cpus")), cls
+        assert not lse_cpus & cpus(read(pods[cls].container_dir, "cpuset.cpus")), cls
 
 
 @pytest.mark.timeout(600)
