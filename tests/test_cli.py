@@ -6,9 +6,11 @@ import importlib
 import io
 import json
 import logging
+import os
 import pkgutil
 import subprocess
 import sys
+import sysconfig
 import types
 from pathlib import Path
 from typing import Any
@@ -415,3 +417,26 @@ def test_koordnode_run_imports_leave_what_the_default_config_never_uses_unloaded
     unused = {m for m in loaded if m.startswith(("koordnode.kube", "koordnode.nri", "koordnode.doctor",
                                                  "koordnode.admin.top", "difflib"))}
     assert not unused
+
+
+@pytest.mark.parametrize("kubernetes", [False, True])
+def test_koordnode_run_keeps_tls_out_unless_kubernetes_needs_it(tmp_path, kubernetes: bool) -> None:
+    """Without [kubernetes], `koordnode run` keeps ssl and OpenSSL's hashes out (4.4 MiB), and
+    what it hashes still hashes the same (CPython's own sha2 and blake2)."""
+    import hashlib
+
+    config = tmp_path / "koordnode.toml"
+    config.write_text("[kubernetes]\nenable = true\n" if kubernetes else "")
+    code = ("import json, sys; from koordnode import cli; from koordnode.config import load_config; "
+            f"c = load_config({str(config)!r}); "
+            "cli.leave_tls_out() if not c.kubernetes.enable else None; "
+            "import asyncio, hashlib, koordnode.daemon, koordnode.policy.net, koordnode.model.annotations; "
+            "print(json.dumps([sys.modules.get('ssl') is not None, sys.modules.get('_hashlib') is not None, "
+            "hashlib.sha256(b'x').hexdigest(), hashlib.blake2b(b'x', digest_size=8).hexdigest()]))")
+    # -S: no site hooks (a .pth file may import ssl first, as the packaged launcher does not).
+    path = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    out = subprocess.check_output([sys.executable, "-S", "-c", code], cwd=REPO, text=True,
+                                  env={**os.environ, "PYTHONPATH": path})
+    ssl_loaded, openssl_hashes, sha, blake = json.loads(out.splitlines()[-1])
+    assert (ssl_loaded, openssl_hashes) == ((True, True) if kubernetes else (False, False))
+    assert sha == hashlib.sha256(b"x").hexdigest() and blake == hashlib.blake2b(b"x", digest_size=8).hexdigest()
