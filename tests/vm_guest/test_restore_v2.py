@@ -46,6 +46,8 @@ def tier() -> Iterator[str]:
     made before koordnode (as kubelet's is), removed afterwards."""
     prefix = f"/kn-restore-{secrets.token_hex(4)}"
     made: list[Path] = []
+    # The root hands cpu down only while some unit needs it: enable it (ENOENT below otherwise).
+    (CG / "cgroup.subtree_control").write_text("+cpu")
     try:
         for cgroup in (prefix, f"{prefix}/kubepods", f"{prefix}/kubepods/besteffort"):
             directory = CG / cgroup.lstrip("/")
