@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from koordnode.config.strategies import StrategyConfig
 from koordnode.executor.cgroup_executor import CgroupExecutor
@@ -22,9 +22,6 @@ from koordnode.policy.strategies.base import Strategy, TickSnapshot
 from koordnode.policy.strategies.common import Eviction, StrategyResult
 from koordnode.qos.collect import Collector
 from koordnode.qos.status import StatusBook
-
-
-State = TypeVar("State")
 
 
 @dataclass
@@ -174,12 +171,3 @@ class StrategyRunner:
     def enabled_states(self) -> list[object]:
         """The states the enabled strategies keep; any thread (states are replaced whole)."""
         return [self.states[s.name] for s in self.registry if self.configs[s.name].enable and s.name in self.states]
-
-    def state_of(self, kind: type[State]) -> State | None:
-        """The state of type `kind` an enabled strategy keeps between ticks (None: no such
-        strategy, or it is off). States are replaced whole, never changed: any thread."""
-        for strategy in self.registry:
-            state = self.states.get(strategy.name)
-            if self.configs[strategy.name].enable and isinstance(state, kind):
-                return state
-        return None
