@@ -303,6 +303,7 @@ class Kubelet:
         for directory in (self.root_dir, self.static_pod_dir, self.workdir / "pod-logs", self.workdir / "pki"):
             directory.mkdir(parents=True, exist_ok=True)
         self._ensure_cgroup_root()
+        self._ensure_shared_root_dir()
         self.config_path.write_text(json.dumps(self.config(), indent=1))
         args = [str(self.binary or component_bin("kubernetes") / "kubelet"), f"--config={self.config_path}",
                 f"--root-dir={self.root_dir}", f"--cert-dir={self.workdir / 'pki'}",
@@ -383,6 +384,19 @@ class Kubelet:
         tmp.write_text(json.dumps(pod))
         os.replace(tmp, path)  # kubelet must never read half a manifest
         return path
+
+    def _ensure_shared_root_dir(self) -> None:
+        """Make the root dir a shared mount of its own before kubelet starts.
+
+        Where ``/`` is not shared (a container, some CI machines) kubelet bind-mounts its root dir
+        onto itself at start-up, while its pods-API server already creates its socket there: a
+        temporary file made before the mount cannot be renamed after it (EXDEV) and kubelet exits.
+        Mounted here first, kubelet finds it shared and leaves it; ``close()`` unmounts it."""
+        root = str(self.root_dir.resolve())
+        if any(mount_point == root for mount_point, _fs in _mount_points()):
+            return
+        subprocess.run(["mount", "--bind", root, root], check=True, capture_output=True)
+        subprocess.run(["mount", "--make-rshared", root], check=True, capture_output=True)
 
     def _ensure_cgroup_root(self) -> None:
         """kubelet refuses a cgroupRoot that does not exist; create it in every v1 controller."""
