@@ -14,12 +14,17 @@ with its own containerd and kubelet:
   and the calls by method from koordnode's counters; the window opens once containerd holds
   exactly the running pods' sandboxes (kubelet removes deleted pods' sandboxes minutes later).
 
+With ``--interleave`` the three nodes run side by side and the pods start in turns (direct, proxy,
+NRI, the first of each turn rotating), so a drift of the machine's load meets every mode alike;
+without it each mode's pods start while only its own node runs.
+
     sudo python3 -m bench.k8s_node [--pods 30] [--load-pods 20,100] [--window 60] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -46,18 +51,51 @@ def _running(node, name: str) -> bool:
     return node.pod(name).get("status", {}).get("phase") == "Running"
 
 
+def pod_start_latency(node, name: str) -> float:
+    """Seconds from the create call to the API reporting the pod Running."""
+    began = time.monotonic()
+    node.create_pod(_pod(name))
+    while not _running(node, name):
+        if time.monotonic() - began > 120:
+            raise TimeoutError(f"pod {name} not Running after 120 s")
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
 def pod_start_latencies(node, count: int, prefix: str) -> list[float]:
-    latencies = []
+    return [pod_start_latency(node, f"{prefix}-{i}") for i in range(count)]
+
+
+def interleaved_start_latencies(nodes: dict[str, Any], count: int) -> dict[str, list[float]]:
+    """``count`` pods per mode, started in turns; turn i begins with mode i mod len(nodes)."""
+    modes = list(nodes)
+    latencies: dict[str, list[float]] = {mode: [] for mode in modes}
     for i in range(count):
-        name = f"{prefix}-{i}"
-        began = time.monotonic()
-        node.create_pod(_pod(name))
-        while not _running(node, name):
-            if time.monotonic() - began > 120:
-                raise TimeoutError(f"pod {name} not Running after 120 s")
-            time.sleep(0.02)
-        latencies.append(time.monotonic() - began)
+        for k in range(len(modes)):
+            mode = modes[(i + k) % len(modes)]
+            latencies[mode].append(pod_start_latency(nodes[mode], f"start-{mode}-{i}"))
     return latencies
+
+
+def _start_summary(latencies: list[float]) -> dict[str, Any]:
+    return {"p50_s": round(statistics.median(latencies), 3), "p99_s": round(_percentile(latencies, 0.99), 3),
+            "all_s": [round(x, 3) for x in latencies]}
+
+
+def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The proxy node's load windows, after its start pods are gone (the windows count their own)."""
+    for stale in range(args.pods):
+        node.client().delete(node.pod_path(f"start-proxy-{stale}"), grace_seconds=0)
+    node.client().wait_for("the start pods gone", lambda: not node.client().get(
+        "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"], timeout=180, interval=2)
+    windows = []
+    for pods in (int(n) for n in args.load_pods.split(",") if n):
+        window = load_window(node, pods, args.window)
+        windows.append(window)
+        print(f"load {pods} pods: koordnode {window['koordnode_cpu_percent_of_a_core']}% of a core, "
+              f"RSS {window['koordnode_rss_mb']} MB; kubelet's calls/s {window['kubelet_calls_per_s']}",
+              flush=True)
+    return windows
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -118,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-pods", default="20,100", help="pod counts of the load windows (20,100)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds of each load window (60)")
     parser.add_argument("--modes", default="direct,proxy,nri")
+    parser.add_argument("--interleave", action="store_true",
+                        help="run the modes' nodes side by side and start their pods in turns")
     parser.add_argument("--json", help="also write the results there")
     args = parser.parse_args(argv)
 
@@ -127,28 +167,29 @@ def main(argv: list[str] | None = None) -> int:
     feature_gates = {"PodAndContainerStatsFromCRI": True}
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "start": {}}
     workdir = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
+    modes = args.modes.split(",")
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane:
-        for i, mode in enumerate(args.modes.split(",")):
-            with real_node(workdir / mode, mode=mode, control_plane=plane, node_name=NODE_NAMES[i],
-                           namespace=f"bench-{mode}", feature_gates=feature_gates) as node:
-                latencies = pod_start_latencies(node, args.pods, f"start-{mode}")
-                results["start"][mode] = {"p50_s": round(statistics.median(latencies), 3),
-                                          "p99_s": round(_percentile(latencies, 0.99), 3),
-                                          "all_s": [round(x, 3) for x in latencies]}
-                print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
-                      f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
-                if mode == "proxy":
-                    for stale in range(args.pods):  # the load windows count their own pods
-                        node.client().delete(node.pod_path(f"start-proxy-{stale}"), grace_seconds=0)
-                    node.client().wait_for("the start pods gone", lambda: not node.client().get(
-                        "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"], timeout=180, interval=2)
-                    results["load"] = []
-                    for pods in (int(n) for n in args.load_pods.split(",")):
-                        window = load_window(node, pods, args.window)
-                        results["load"].append(window)
-                        print(f"load {pods} pods: koordnode {window['koordnode_cpu_percent_of_a_core']}% of a core, "
-                              f"RSS {window['koordnode_rss_mb']} MB; kubelet's calls/s {window['kubelet_calls_per_s']}",
-                              flush=True)
+        def node_of(i: int, mode: str):
+            return real_node(workdir / mode, mode=mode, control_plane=plane, node_name=NODE_NAMES[i],
+                             namespace=f"bench-{mode}", feature_gates=feature_gates)
+
+        if args.interleave:
+            with contextlib.ExitStack() as stack:
+                nodes = {mode: stack.enter_context(node_of(i, mode)) for i, mode in enumerate(modes)}
+                for mode, latencies in interleaved_start_latencies(nodes, args.pods).items():
+                    results["start"][mode] = _start_summary(latencies)
+                    print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
+                          f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
+                if "proxy" in nodes:
+                    results["load"] = _load_windows(nodes["proxy"], args)
+        else:
+            for i, mode in enumerate(modes):
+                with node_of(i, mode) as node:
+                    results["start"][mode] = _start_summary(pod_start_latencies(node, args.pods, f"start-{mode}"))
+                    print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
+                          f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
+                    if mode == "proxy":
+                        results["load"] = _load_windows(node, args)
     direct = results["start"].get("direct")
     for mode in ("proxy", "nri"):
         if direct and mode in results["start"]:
