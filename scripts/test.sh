@@ -16,4 +16,5 @@ bash scripts/install-deps.sh
 bash scripts/k8s-bed.sh
 
 # -p no:cacheprovider: CI runs from a clean clone; nothing to cache between runs.
-exec python3 -m pytest -p no:cacheprovider -ra "$@"
+# --durations: the slowest tests in every CI log, to keep the 90-minute budget in sight.
+exec python3 -m pytest -p no:cacheprovider -ra --durations=30 "$@"
