@@ -156,8 +156,8 @@ class Guest:
             # The shell waits on its fifo, then forks one more sleep (a child of a tagged task).
             self.spawn(f"sleep 3600 & read line < {fifo}; sleep 3601 & wait", self.pods[name][1])
         deadline = time.monotonic() + 60
-        while any(len(self.cookies(name)) < 2 for name in self.pods):
-            assert time.monotonic() < deadline, {name: self.cookies(name) for name in self.pods}
+        while any(len(self.cgroups.read_pids(cgroup) or []) < 2 for _, cgroup in self.pods.values()):
+            assert time.monotonic() < deadline, {name: self.cgroups.read_pids(c) for name, (_, c) in self.pods.items()}
             time.sleep(0.2)
         self.lines = {name: self.keep(name) for name in self.pods}
         self.results["facts"]["status_lines"] = self.lines
@@ -181,12 +181,11 @@ class Guest:
         node = self.spawn("sleep 3602")  # a process of the node, outside the pods
         time.sleep(0.5)
         tagged = {}
+        in_pods = {pid for _, cgroup in self.pods.values() for pid in self.cgroups.read_pids(cgroup) or []}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
+            if not entry.name.isdigit() or int(entry.name) in in_pods:
                 continue
             pid = int(entry.name)
-            if any(pid in (self.cgroups.read_pids(cgroup) or []) for _, cgroup in self.pods.values()):
-                continue
             try:
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     if (cookie := self.core.cookie(int(tid))) != 0:
