@@ -87,7 +87,8 @@ set +e
 status=$?
 set -e
 if [ "$status" -ne 0 ]; then
-    echo "core-sched-kernel: building the kernel failed; the end of its log:" >&2
+    cp "$work/build.log" "$CACHE/kernel-build-failed.log"
+    echo "core-sched-kernel: building the kernel failed; the end of its log ($CACHE/kernel-build-failed.log):" >&2
     tail -n 40 "$work/build.log" >&2
     exit 1
 fi
