@@ -12,6 +12,7 @@ APT_PACKAGES=(
     systemd                                                     # systemd-analyze verify of the unit
     qemu-system-x86 debootstrap e2fsprogs                       # the VM lane (tests/vm): Debian 13 guest
     gcc libc6-dev                                               # bench/ls_latency.py builds its static probe
+    make flex bison bc xz-utils libelf-dev                      # scripts/core-sched-kernel.sh: the CONFIG_SCHED_CORE test kernel
     openssl                                                     # the real-node bed: the API server's service-account key
     tmux                                                        # tests/test_top.py drives `koordnode top` in a real terminal
     prometheus                                                  # promtool: tests/test_monitoring.py checks the rules and /metrics

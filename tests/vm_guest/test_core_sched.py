@@ -1,11 +1,15 @@
-"""Core scheduling on a real kernel: `[qos.LSE] core_sched` gives each LSE pod one PR_SCHED_CORE
-cookie, `[qos.LS] core_expeller` gives every BE task one shared cookie and leaves LS untagged, where
-the kernel can (SMT siblings and CONFIG_SCHED_CORE); status and doctor say why not where it
-cannot. The lane boots `-smp 2` (no siblings) by default; `python3 tests/vm/lane.py --smp
+"""Core scheduling on the lane's kernel: `[qos.LSE] core_sched` gives each LSE pod one
+PR_SCHED_CORE cookie, `[qos.LS] core_expeller` gives every BE task one shared cookie and leaves LS
+untagged, where the kernel can (SMT siblings and CONFIG_SCHED_CORE); status and doctor say why not
+where it cannot. The lane boots `-smp 2` (no siblings) by default; `python3 tests/vm/lane.py --smp
 4,cores=2,threads=2 -- -k test_core_sched` gives the guest siblings (tests/vm/README.md).
 Debian's kernels (trixie's 6.12, trixie-backports' 7.3, forky's and sid's 7.2; amd64, cloud and
 rt flavours) are built without CONFIG_SCHED_CORE: there the cookie test is skipped with that
-reason, and the unavailable path is what runs."""
+reason, and the unavailable path is what runs. Cookies on a real kernel that gives them are
+tests/test_core_sched_kernel.py's (no containerd there, so not this test's pods): a small kernel
+built with CONFIG_SCHED_CORE (scripts/core-sched-kernel.sh) boots on this image without
+systemd, and koordnode's executor, policy and hook tag pod-like cgroups' processes there, checked
+on the kernel, its enforcement (busy loops on SMT siblings) included."""
 
 from __future__ import annotations
 
