@@ -16,6 +16,7 @@ import pytest
 from faketree import add_cgroup, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.originals import OriginalsJournal
+from koordnode.executor.resources import PAGE_SIZE
 from koordnode.policy.tier_memory import ChildProtection, TierFile, decide_tier_file, plan_tier_memory
 from test_qos_engine import MIB, Node
 
@@ -109,6 +110,15 @@ def test_when_the_sum_drops_below_kubelets_value_the_file_goes_back_to_kubelets(
     assert none.write is not None and none.value == 0
 
 
+def test_values_are_compared_in_whole_pages_as_the_kernel_keeps_them():
+    children = [child(f"{BU}/poda", 0, 0), ChildProtection(f"{BU}/podb", {"memory.low": 214748364})]
+    first = decide_tier_file(BU, "memory.low", children, 0, None)
+    assert first.value == 214745088 and first.write is not None  # rounded down to the page
+    # The kernel's rounded value is koordnode's own: nothing written again, not taken for kubelet's.
+    again = decide_tier_file(BU, "memory.low", children, 214745088, first.state)
+    assert again.write is None and again.kubelet == 0
+
+
 def test_a_tier_file_not_there_is_left_out():
     current = zeros(KP)
     got = plan_tier_memory("v2", [KP, BU], mixed_children(), current, {})
@@ -141,6 +151,11 @@ def _ls(node, name: str, request_mib: int, parent: str | None = None, labels=Non
     return pod, cid
 
 
+def pg(n: int) -> int:
+    """In whole pages, as the kernel keeps memory.min / memory.low (the fake tree does not round)."""
+    return n - n % PAGE_SIZE
+
+
 def _tier(node, cgroup: str) -> dict[str, int]:
     return {r: int(node.read(cgroup, r)) for r in ("memory.min", "memory.low")}
 
@@ -157,8 +172,8 @@ def test_engine_keeps_the_tiers_at_the_sums_through_creation_removal_and_reconci
     ls_min, ls_low = 128 * MIB, 256 * MIB * 80 // 100
     lsr_min, lsr_low = 256 * MIB * 80 // 100, 256 * MIB
     assert _tier(node, ls.cgroup) == {"memory.min": ls_min, "memory.low": ls_low}
-    assert _tier(node, "/kubepods/burstable") == {"memory.min": ls_min, "memory.low": ls_low}
-    assert _tier(node, "/kubepods") == {"memory.min": ls_min + lsr_min, "memory.low": ls_low + lsr_low}
+    assert _tier(node, "/kubepods/burstable") == {"memory.min": ls_min, "memory.low": pg(ls_low)}
+    assert _tier(node, "/kubepods") == {"memory.min": pg(ls_min + lsr_min), "memory.low": pg(pg(ls_low) + lsr_low)}
     assert _tier(node, "/kubepods/besteffort") == {"memory.min": 0, "memory.low": 0}  # BE: none
 
     # A pod koordnode does not manage (skipped, another runtime's) counts with its files.
@@ -166,11 +181,11 @@ def test_engine_keeps_the_tiers_at_the_sums_through_creation_removal_and_reconci
     write_cgroup_file(node.root, "/kubepods/burstable/podforeign", "memory.min", str(64 * MIB))
     node.engine.reconcile(force=False)
     assert _tier(node, "/kubepods/burstable")["memory.min"] == ls_min + 64 * MIB
-    assert _tier(node, "/kubepods")["memory.min"] == ls_min + 64 * MIB + lsr_min
+    assert _tier(node, "/kubepods")["memory.min"] == pg(ls_min + 64 * MIB + lsr_min)
 
     status = node.engine.status()["memory_tiers"]
     top = status["/kubepods"]["memory.min"]
-    assert top["value"] == ls_min + 64 * MIB + lsr_min and top["kubelet"] == 0 and top["kept_by"] == "koordnode"
+    assert top["value"] == pg(ls_min + 64 * MIB + lsr_min) and top["kubelet"] == 0 and top["kept_by"] == "koordnode"
     assert top["why"].startswith(f"memory.min {top['value']} = Σ of 3 pods' protection (1 read from their files)")
 
     # The tier files' originals are journalled for `koordnode restore`.
@@ -185,7 +200,7 @@ def test_engine_keeps_the_tiers_at_the_sums_through_creation_removal_and_reconci
     shutil.rmtree(node.root / ls.cgroup.strip("/"))
     node.engine.reconcile(force=False)
     assert _tier(node, "/kubepods/burstable") == {"memory.min": 64 * MIB, "memory.low": 0}
-    assert _tier(node, "/kubepods")["memory.min"] == 64 * MIB + lsr_min
+    assert _tier(node, "/kubepods")["memory.min"] == pg(64 * MIB + lsr_min)
 
 
 def test_kubelets_tiered_reservation_is_never_lowered_and_a_smaller_one_is_raised_and_counted(make_node):
@@ -209,10 +224,10 @@ def test_kubelets_tiered_reservation_is_never_lowered_and_a_smaller_one_is_raise
     # A second pod takes koordnode's burstable low above kubelet's (stale) value; kubelet's next
     # minute lowers it again: the next pass raises it and counts the overwrite.
     _ls(node, "ls2", 256)
-    assert _tier(node, "/kubepods/burstable")["memory.low"] == 2 * ls_low
+    assert _tier(node, "/kubepods/burstable")["memory.low"] == pg(2 * ls_low)
     write_cgroup_file(node.root, "/kubepods/burstable", "memory.low", str(300 * MIB))
     node.engine.reconcile(force=False)
-    assert _tier(node, "/kubepods/burstable")["memory.low"] == 2 * ls_low
+    assert _tier(node, "/kubepods/burstable")["memory.low"] == pg(2 * ls_low)
     counts = node.engine.status()["overwrites"]["counts"]
     assert counts.get("memory.low", 0) >= before.get("memory.low", 0) + 1
     assert node.engine.status()["memory_tiers"]["/kubepods/burstable"]["memory.low"]["kubelet"] == 300 * MIB
@@ -231,7 +246,7 @@ def test_systemd_slices_carry_the_sums(make_node):
     ls, _ = _ls(node, "ls", 256, parent="kubepods-burstable-podls.slice")
     tier = "/kubepods.slice/kubepods-burstable.slice"
     assert ls.cgroup == f"{tier}/kubepods-burstable-podls.slice"
-    assert _tier(node, tier) == {"memory.min": 128 * MIB, "memory.low": 256 * MIB * 80 // 100}
+    assert _tier(node, tier) == {"memory.min": 128 * MIB, "memory.low": pg(256 * MIB * 80 // 100)}
     assert _tier(node, "/kubepods.slice") == _tier(node, tier)
     # systemd re-applies its own 0 when kubelet sets the slice's unit properties: restored, counted.
     write_cgroup_file(node.root, "/kubepods.slice", "memory.min", "0")

@@ -14,6 +14,7 @@ from typing import Any
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.originals import OriginalsError
 from koordnode.executor.paths import UnsafePathError
+from koordnode.executor.resources import PAGE_SIZE
 from koordnode.executor.write_result import WriteResult
 from koordnode.model.cgroup_scope import outlives_pods
 from koordnode.model.kubelet_layout import KubeletLayout
@@ -107,7 +108,7 @@ class TierMemory:
                 if prev is not None:
                     previous[(tier, resource)] = prev
         children = {tier: self._children(tier, planned) for tier in tiers}
-        decisions = plan_tier_memory("v2", tiers, children, current, previous)
+        decisions = plan_tier_memory("v2", tiers, children, current, previous, page=PAGE_SIZE)
         handed_back = []
         for d in decisions:
             before = self.files.get((d.cgroup, d.resource))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from koordnode.policy.plan import CgroupWrite
 
 TIER_RESOURCES = ("memory.min", "memory.low")
+PAGE = 4096  # the kernel keeps memory.min / memory.low in whole pages, rounded down
 
 
 @dataclass(frozen=True)
@@ -67,38 +68,40 @@ class TierDecision:
 
     @property
     def keeper(self) -> str:
-        return "koordnode" if self.needed > self.kubelet else "kubelet"
+        return "koordnode" if self.value > self.kubelet else "kubelet"
 
     @property
     def why(self) -> str:
         counted = f"Σ of {self.pods} pods' protection" + (
             f" ({self.unplanned} read from their files)" if self.unplanned else "")
-        if self.needed > self.kubelet:
+        if self.value > self.kubelet:
             return f"{self.resource} {self.value} = {counted} (kubelet's own: {self.kubelet})"
         return (f"{self.resource} {self.value} = kubelet's own, left to kubelet ({counted}: {self.needed})")
 
 
-def kubelet_value(current: int, previous: TierFile | None) -> int:
-    """The value another writer left in a tier file: the file's, unless it is koordnode's own."""
-    if previous is None or previous.ours is None or current != previous.ours:
+def kubelet_value(current: int, previous: TierFile | None, page: int = PAGE) -> int:
+    """The value another writer left in a tier file: the file's, unless it is koordnode's own
+    (compared in whole pages: the kernel rounds a written value down)."""
+    if previous is None or previous.ours is None or current // page != previous.ours // page:
         return current
     return previous.kubelet
 
 
 def decide_tier_file(cgroup: str, resource: str, children: Sequence[ChildProtection], current: int,
                      previous: TierFile | None, *, pods: int | None = None,
-                     unplanned: int | None = None) -> TierDecision:
-    """One tier file: max(Σ children, kubelet's), written only when that is not in the file.
-    `pods` / `unplanned`: the pods counted at any depth (default: the pod children)."""
+                     unplanned: int | None = None, page: int = PAGE) -> TierDecision:
+    """One tier file: max(Σ children, kubelet's), written only when that is not in the file
+    (in whole pages of `page` bytes). `pods` / `unplanned`: the pods counted at any depth
+    (default: the pod children)."""
     needed = sum(max(int(child.values.get(resource, 0)), 0) for child in children)
-    kubelet = kubelet_value(current, previous)
-    value = max(needed, kubelet)
-    ours = value if needed > kubelet else None
+    kubelet = kubelet_value(current, previous, page)
+    value = max(needed - needed % page, kubelet)
+    ours = value if value > kubelet else None
     pods = pods if pods is not None else sum(1 for child in children if child.pod)
     unplanned = unplanned if unplanned is not None else sum(
         1 for child in children if child.pod and not child.planned)
     write = None
-    if value != current:
+    if value // page != current // page:
         if ours is not None:
             reason = (f"{resource} of kubelet's {cgroup}: Σ of {pods} pods' protection {needed} "
                       f"(kubelet's own {kubelet}): a pod's protection counts only up to its ancestors'")
@@ -109,8 +112,8 @@ def decide_tier_file(cgroup: str, resource: str, children: Sequence[ChildProtect
 
 
 def plan_tier_memory(cgroup_version: str, tiers: Sequence[str], children: Mapping[str, Sequence[ChildProtection]],
-                     current: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], TierFile]
-                     ) -> tuple[TierDecision, ...]:
+                     current: Mapping[tuple[str, str], int], previous: Mapping[tuple[str, str], TierFile],
+                     page: int = PAGE) -> tuple[TierDecision, ...]:
     """memory.min / memory.low of kubelet's tiers, `tiers` ordered from the top (kubepods) down
     to the lowest (the burstable tier); `children[tier]`: its direct children (a lower tier among
     them stands for what is decided for it here); `current[(tier, resource)]`: the file's value
@@ -136,7 +139,8 @@ def plan_tier_memory(cgroup_version: str, tiers: Sequence[str], children: Mappin
                     child = ChildProtection(child.cgroup, {resource: lower.value}, pod=False)
                 counted.append(child)
             decision = decide_tier_file(tier, resource, counted, current[(tier, resource)],
-                                        previous.get((tier, resource)), pods=pods, unplanned=unplanned)
+                                        previous.get((tier, resource)), pods=pods, unplanned=unplanned,
+                                        page=page)
             decided[(tier, resource)] = decision
             order.append(decision)
     order.sort(key=lambda d: (list(tiers).index(d.cgroup), TIER_RESOURCES.index(d.resource)))
