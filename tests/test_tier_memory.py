@@ -283,3 +283,16 @@ def test_a_restart_does_not_take_koordnodes_own_value_for_kubelets(make_node, tm
     shutil.rmtree(again.root / ls.cgroup.strip("/"))
     again.engine.reconcile(force=False)
     assert _tier(again, "/kubepods")["memory.min"] == 0  # not kept at koordnode's stale 128 MiB
+
+
+def test_koordnode_restore_puts_kubelets_tier_values_back(make_node, tmp_path):
+    from koordnode.executor.restore import RestoreRoots, restore
+
+    node = make_node(version="v2")
+    journal = OriginalsJournal(tmp_path / "state")
+    node.engine.executor.originals = journal
+    _ls(node, "ls", 256)
+    assert _tier(node, "/kubepods/burstable")["memory.min"] == 128 * MIB
+    report = restore(journal, RestoreRoots(cgroup=str(node.root), procfs=str(tmp_path / "no-proc")))
+    assert report.ok, report.as_dict()
+    assert _tier(node, "/kubepods") == _tier(node, "/kubepods/burstable") == {"memory.min": 0, "memory.low": 0}
