@@ -178,10 +178,10 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         # Until the unprotected pod lost two thirds of its cache, MemAvailable (which counts the
         # protected cache too) is low, or the hog stalls in reclaim: as far as the pressure goes
         # without thrashing the guest.
-        floor = WORKING_SET_MIB + 150
+        floor = WORKING_SET_MIB + 90
         while (allocated < 2048 and available > floor
                and file_cache(unprotected.pod_dir) > before["unprotected"] // 3):
-            step = 32 if available > floor + 256 else 8
+            step = 32 if available > floor + 200 else 4
             hog.stdin.write(f"{step}\n")
             hog.stdin.flush()
             ready, _, _ = select.select([hog.stdout], [], [], 20 * TIME_SCALE)
