@@ -7,10 +7,12 @@ default memoryReservationPolicy None, writes 0 there.
 Two LS Burstable pods read the same amount of page cache (a file each, on the guest's disk, so
 reclaimable: the guest has no swap and /tmp is a tmpfs); one has memory protection (its request
 arrives as kubelet's Memory QoS `unified` memory.low, so memory.min = 50 % of it covers the
-file), the other none (`koordinator.sh/memoryQOS` policy "none"). A process outside kubepods
-(in the test's own service, system.slice) then allocates and touches memory until the
-unprotected pod's cache is mostly reclaimed or the node's MemAvailable is low: the protected pod
-keeps (nearly) all of its cache.
+file), the other none (`koordinator.sh/memoryQOS` policy "none"); a control outside kubepods has
+the protected pod's values under a parent with none (what every pod had with kubelet's tiers at
+0). A process outside kubepods (in the test's own service, system.slice) then allocates and
+touches memory until the unprotected pod's and the control's cache are mostly reclaimed or the
+node's MemAvailable is low: the protected pod keeps (nearly) all of its cache, the control loses
+it like the unprotected pod.
 """
 
 from __future__ import annotations
@@ -83,6 +85,33 @@ def data():
     shutil.rmtree(DATA, ignore_errors=True)
 
 
+@pytest.fixture
+def control():
+    """The control, what every pod had before: a cgroup with the protected pod's memory.min and
+    memory.low whose parent has none (kubelet's tiers under memoryReservationPolicy None), outside
+    kubepods and koordnode's reach. Yields the child; its reader process is the test's."""
+    parent = CG / f"koordnode-tiers-control-{uuid.uuid4().hex[:6]}"
+    parent.mkdir()
+    (parent / "cgroup.subtree_control").write_text("+memory")
+    child = parent / "pod"
+    child.mkdir()
+    (child / "memory.min").write_text(str(REQUEST // 2))
+    (child / "memory.low").write_text(str(REQUEST * 80 // 100))
+    processes: list[subprocess.Popen] = []
+    child.processes = processes  # type: ignore[attr-defined]
+    yield child
+    for proc in processes:
+        proc.kill()
+        proc.wait(timeout=60)
+    for directory in (child, parent):
+        for _ in range(50):
+            try:
+                directory.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+
+
 def write_file(path: Path, mib: int) -> None:
     block = b"\x5a" * MIB
     with open(path, "wb") as f:
@@ -138,20 +167,22 @@ def tiers_carry_the_sums() -> bool:
 
 @pytest.mark.timeout(900)  # the session bed's and koordnode's start under TCG included
 def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_its_cache(
-        systemd_bed, guest_koordnode, cri, data):
+        systemd_bed, guest_koordnode, cri, data, control):
     kn = guest_koordnode
     free = shutil.disk_usage(data).free
-    assert free > (2 * WORKING_SET_MIB + 100) * MIB, f"the guest's root disk has {free // MIB} MiB free"
-    for file in ("protected.bin", "unprotected.bin"):
+    assert free > (3 * WORKING_SET_MIB + 100) * MIB, f"the guest's root disk has {free // MIB} MiB free"
+    for file in ("protected.bin", "unprotected.bin", "control.bin"):
         write_file(data / file, WORKING_SET_MIB)
     Path("/proc/sys/vm/drop_caches").write_text("1")  # the pods' reads charge the cache to them
     protected = reader_pod(cri, systemd_bed, "protected", data, "protected.bin",
                            resources={"unified": {"memory.low": str(REQUEST)}})  # kubelet's Memory QoS request
     unprotected = reader_pod(cri, systemd_bed, "unprotected", data, "unprotected.bin",
                              annotations={"koordinator.sh/memoryQOS": json.dumps({"policy": "none"})})
+    control.processes.append(subprocess.Popen(
+        ["sh", "-c", f"echo $$ > {control}/cgroup.procs && cat {data}/control.bin > /dev/null && exec sleep 3600"]))
     working_set = WORKING_SET_MIB * MIB * 95 // 100
-    for pod in (protected, unprotected):
-        wait_for(lambda pod=pod: file_cache(pod.pod_dir) >= working_set, 120, f"{pod.pod_dir.name}'s page cache")
+    for pod_dir in (protected.pod_dir, unprotected.pod_dir, control):
+        wait_for(lambda pod_dir=pod_dir: file_cache(pod_dir) >= working_set, 120, f"{pod_dir.name}'s page cache")
 
     # The pods' own values (systemd puts a pod slice's back when it starts a scope in it: the
     # reconcile pass restores them), then the tiers at their sums: systemd realizing the new
@@ -168,7 +199,8 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         assert entry["kept_by"] == "koordnode" and entry["kubelet"] == 0, tiers
         assert entry["why"].startswith(f"memory.min {entry['value']} = Σ of "), entry
 
-    before = {"protected": file_cache(protected.pod_dir), "unprotected": file_cache(unprotected.pod_dir)}
+    dirs = {"protected": protected.pod_dir, "unprotected": unprotected.pod_dir, "control (parent at 0)": control}
+    before = {name: file_cache(d) for name, d in dirs.items()}
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert hog.stdin is not None and hog.stdout is not None
     log = Path("/results/memory_tiers_steps.jsonl") if Path("/results").is_dir() else None
@@ -180,7 +212,7 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         # without thrashing the guest.
         floor = WORKING_SET_MIB + 90
         while (allocated < 2048 and available > floor
-               and file_cache(unprotected.pod_dir) > before["unprotected"] // 3):
+               and any(file_cache(dirs[n]) > before[n] // 3 for n in ("unprotected", "control (parent at 0)"))):
             step = 32 if available > floor + 200 else 4
             hog.stdin.write(f"{step}\n")
             hog.stdin.flush()
@@ -190,12 +222,12 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
                 stalled = True
                 break
             allocated, available = allocated + step, int(answer)
-            steps.append((allocated, available, file_cache(protected.pod_dir) // MIB,
-                          file_cache(unprotected.pod_dir) // MIB, round(time.monotonic() - started, 1)))
+            steps.append((allocated, available, *(file_cache(d) // MIB for d in dirs.values()),
+                          round(time.monotonic() - started, 1)))
             if log is not None:
                 with open(log, "a") as handle:
                     handle.write(json.dumps(steps[-1]) + "\n")
-        after = {"protected": file_cache(protected.pod_dir), "unprotected": file_cache(unprotected.pod_dir)}
+        after = {name: file_cache(d) for name, d in dirs.items()}
         tiers_during = {str(t.relative_to(CG)): {n: value(t, n) for n in ("memory.min", "memory.low")}
                         for t in (KUBEPODS, BURSTABLE)}
     finally:
@@ -208,13 +240,15 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         "cache_before_mib": {k: round(v / MIB, 1) for k, v in before.items()},
         "cache_after_mib": {k: round(v / MIB, 1) for k, v in after.items()},
         "tiers_during_pressure": tiers_during,
-        "steps (allocated, MemAvailable, protected, unprotected MiB, s)": steps[-12:],
+        "steps (allocated, MemAvailable, protected, unprotected, control MiB, s)": steps[-12:],
     }
     print("memory tiers figures:", json.dumps(figures))
     if Path("/results").is_dir():
         Path("/results/memory_tiers_figures.json").write_text(json.dumps(figures, indent=1) + "\n")
-    # The pressure reached the pods: the unprotected one lost most of its cache ...
+    # The pressure reached the pods: the unprotected one lost most of its cache, and so did the
+    # control, whose memory.min and memory.low are the protected pod's but whose parent has none ...
     assert after["unprotected"] <= before["unprotected"] // 2, figures
+    assert after["control (parent at 0)"] <= before["control (parent at 0)"] // 2, figures
     # ... the protected one kept (nearly) all of it: its memory.min holds up to kubelet's tiers.
     assert after["protected"] >= before["protected"] * 95 // 100, figures
     assert all(v["memory.min"] >= REQUEST // 2 for v in tiers_during.values()), figures
