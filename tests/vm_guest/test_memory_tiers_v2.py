@@ -26,6 +26,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,7 +90,7 @@ def data():
 def control():
     """The control, what every pod had before: a cgroup with the protected pod's memory.min and
     memory.low whose parent has none (kubelet's tiers under memoryReservationPolicy None), outside
-    kubepods and koordnode's reach. Yields the child; its reader process is the test's."""
+    kubepods and koordnode's reach: `dir` the child, `processes` the test's readers in it."""
     parent = CG / f"koordnode-tiers-control-{uuid.uuid4().hex[:6]}"
     parent.mkdir()
     (parent / "cgroup.subtree_control").write_text("+memory")
@@ -97,10 +98,9 @@ def control():
     child.mkdir()
     (child / "memory.min").write_text(str(REQUEST // 2))
     (child / "memory.low").write_text(str(REQUEST * 80 // 100))
-    processes: list[subprocess.Popen] = []
-    child.processes = processes  # type: ignore[attr-defined]
-    yield child
-    for proc in processes:
+    found = SimpleNamespace(dir=child, processes=[])
+    yield found
+    for proc in found.processes:
         proc.kill()
         proc.wait(timeout=60)
     for directory in (child, parent):
@@ -179,9 +179,9 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
     unprotected = reader_pod(cri, systemd_bed, "unprotected", data, "unprotected.bin",
                              annotations={"koordinator.sh/memoryQOS": json.dumps({"policy": "none"})})
     control.processes.append(subprocess.Popen(
-        ["sh", "-c", f"echo $$ > {control}/cgroup.procs && cat {data}/control.bin > /dev/null && exec sleep 3600"]))
+        ["sh", "-c", f"echo $$ > {control.dir}/cgroup.procs && cat {data}/control.bin > /dev/null && exec sleep 3600"]))
     working_set = WORKING_SET_MIB * MIB * 95 // 100
-    for pod_dir in (protected.pod_dir, unprotected.pod_dir, control):
+    for pod_dir in (protected.pod_dir, unprotected.pod_dir, control.dir):
         wait_for(lambda pod_dir=pod_dir: file_cache(pod_dir) >= working_set, 120, f"{pod_dir.name}'s page cache")
 
     # The pods' own values (systemd puts a pod slice's back when it starts a scope in it: the
@@ -199,7 +199,7 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         assert entry["kept_by"] == "koordnode" and entry["kubelet"] == 0, tiers
         assert entry["why"].startswith(f"memory.min {entry['value']} = Σ of "), entry
 
-    dirs = {"protected": protected.pod_dir, "unprotected": unprotected.pod_dir, "control (parent at 0)": control}
+    dirs = {"protected": protected.pod_dir, "unprotected": unprotected.pod_dir, "control (parent at 0)": control.dir}
     before = {name: file_cache(d) for name, d in dirs.items()}
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert hog.stdin is not None and hog.stdout is not None
