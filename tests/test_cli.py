@@ -406,6 +406,18 @@ def test_status_text_shows_core_scheduling_node_wide_and_per_pod() -> None:
     assert "core sched" not in render_status({"qos": {"core_sched": {"classes": [], "expellers": [], "state": "off"}}})
 
 
+def test_status_text_shows_what_koordnode_keeps_on_kubelets_tiers_and_why() -> None:
+    from koordnode.admin.client import render_status
+
+    why = "memory.min 402653184 = Σ of 3 pods' protection (kubelet's own: 0)"
+    text = render_status({"qos": {"memory_tiers": {"/kubepods": {"memory.min": {
+        "value": 402653184, "needed": 402653184, "pods": 3, "from_files": 0, "kubelet": 0,
+        "kept_by": "koordnode", "why": why}}}}})
+    assert "memory tiers  (kubelet's cgroups above the pods: a pod's protection counts only up to theirs)" in text
+    assert f"  /kubepods  [koordnode] {why}" in text
+    assert "memory tiers" not in render_status({"qos": {"memory_tiers": {}}})
+
+
 def test_koordnode_run_imports_leave_what_the_default_config_never_uses_unloaded() -> None:
     """Each module costs the daemon resident memory for as long as it runs: the Kubernetes
     client, the NRI plugin and the config's spelling suggestions load only when used."""

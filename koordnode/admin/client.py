@@ -97,6 +97,12 @@ def render_status(status: dict[str, Any]) -> str:
         uses = ([f"{', '.join(core_sched['classes'])} a cookie per pod"] if core_sched.get("classes") else []) + (
             [f"BE kept off the cores of {', '.join(core_sched['expellers'])}"] if core_sched.get("expellers") else [])
         lines.append(f"core sched  {'; '.join(uses)}: {core_sched.get('state', '?')}")
+    tiers = (status.get("qos") or {}).get("memory_tiers") or {}
+    if tiers:
+        lines.append("memory tiers  (kubelet's cgroups above the pods: a pod's protection counts only up to theirs)")
+        for cgroup, files in tiers.items():
+            for entry in files.values():
+                lines.append(f"  {cgroup}  [{entry.get('kept_by', '?')}] {entry.get('why', '')}")
     proxy = status.get("proxy", {})
     lines.append(
         f"proxy   {proxy.get('connections_open', 0)} connections open, "

@@ -144,6 +144,25 @@ class CgroupExecutor(CgroupTree, Converger):
                 self._apply_subset_ordered(plan, subset_ordered, results, force)
         return [result for result in results if result is not None]
 
+    def original_of(self, cgroup: str, resource: str) -> tuple[bool, str | None]:
+        """(kept, value): whether the originals journal holds the original of a node-level
+        cgroup file (koordnode changed it before, in this run or an earlier one), and what it
+        was. (False, None) without a journal or for a pod's file."""
+        if self.originals is None or not outlives_pods(cgroup):
+            return False, None
+        spec = get_resource(resource)
+        hierarchy = self._fs.hierarchy(spec.v1_controller)
+        if hierarchy is None:
+            return False, None
+        directory = self._fs.cgroup_dir(hierarchy, normalize_cgroup_path(cgroup))
+        entries = {entry.key: entry for entry in self.originals.entries()}
+        for fmt in spec.files(self._fs.is_v2):
+            path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
+            entry = entries.get(("cgroup_file", str(self.root), str(path.relative_to(self.root))))
+            if entry is not None:
+                return True, entry.value
+        return False, None
+
     def disown(self, writes: Iterable[CgroupWrite]) -> None:
         """Forget the values koordnode last put in the files of `writes`: the next write there
         is not counted as an overwrite. For files the container runtime has just rewritten

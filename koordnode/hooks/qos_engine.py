@@ -49,6 +49,7 @@ from koordnode.hooks.pod_apply import PodApplier
 from koordnode.hooks.pod_plans import PassState, PodPlanner
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.resized import ResizedResources
+from koordnode.hooks.tier_memory import TierMemory
 from koordnode.metrics.recorder import METRICS
 from koordnode.model.annotations import parse_pod_annotations
 from koordnode.model.cpu_topology import CpuTopology, TopologyError, read_cpu_topology
@@ -106,6 +107,9 @@ class QoSEngine:
         if self.applier.has_group_identity():
             self.planner.features = dataclasses.replace(features, group_identity=True)
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id
+        # kubelet's cgroups above the pods (kubepods, its burstable tier): at least the sum of
+        # the pods' memory protection, which the kernel caps by theirs (hooks/tier_memory.py).
+        self.tiers = TierMemory(self.executor, self.layout)
         # What [strategy.memory_qos] is handed: the pods' memory values only while this engine's
         # reconcile pass does not keep them itself.
         self.memory_fallback = MemoryFallback(self)
@@ -196,6 +200,7 @@ class QoSEngine:
         view = self.state.view()
         with self.lock:
             self.applier.apply(view, sandbox_id, self.planner.pod_input(cfg), force=False)
+            self._keep_tiers(view)
             self._publish_status()
 
     def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
@@ -279,6 +284,7 @@ class QoSEngine:
             if pod is None:
                 return
             self.applier.apply(view, pod.sandbox_id, None, force=False)
+            self._keep_tiers(view)
             self._publish_status()
 
     def container_updated(self, container_id: str) -> None:
@@ -301,6 +307,7 @@ class QoSEngine:
         with self.lock:
             for sandbox_id, cids in by_pod.items():
                 self.applier.apply(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
+            self._keep_tiers(view)
             self._publish_status()
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
@@ -350,6 +357,7 @@ class QoSEngine:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
                 self.applier.apply(view, sandbox_id, None, force=False)
+                self._keep_tiers(view)
                 self._publish_status()
 
     def container_gone(self, container_id: str) -> None:
@@ -371,6 +379,7 @@ class QoSEngine:
                 self.planner.pod_resources.pop(sandbox_id, None)
                 self.applier.drop_pod_metrics(sandbox_id)
             self._refresh_pools(view)
+            self._keep_tiers(view, gone=sandbox_id)
             self._publish_status()
 
     def _drop_container(self, container_id: str) -> None:
@@ -452,10 +461,37 @@ class QoSEngine:
 
     def memory_plan(self, view: NodeView | None = None) -> list[CgroupWrite]:
         """The memory protection writes (memory.min/low/high, memory.wmark_*) the engine decides
-        now for every ready pod and its running containers (see MemoryFallback)."""
+        now for every ready pod and its running containers, then those of kubelet's tiers above
+        them (see MemoryFallback)."""
         view = view if view is not None else self.state.view()
         with self.lock:
-            return self.planner.memory_plan(view)
+            writes = self.planner.memory_plan(view)
+            tiers = self.tiers.plan(writes)
+            self._publish_status()
+            return [*writes, *tiers]
+
+    def _keep_tiers(self, view: NodeView, *, force: bool = False, gone: str | None = None,
+                    record: bool = True) -> list[WriteResult]:
+        """kubelet's tiers above the pods at the sum of the pods' memory protection, from the
+        pods' current plans (a pod without one, or not koordnode's: its files). `gone`: a pod
+        whose plan was just dropped. `record`: count the results here (else the caller does)."""
+        writes: list[CgroupWrite] = []
+        for sandbox_id, entry in self.planner.plans.items():
+            pod = view.pods.get(sandbox_id)
+            if sandbox_id != gone and pod is not None and pod.state == POD_READY and not skip_requested(pod.labels):
+                writes.extend(entry.memory_writes)
+        try:
+            results = self.tiers.keep(writes, force=force)
+        except Exception:  # the tiers' trouble must not fail the hook or the pass
+            log.exception("memory_tiers_failed")
+            return []
+        if record:
+            METRICS.record_writes(results)
+        for r in results:
+            if not r.ok:
+                log.warning("memory_tier_write_failed", cgroup=r.cgroup_write.cgroup,
+                            resource=r.cgroup_write.resource, detail=r.detail)
+        return results
 
     def reconcile(self, force: bool = True, view: NodeView | None = None) -> dict[str, tuple[str, str]]:
         """Re-apply every ready pod's values (kubelet and operators overwrite cgroup files).
@@ -488,6 +524,8 @@ class QoSEngine:
                          and self.pools.pool_updates is None)
             self._refresh_pools(view, skip=pass_state.covered if unchanged else frozenset(),
                                 results=pass_state.results)
+            # Last: the pods' plans of this pass are what the tiers above them must carry.
+            pass_state.results.extend(self._keep_tiers(view, force=force, record=False))
             METRICS.record_writes(pass_state.results)
             METRICS.record_writes(pass_state.process_results)
             self.records.keep_pods(view.pods)
@@ -514,6 +552,8 @@ class QoSEngine:
             "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},
                            "last": {**self.executor.last_overwrites, **self.processes.last_overwrites}},
             "notes": self.notes + self.be_group.status_notes(),
+            # kubelet's cgroups above the pods: the memory protection koordnode keeps there, and why.
+            "memory_tiers": self.tiers.status(),
         })
 
     def status(self) -> dict[str, Any]:

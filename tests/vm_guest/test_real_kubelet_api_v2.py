@@ -40,6 +40,7 @@ from kubelet_v2 import (
     KUBEPODS,
     MIB,
     OOM_SCORE_ADJ,
+    PAGE,
     applied_values,
     cpus,
     file_agrees,
@@ -498,11 +499,16 @@ def _requests(pod: dict[str, Any]) -> int:
 
 @pytest.mark.timeout(600)
 def test_kubelets_memory_qos_reservations_and_koordnodes_protection_coexist(api_node):
-    """kubelet's Memory QoS (TieredReservation) keeps its own values on its slices: kubepods.slice
+    """kubelet's Memory QoS (TieredReservation) writes its own values on its slices: kubepods.slice
     memory.min = the Guaranteed and Burstable pods' memory requests, memory.low and the burstable
     tier's memory.low = the Burstable ones' (updated within its minutely loop, after the resize
-    above too). koordnode leaves those alone and keeps its class values below them; the
-    protection it gives the pods fits inside kubelet's reservation at the top."""
+    above too). The kernel caps a pod's protection by its ancestors', so koordnode keeps each of
+    those files at least at the sum of its children's (koordnode/policy/tier_memory.py) and never
+    below kubelet's: kubepods.slice memory.min and the tier's memory.low stay kubelet's (its sums
+    of requests are larger than the class values); the tier's memory.min, which kubelet never
+    writes (0: every Burstable pod's memory.min void), gets the Burstable pods' sum; kubepods.slice
+    memory.low gets the sum of its children's, the Guaranteed pods' memory.low included, which
+    kubelet's leaves out (kubelet lowers it every minute, koordnode's pass raises it again)."""
     node = api_node
     keys = ("SYSTEM", "LSE", "LS", "LS-burstable", "LS-pod-level")
     pods = _current(node, keys)
@@ -515,8 +521,7 @@ def test_kubelets_memory_qos_reservations_and_koordnodes_protection_coexist(api_
             burstable += _requests(api)
     assert burstable == 96 * MIB, f"the Burstable pod's request after the resize: {burstable}"
     tier = KUBEPODS / "kubepods-burstable.slice"
-    want = {(KUBEPODS, "memory.min"): guaranteed + burstable, (KUBEPODS, "memory.low"): burstable,
-            (tier, "memory.low"): burstable}
+    want = {(KUBEPODS, "memory.min"): guaranteed + burstable, (tier, "memory.low"): burstable}
     last: dict[str, str] = {}
 
     def kubelets_values() -> bool:
@@ -538,6 +543,32 @@ def test_kubelets_memory_qos_reservations_and_koordnodes_protection_coexist(api_
           "BE group:", {f: read(BE_GROUP, f) for f in ("memory.min", "memory.low")})
     assert sum(pod_min.values()) <= guaranteed + burstable, (pod_min, guaranteed + burstable)
     assert pod_min["LS"] > 0 and pod_min["LS-burstable"] > 0, pod_min
+    # Each ancestor carries at least its children's protection (else the kernel caps theirs), and
+    # never less than kubelet's own reservation.
+    sums: dict[str, tuple[int, int]] = {}
+
+    def ancestors_carry_the_children() -> bool:
+        sums.clear()
+        for directory in (tier, KUBEPODS):
+            for name in ("memory.min", "memory.low"):
+                children = [c for c in directory.iterdir() if c.is_dir() and (c / name).exists()]
+                total = sum(int(read(c, name)) for c in children if read(c, name).isdigit())
+                sums[f"{directory.name}/{name}"] = (int(read(directory, name)), total)
+        return (all(own >= total for own, total in sums.values())
+                and sums["kubepods.slice/memory.min"][0] >= guaranteed + burstable - PAGE
+                and sums["kubepods.slice/memory.low"][0] >= burstable - PAGE)
+
+    try:
+        wait_for(ancestors_carry_the_children, 30, "kubelet's slices at the sums of their children", interval=1)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: (value, children's sum) {sums}") from None
+    print("tiers (value, children's sum):", sums)
+    assert sums["kubepods-burstable.slice/memory.min"][0] > 0, sums  # kubelet's 0 would void them
+    tiers = node.status()["qos"]["memory_tiers"]
+    top, burstable_tier = tiers["/kubepods.slice"], tiers["/kubepods.slice/kubepods-burstable.slice"]
+    assert top["memory.min"]["kept_by"] == "kubelet" and burstable_tier["memory.low"]["kept_by"] == "kubelet", tiers
+    assert burstable_tier["memory.min"]["kept_by"] == "koordnode", tiers
+    assert burstable_tier["memory.min"]["kubelet"] == 0, tiers
     assert read(BE_GROUP, "memory.min") == "0" and read(BE_GROUP, "memory.low") == "0"
     # The BE pod deleted through the API (first test) is gone: from the API, koordnode and its group.
     be_name = _names()["BE"]
