@@ -68,11 +68,18 @@ def start_koordnode(bed: SystemdBed, workdir: Path) -> GuestKoordnode:
     return kn.start()
 
 
+_KUBELET_COPY: list[Path] = []
+
+
 def kubelet_binary(directory: Path) -> Path:
     """kubelet copied to the guest's own disk: re-reading 90 MB over 9p under TCG (after the page
-    cache dropped it) kept a restarted kubelet silent for minutes."""
+    cache dropped it) kept a restarted kubelet silent for minutes. Copied once: the second
+    module's node runs the first one's copy (the file is only ever executed)."""
+    if _KUBELET_COPY and _KUBELET_COPY[0].is_file():
+        return _KUBELET_COPY[0]
     target = directory / "kubelet"
     shutil.copy(component_bin("kubernetes") / "kubelet", target)
+    _KUBELET_COPY[:] = [target]
     return target
 
 

@@ -120,13 +120,17 @@ class Node:
         self.manifests[cls] = manifest
         self.kubelet.add_static_pod(manifest["metadata"]["name"], manifest)
 
-    def remove(self, cls: str) -> None:
-        manifest = self.manifests.pop(cls)
-        (self.kubelet.static_pod_dir / f"{manifest['metadata']['name']}.json").unlink()
-        name = f"{manifest['metadata']['name']}-{NODE}"
-        wait_for(lambda: not any(p["name"] == name and p["state"] == "ready" for p in self.status()["pods"])
-                 and not any(p["metadata"]["name"] == name for p in self.kubelet_pods()), 60,
-                 f"{name} stopped", interval=1)
+    def remove(self, *classes: str) -> None:
+        """The pods' manifests go at once (kubelet stops the pods side by side), then every one of
+        them must be gone from koordnode's ready pods and from kubelet's /pods."""
+        names = set()
+        for cls in classes:
+            manifest = self.manifests.pop(cls)
+            (self.kubelet.static_pod_dir / f"{manifest['metadata']['name']}.json").unlink()
+            names.add(f"{manifest['metadata']['name']}-{NODE}")
+        wait_for(lambda: not any(p["name"] in names and p["state"] == "ready" for p in self.status()["pods"])
+                 and not any(p["metadata"]["name"] in names for p in self.kubelet_pods()), 60 * len(names),
+                 f"{sorted(names)} stopped", interval=1)
 
     def running(self, cls: str, kubelet_pods: list[dict[str, Any]], status: dict[str, Any]) -> RunningPod | None:
         name = self.manifests[cls]["metadata"]["name"]
@@ -171,8 +175,9 @@ class Node:
         return pods
 
     def ensure(self, wanted: dict[str, dict[str, Any]]) -> dict[str, RunningPod]:
-        for cls in [c for c in self.manifests if c not in wanted]:
-            self.remove(cls)
+        unwanted = [c for c in self.manifests if c not in wanted]
+        if unwanted:
+            self.remove(*unwanted)
         for cls, manifest in wanted.items():
             if cls not in self.manifests:
                 self.add(cls, manifest)
