@@ -408,7 +408,7 @@ def _stage_packages(directory: Path) -> None:
         _log(f"wheelhouse for the guest not made: {err}")
 
 
-def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3000,
+def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3600,
              accel: str | None = None, memory_mb: int = 2048, smp: str | None = None) -> LaneResult:
     """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results.
     `smp`: qemu's -smp (default 2 vCPUs, `$KOORDNODE_VM_SMP`); `4,cores=2,threads=2` gives the
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached image first")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--timeout", type=float, default=3000)
+    parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
     parser.add_argument("--smp", default=None, help="qemu -smp (default 2; 4,cores=2,threads=2: SMT siblings)")
     parser.add_argument("pytest_args", nargs="*")
