@@ -110,6 +110,8 @@ class QoSEngine:
         # kubelet's cgroups above the pods (kubepods, its burstable tier): at least the sum of
         # the pods' memory protection, which the kernel caps by theirs (hooks/tier_memory.py).
         self.tiers = TierMemory(self.executor, self.layout)
+        self._tier_lock = threading.Lock()  # one tier job at a time, outside the engine's lock
+        self._tier_jobs = self._tier_job_done = 0
         # What [strategy.memory_qos] is handed: the pods' memory values only while this engine's
         # reconcile pass does not keep them itself.
         self.memory_fallback = MemoryFallback(self)
@@ -200,8 +202,9 @@ class QoSEngine:
         view = self.state.view()
         with self.lock:
             self.applier.apply(view, sandbox_id, self.planner.pod_input(cfg), force=False)
-            self._keep_tiers(view)
+            tiers = self._tier_job(view)
             self._publish_status()
+        self._run_tier_job(tiers)
 
     def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
         """plan_create with the CPUs it reserved committed at once: for callers that forward
@@ -284,8 +287,9 @@ class QoSEngine:
             if pod is None:
                 return
             self.applier.apply(view, pod.sandbox_id, None, force=False)
-            self._keep_tiers(view)
+            tiers = self._tier_job(view)
             self._publish_status()
+        self._run_tier_job(tiers)
 
     def container_updated(self, container_id: str) -> None:
         """After UpdateContainerResources (NRI: PostUpdateContainer): the runtime has written
@@ -307,8 +311,9 @@ class QoSEngine:
         with self.lock:
             for sandbox_id, cids in by_pod.items():
                 self.applier.apply(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
-            self._keep_tiers(view)
+            tiers = self._tier_job(view)
             self._publish_status()
+        self._run_tier_job(tiers)
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
         view = self.state.view()
@@ -353,12 +358,14 @@ class QoSEngine:
     def pod_resources_updated(self, sandbox_id: str) -> None:
         """After UpdatePodSandboxResources: apply the pod's recomputed values to its cgroup."""
         view = self.state.view()
+        tiers = None
         with self.lock:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
                 self.applier.apply(view, sandbox_id, None, force=False)
-                self._keep_tiers(view)
+                tiers = self._tier_job(view)
                 self._publish_status()
+        self._run_tier_job(tiers)
 
     def container_gone(self, container_id: str) -> None:
         view = self.state.view()
@@ -379,8 +386,9 @@ class QoSEngine:
                 self.planner.pod_resources.pop(sandbox_id, None)
                 self.applier.drop_pod_metrics(sandbox_id)
             self._refresh_pools(view)
-            self._keep_tiers(view, gone=sandbox_id)
+            tiers = self._tier_job(view, gone=sandbox_id)
             self._publish_status()
+        self._run_tier_job(tiers)
 
     def _drop_container(self, container_id: str) -> None:
         self.container_pod.pop(container_id, None)
@@ -466,20 +474,50 @@ class QoSEngine:
         view = view if view is not None else self.state.view()
         with self.lock:
             writes = self.planner.memory_plan(view)
-            tiers = self.tiers.plan(writes)
             self._publish_status()
-            return [*writes, *tiers]
+        with self._tier_lock:
+            tiers = self.tiers.plan(writes)
+        return [*writes, *tiers]
 
-    def _keep_tiers(self, view: NodeView, *, force: bool = False, gone: str | None = None,
-                    record: bool = True) -> list[WriteResult]:
-        """kubelet's tiers above the pods at the sum of the pods' memory protection, from the
-        pods' current plans (a pod without one, or not koordnode's: its files). `gone`: a pod
-        whose plan was just dropped. `record`: count the results here (else the caller does)."""
+    def _pod_memory_writes(self, view: NodeView, gone: str | None = None) -> list[CgroupWrite]:
+        """The memory protection the ready pods' current plans give them (`gone`: a pod whose
+        plan was just dropped). Under the engine's lock."""
         writes: list[CgroupWrite] = []
         for sandbox_id, entry in self.planner.plans.items():
             pod = view.pods.get(sandbox_id)
             if sandbox_id != gone and pod is not None and pod.state == POD_READY and not skip_requested(pod.labels):
                 writes.extend(entry.memory_writes)
+        return writes
+
+    def _tier_job(self, view: NodeView, gone: str | None = None) -> tuple[int, list[CgroupWrite]]:
+        """What the tiers must carry now, numbered, for `_run_tier_job` after the engine's lock is
+        released: the tiers' reads and writes (a listing of every pod cgroup, slow on a busy node)
+        must not hold up the next call's hooks, which wait for that lock."""
+        self._tier_jobs += 1
+        return self._tier_jobs, self._pod_memory_writes(view, gone)
+
+    def _run_tier_job(self, job: tuple[int, list[CgroupWrite]] | None) -> None:
+        if job is None:
+            return
+        number, writes = job
+        with self._tier_lock:
+            if number < self._tier_job_done:
+                return  # a later job, from newer plans, has run already
+            self._tier_job_done = number
+            self._apply_tiers(writes)
+        with self.lock:  # never while holding the tier lock: the reconcile pass takes them the other way
+            self._publish_status()
+
+    def _keep_tiers(self, view: NodeView, *, force: bool = False, record: bool = True) -> list[WriteResult]:
+        """kubelet's tiers above the pods at the sum of the pods' memory protection, from the
+        pods' current plans (a pod without one, or not koordnode's: its files), at once (the
+        reconcile pass, under the engine's lock). `record`: count the results here (else the caller does)."""
+        job = self._tier_job(view)
+        with self._tier_lock:
+            self._tier_job_done = job[0]
+            return self._apply_tiers(job[1], force=force, record=record)
+
+    def _apply_tiers(self, writes: list[CgroupWrite], *, force: bool = False, record: bool = True) -> list[WriteResult]:
         try:
             results = self.tiers.keep(writes, force=force)
         except Exception:  # the tiers' trouble must not fail the hook or the pass
