@@ -10,13 +10,14 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from dataclasses import dataclass
 
 from koordnode.admin.client import fetch_status
 from koordnode.cri import api_pb2 as pb
-from support.cri import container_config, run_pod, sandbox_config, start_container, wait_container_state
+from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container, wait_container_state
 from support.koordnode_runner import REPO, KoordnodeProcess, wait_for_socket
 from testbed.systemd_bed import kubelet_pod_slice
 
@@ -39,6 +40,24 @@ def disk_dev(name: str = SCRATCH_DISK) -> str:
 # Functional waits, not timing checks: under TCG on a loaded host everything is several
 # times slower than on hardware, so every bound is stretched by this factor.
 TIME_SCALE = float(os.environ.get("KOORDNODE_VM_TIME_SCALE", "4"))
+
+
+def cri_removing_its_pods(kn: KoordnodeProcess) -> Iterator[Cri]:
+    """A CRI client on koordnode's socket for one test (a fixture yields from it): the sandboxes
+    the test lists in ``created`` are removed after it, then the systemd units in ``slices``
+    (kubelet removes a pod's slice after the pod), also when the test failed."""
+    client = Cri(kn.listen)
+    client.created = []
+    client.slices = []
+    yield client
+    for sandbox_id in client.created:
+        try:
+            remove_pod(client, sandbox_id)
+        except Exception:  # noqa: BLE001 - cleanup of a failed test
+            pass
+    for unit in client.slices:
+        subprocess.run(["systemctl", "stop", unit], check=False, capture_output=True, timeout=60)
+    client.close()
 
 
 def wait_for(check, timeout_s: float, what: str, interval: float = 0.1):

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from guestlib import RECONCILE_S, make_pod, reload_config, wait_for
+from guestlib import cri_removing_its_pods, RECONCILE_S, make_pod, reload_config, wait_for
 from koordnode.cri import api_pb2 as pb
-from support.cri import Cri, remove_pod
 
 CG = Path("/sys/fs/cgroup")
 # The guest's koordnode keeps BE pods in kubelet's besteffort slice (be_idle_group_systemd = false).
@@ -22,15 +21,7 @@ QOS_LABEL = "koordinator.sh/qosClass"
 
 @pytest.fixture
 def cri(guest_koordnode):
-    client = Cri(guest_koordnode.listen)
-    client.created = []
-    yield client
-    for sandbox_id in client.created:
-        try:
-            remove_pod(client, sandbox_id)
-        except Exception:  # noqa: BLE001 - cleanup of a failed test
-            pass
-    client.close()
+    yield from cri_removing_its_pods(guest_koordnode)
 
 
 @pytest.fixture

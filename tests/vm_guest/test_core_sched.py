@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from guestlib import RECONCILE_S, make_pod, reload_config, wait_for
+from guestlib import cri_removing_its_pods, RECONCILE_S, make_pod, reload_config, wait_for
 from koordnode.executor.core_sched import CoreScheduling
-from support.cri import Cri, remove_pod
 
 QOS_LABEL = "koordinator.sh/qosClass"
 GUARANTEED_1CPU = {"cpu_shares": 1024, "cpu_quota": 100000, "cpu_period": 100000, "memory_limit_in_bytes": 64 << 20}
@@ -34,15 +33,7 @@ CONFIG = "[qos.LSE]\ncore_sched = true\n[qos.LS]\ncore_expeller = true\n"
 
 @pytest.fixture
 def cri(guest_koordnode):
-    client = Cri(guest_koordnode.listen)
-    client.created = []
-    yield client
-    for sandbox_id in client.created:
-        try:
-            remove_pod(client, sandbox_id)
-        except Exception:  # noqa: BLE001 - cleanup of a failed test
-            pass
-    client.close()
+    yield from cri_removing_its_pods(guest_koordnode)
 
 
 @pytest.fixture

@@ -30,9 +30,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from guestlib import RECONCILE_S, TIME_SCALE, Pod, wait_for
+from guestlib import cri_removing_its_pods, RECONCILE_S, TIME_SCALE, Pod, wait_for
 from koordnode.cri import api_pb2 as pb
-from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container, \
+from support.cri import container_config, run_pod, sandbox_config, start_container, \
     wait_container_state
 from testbed.systemd_bed import kubelet_pod_slice
 
@@ -65,18 +65,7 @@ for line in sys.stdin:
 
 @pytest.fixture
 def cri(guest_koordnode):
-    client = Cri(guest_koordnode.listen)
-    client.created = []
-    client.slices = []
-    yield client
-    for sandbox_id in client.created:
-        try:
-            remove_pod(client, sandbox_id)
-        except Exception:  # noqa: BLE001 - cleanup of a failed test
-            pass
-    for unit in client.slices:  # kubelet removes a pod's slice after the pod
-        subprocess.run(["systemctl", "stop", unit], check=False, capture_output=True, timeout=60)
-    client.close()
+    yield from cri_removing_its_pods(guest_koordnode)
 
 
 @pytest.fixture
