@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from testbed.fixtures import running_in_ci
+from testbed.fixtures import running_in_ci, skip_or_fail_in_ci
 from vm.core_sched_kernel import BOOT_TIMEOUT_S, BUILD_TIMEOUT_S, CHECKS, GuestRun, missing, run_guest
 from vm.lane import LaneError
 
@@ -25,10 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BUILD_TIMEOUT_S + BOOT_TIMEOU
 
 
 def _unavailable(reason: str) -> None:
-    if running_in_ci():
-        pytest.fail(f"core-scheduling kernel test unavailable: {reason} (CI=true, so this is an error)",
-                    pytrace=False)
-    pytest.skip(f"core-scheduling kernel test unavailable: {reason}")
+    skip_or_fail_in_ci(f"core-scheduling kernel test unavailable: {reason}")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.fixtures import running_in_ci
+from testbed.fixtures import running_in_ci, skip_or_fail_in_ci
 from vm.lane import LaneError, LaneResult, missing_tools, run_lane
 
 GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
@@ -57,9 +57,7 @@ def _name_matches(name: str, func: str) -> bool:
 
 
 def _unavailable(reason: str) -> None:
-    if running_in_ci():
-        pytest.fail(f"VM lane unavailable: {reason} (CI=true, so this is an error)", pytrace=False)
-    pytest.skip(f"VM lane unavailable: {reason}")
+    skip_or_fail_in_ci(f"VM lane unavailable: {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -203,7 +203,6 @@ class QoSEngine:
         with self.lock:
             self.applier.apply(view, sandbox_id, self.planner.pod_input(cfg), force=False)
             tiers = self._tier_job(view)
-            self._publish_status()
         self._run_tier_job(tiers)
 
     def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
@@ -288,7 +287,6 @@ class QoSEngine:
                 return
             self.applier.apply(view, pod.sandbox_id, None, force=False)
             tiers = self._tier_job(view)
-            self._publish_status()
         self._run_tier_job(tiers)
 
     def container_updated(self, container_id: str) -> None:
@@ -312,7 +310,6 @@ class QoSEngine:
             for sandbox_id, cids in by_pod.items():
                 self.applier.apply(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
             tiers = self._tier_job(view)
-            self._publish_status()
         self._run_tier_job(tiers)
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
@@ -364,7 +361,6 @@ class QoSEngine:
             if pod is not None:
                 self.applier.apply(view, sandbox_id, None, force=False)
                 tiers = self._tier_job(view)
-                self._publish_status()
         self._run_tier_job(tiers)
 
     def container_gone(self, container_id: str) -> None:
@@ -387,7 +383,6 @@ class QoSEngine:
                 self.applier.drop_pod_metrics(sandbox_id)
             self._refresh_pools(view)
             tiers = self._tier_job(view, gone=sandbox_id)
-            self._publish_status()
         self._run_tier_job(tiers)
 
     def _drop_container(self, container_id: str) -> None:
@@ -497,14 +492,14 @@ class QoSEngine:
         return self._tier_jobs, self._pod_memory_writes(view, gone)
 
     def _run_tier_job(self, job: tuple[int, list[CgroupWrite]] | None) -> None:
+        """Keep the tiers as `job` says, then publish the engine's status (the pods' and the tiers')."""
         if job is None:
             return
         number, writes = job
         with self._tier_lock:
-            if number < self._tier_job_done:
-                return  # a later job, from newer plans, has run already
-            self._tier_job_done = number
-            self._apply_tiers(writes)
+            if number >= self._tier_job_done:  # else a later job, from newer plans, has run already
+                self._tier_job_done = number
+                self._apply_tiers(writes)
         with self.lock:  # never while holding the tier lock: the reconcile pass takes them the other way
             self._publish_status()
 
