@@ -17,6 +17,7 @@ from koordnode.config.root import Config
 from koordnode.doctor.kernel import check_core_sched
 from koordnode.doctor.report import Report
 from koordnode.executor.core_sched import PR_SCHED_CORE_GET, CoreSchedResult, CoreScheduling
+from koordnode.hooks.core_sched import keep_pod_cookie
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.core_sched import Cookie, describe, expeller_classes, in_use, pod_cookie
 
@@ -26,7 +27,7 @@ def test_a_pods_processes_get_one_cookie_and_keep_it():
     core = CoreScheduling(kernel)
     assert core.unavailable is None
     result = core.share([10, 11, 12])
-    assert result == CoreSchedResult(3, 2, ())
+    assert result == CoreSchedResult(3, 3, ())  # the first made the cookie, the others got a copy
     assert len({kernel.cookies[pid] for pid in (10, 11, 12)}) == 1 and kernel.cookies[10]
     # koordnode's own threads keep no pod's cookie: the sharing thread has ended.
     assert kernel.threads.get(threading.get_native_id(), 0) == 0
@@ -81,7 +82,7 @@ def test_one_shared_cookie_lives_on_a_sleeping_thread_of_koordnode_and_reaches_e
         assert core.share_group([20, 21, 30, 31]).shared == 0
         assert {cmd for cmd, _ in kernel.calls} == {PR_SCHED_CORE_GET}
         # A pod of its own never takes the shared cookie for its own (its class changed).
-        assert core.share([20, 21]) == CoreSchedResult(2, 1, ())  # created on 20, copied to 21
+        assert core.share([20, 21]) == CoreSchedResult(2, 2, ())  # created on 20, copied to 21
         assert kernel.cookies[20] == kernel.cookies[21] not in (0, shared)
     finally:
         core.close()
@@ -153,6 +154,21 @@ def test_the_config_file_takes_core_expeller(tmp_path):
     path.write_text("[qos.BE]\ncore_expeller = true\n")
     with pytest.raises(ConfigError, match="core_expeller"):
         load_config(path)
+
+
+def test_a_process_forked_while_the_hook_tags_the_pod_is_tagged_by_the_same_call():
+    """The pod's listing is read, then a process forks (inheriting no cookie yet), then the
+    pod is tagged: the hook lists again until nothing is left to change."""
+    kernel = FakeCoreKernel()
+    core = CoreScheduling(kernel)
+    listings = iter([[10, 11], [10, 11, 12], [10, 11, 12]])
+    line = keep_pod_cookie(core, _qos(LSE=dict(core_sched=True)), QoSClass.LSE, lambda: next(listings), "pod-a")
+    assert kernel.cookies[12] == kernel.cookies[10] != 0
+    assert line == "on: 3 process(es) share the pod's cookie"
+    # Bounded: a pod that forks on every listing is left to the next reconcile pass.
+    forking = iter([[20], [20, 21], [20, 21, 22], [20, 21, 22, 23]])
+    keep_pod_cookie(core, _qos(LSE=dict(core_sched=True)), QoSClass.LSE, lambda: next(forking), "pod-b")
+    assert kernel.cookies.get(23, 0) == 0 and kernel.cookies[22] == kernel.cookies[20]
 
 
 # --- doctor ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Copies run on a short-lived thread, so no working thread of koordnode keeps a po
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import threading
@@ -178,6 +179,8 @@ class CoreScheduling:
             except OSError as err:
                 return CoreSchedResult(len(pids), 0, (*errors, f"pid {source}: create: {err.strerror}"))
             self._remember(reference)
+            created = self._copy(source, reference, cookies, len(pids), errors)
+            return dataclasses.replace(created, shared=created.shared + 1)  # the source got it too
         return self._copy(source, reference, cookies, len(pids), errors)
 
     def share_group(self, pids: list[int]) -> CoreSchedResult:

@@ -16,6 +16,7 @@ from koordnode.model.qos_class import QoSClass
 from koordnode.policy.core_sched import Cookie, expeller_classes, in_use, pod_cookie
 
 log = structlog.get_logger("koordnode.hooks")
+RELISTS = 2  # bounded: a pod forking without pause is caught by the next reconcile pass
 
 
 def keep_pod_cookie(core: CoreScheduling, qos: QoSConfig, qos_class: QoSClass,
@@ -30,14 +31,13 @@ def keep_pod_cookie(core: CoreScheduling, qos: QoSConfig, qos_class: QoSClass,
     unavailable = core.unavailable
     if unavailable is not None:
         return f"unavailable: {unavailable}" if asks else ""
-    processes = pids()
-    result: CoreSchedResult
-    if cookie is Cookie.POD:
-        result = core.share(processes)
-    elif cookie is Cookie.SHARED:
-        result = core.share_group(processes)
-    else:
-        result = core.clear(processes)
+    result = _one_pass(core, cookie, pids())
+    for _ in range(RELISTS):
+        # A process forked between the listing and the tagging inherited its parent's old
+        # cookie: list again until a pass finds nothing left to change.
+        if result.errors or not (result.shared or result.cleared):
+            break
+        result = _one_pass(core, cookie, pids())
     if result.errors:
         log.warning("core_sched_cookie_not_kept", pod=pod, errors=list(result.errors[:5]))
         return f"failed for {len(result.errors)} process(es): {result.errors[0]}"
@@ -51,6 +51,14 @@ def keep_pod_cookie(core: CoreScheduling, qos: QoSConfig, qos_class: QoSClass,
         return f"on: {result.processes} process(es) share the pod's cookie"
     expellers = ", ".join(cls.value for cls in expeller_classes(qos))
     return f"on: {result.processes} process(es) share BE's cookie, kept off the cores of {expellers}"
+
+
+def _one_pass(core: CoreScheduling, cookie: Cookie, processes: list[int]) -> CoreSchedResult:
+    if cookie is Cookie.POD:
+        return core.share(processes)
+    if cookie is Cookie.SHARED:
+        return core.share_group(processes)
+    return core.clear(processes)
 
 
 def node_status(core: CoreScheduling, qos: QoSConfig) -> dict[str, Any]:

@@ -10,9 +10,9 @@ arrives as kubelet's Memory QoS `unified` memory.low, so memory.min = 50 % of it
 file), the other none (`koordinator.sh/memoryQOS` policy "none"); a control outside kubepods has
 the protected pod's values under a parent with none (what every pod had with kubelet's tiers at
 0). A process outside kubepods (in the test's own service, system.slice) then allocates and
-touches memory until the unprotected pod's and the control's cache are mostly reclaimed or the
-node's MemAvailable is low: the protected pod keeps (nearly) all of its cache, the control loses
-it like the unprotected pod.
+touches memory until the control's cache (and the unprotected pod's, without memory_recursiveprot)
+is mostly reclaimed or the node's MemAvailable is low: the protected pod keeps (nearly) all of its
+cache, the control loses it.
 """
 
 from __future__ import annotations
@@ -142,6 +142,16 @@ def children_sum(tier: Path, name: str) -> int:
     return sum(value(d, name) for d in tier.iterdir() if d.is_dir() and (d / name).exists())
 
 
+def memory_recursiveprot() -> bool:
+    """Whether the cgroup2 hierarchy is mounted with memory_recursiveprot: a child that claims no
+    protection then gets a share of what its parent's protection leaves unclaimed."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == str(CG) and fields[2] == "cgroup2":
+            return "memory_recursiveprot" in fields[3].split(",")
+    return False
+
+
 def tiers_carry_the_sums() -> bool:
     """Each tier at least the sum of its children, and no more than that plus a page per child
     (koordnode's sum of the planned values, rounded down once; the children rounded each)."""
@@ -188,6 +198,7 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         assert entry["kept_by"] == "koordnode" and entry["kubelet"] == 0, tiers
         assert entry["why"].startswith(f"memory.min {entry['value']} = Σ of "), entry
 
+    recursiveprot = memory_recursiveprot()
     dirs = {"protected": protected.pod_dir, "unprotected": unprotected.pod_dir, "control (parent at 0)": control.dir}
     before = {name: file_cache(d) for name, d in dirs.items()}
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -200,8 +211,9 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         # protected cache too) is low, or the hog stalls in reclaim: as far as the pressure goes
         # without thrashing the guest.
         floor = WORKING_SET_MIB + 90
+        witnesses = ("control (parent at 0)",) if recursiveprot else ("unprotected", "control (parent at 0)")
         while (allocated < 2048 and available > floor
-               and any(file_cache(dirs[n]) > before[n] // 3 for n in ("unprotected", "control (parent at 0)"))):
+               and any(file_cache(dirs[n]) > before[n] // 3 for n in witnesses)):
             step = 32 if available > floor + 200 else 4
             hog.stdin.write(f"{step}\n")
             hog.stdin.flush()
@@ -225,7 +237,7 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
         hog.wait(timeout=60)
     figures = {
         "working_set_mib": WORKING_SET_MIB, "hog_allocated_mib": allocated, "mem_available_mib": available,
-        "hog_seconds": round(time.monotonic() - started, 1), "hog_killed_by_the_kernel": died, "hog_stalled": stalled,
+        "memory_recursiveprot": recursiveprot, "hog_seconds": round(time.monotonic() - started, 1), "hog_killed_by_the_kernel": died, "hog_stalled": stalled,
         "cache_before_mib": {k: round(v / MIB, 1) for k, v in before.items()},
         "cache_after_mib": {k: round(v / MIB, 1) for k, v in after.items()},
         "tiers_during_pressure": tiers_during,
@@ -234,10 +246,14 @@ def test_kubelets_tiers_carry_the_pods_protection_and_the_protected_pod_keeps_it
     print("memory tiers figures:", json.dumps(figures))
     if Path("/results").is_dir():
         Path("/results/memory_tiers_figures.json").write_text(json.dumps(figures, indent=1) + "\n")
-    # The pressure reached the pods: the unprotected one lost most of its cache, and so did the
-    # control, whose memory.min and memory.low are the protected pod's but whose parent has none ...
-    assert after["unprotected"] <= before["unprotected"] // 2, figures
+    # The pressure reached the pods: the control, whose memory.min and memory.low are the protected
+    # pod's but whose parent has none, lost most of its cache; so did the unprotected pod, unless
+    # the hierarchy is mounted with memory_recursiveprot (systemd's default): then the kernel hands
+    # it the part of the burstable tier's protection its sibling does not use (CI measured 102 of
+    # 150 MiB kept), as it would under kubelet's TieredReservation ...
     assert after["control (parent at 0)"] <= before["control (parent at 0)"] // 2, figures
+    if not recursiveprot:
+        assert after["unprotected"] <= before["unprotected"] // 2, figures
     # ... the protected one kept (nearly) all of it: its memory.min holds up to kubelet's tiers.
     assert after["protected"] >= before["protected"] * 95 // 100, figures
     assert all(v["memory.min"] >= REQUEST // 2 for v in tiers_during.values()), figures
