@@ -50,3 +50,17 @@ def _originals_kept_in_the_test(monkeypatch, tmp_path_factory):
         real_init(self, state_dir)
 
     monkeypatch.setattr(originals.OriginalsJournal, "__init__", init)
+
+
+# Modules that need the real-node bed's builds (scripts/test.sh runs them in the background) run
+# last, in this order, so a fresh machine builds while the others run (testbed/background_build.py).
+_NEEDS_THE_BUILDS = ("test_k8s_", "test_kube_", "test_core_sched_kernel", "test_vm_lane")
+
+
+def _build_rank(item: pytest.Item) -> int:
+    name = Path(str(item.fspath)).name
+    return next((i + 1 for i, prefix in enumerate(_NEEDS_THE_BUILDS) if name.startswith(prefix)), 0)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_build_rank)  # stable: the files' own order within each rank

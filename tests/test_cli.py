@@ -399,9 +399,11 @@ def test_status_text_shows_core_scheduling_node_wide_and_per_pod() -> None:
     text = render_status({
         "qos": {"core_sched": {"classes": ["LSE"], "expellers": ["LS"], "state": "on"}},
         "pods": [{**pod, "name": "batch", "sandbox_id": "c" * 64, "qos_class": "BE",
-                  "core_sched": "on: 2 process(es) share BE's cookie, kept off the cores of LS"}],
+                  "core_sched": "on: 2 process(es) share BE's cookie, kept off the cores of LS",
+                  "sched_slice": "100 us for 3 thread(s)"}],
     })
     assert "core sched  LSE a cookie per pod; BE kept off the cores of LS: on" in text
+    assert "    sched slice: 100 us for 3 thread(s)" in text
     assert "    core sched: on: 2 process(es) share BE's cookie, kept off the cores of LS" in text
     assert "core sched" not in render_status({"qos": {"core_sched": {"classes": [], "expellers": [], "state": "off"}}})
 

@@ -4,6 +4,8 @@ weights, the containers' processes' oom_score_adj, BE memory bounded."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -171,6 +173,42 @@ def test_the_reconcile_pass_gives_container_processes_their_class_oom_score_adj(
         wait_for(lambda cid=cid, value=value: oom(cid) == value, 10, f"{cid[:12]}'s class value restored")
     counts = kn.status()["qos"]["overwrites"]["counts"]
     assert counts.get("oom_score_adj", 0) >= 2, counts
+
+
+def slice_ns(pid: int) -> int:
+    line = next(line for line in Path(f"/proc/{pid}/sched").read_text().splitlines() if line.startswith("se.slice"))
+    return int(line.split(":")[1])
+
+
+def test_be_container_threads_get_the_shortest_scheduler_slice_and_exec_ed_ones_at_the_next_pass(
+        containerd_bed, node):
+    """BE's tasks run with the kernel's shortest EEVDF slice (100 us), LS's with the kernel's
+    default; a process started in the BE container later (an exec) gets it from the pass."""
+    kn, pods = node()
+    sleep = ["sleep", "3600"]
+    _, be_sid, be_cid = pods.run("be", "besteffort", cmd=sleep)
+    _, ls_sid, ls_cid = pods.run("ls", "burstable", cmd=sleep, pod_shares=512, resources={"cpu_shares": 512})
+    kn.wait_rebuilt()
+    be_pid, ls_pid = container_pid(pods.cri, be_cid), container_pid(pods.cri, ls_cid)
+    default = slice_ns(os.getpid())
+    wait_for(lambda: slice_ns(be_pid) == 100_000, 10, "the BE process's slice")
+    assert slice_ns(ls_pid) == default
+    pod_status = {p["sandbox_id"]: p for p in kn.status()["pods"]}
+    assert pod_status[be_sid]["sched_slice"] == "100 us for 1 thread(s)", pod_status[be_sid]
+    assert "sched_slice" not in pod_status[ls_sid]
+    # What `kubectl exec` does: a process of the node moved into the container's cgroups.
+    joined = subprocess.Popen(["sleep", "3600"])
+    try:
+        assert slice_ns(joined.pid) == default
+        be_cgroups = [line.split(":", 2) for line in Path(f"/proc/{be_pid}/cgroup").read_text().splitlines()]
+        for _, controllers, path in be_cgroups:
+            for controller in ("cpu", "memory", "pids", "cpuset"):
+                if controller in controllers.split(","):
+                    (CG / controllers / path.lstrip("/") / "cgroup.procs").write_text(str(joined.pid))
+        wait_for(lambda: slice_ns(joined.pid) == 100_000, 10, "the joined process's slice from the pass")
+    finally:
+        joined.kill()
+        joined.wait()
 
 
 MIB = 1 << 20

@@ -359,3 +359,22 @@ def test_start_failure_is_a_clear_error_and_leaves_nothing_running(
     assert not bed.running
     assert not [pid for pid, argv in _processes() if str(bed.config_path) in argv]
     assert not bed.root.exists() and bed.log_path.exists()
+
+
+def test_a_background_build_is_waited_for_and_its_failure_reported_with_its_log(tmp_path, monkeypatch) -> None:
+    from testbed import background_build
+    from testbed.k8s_dist import K8sDistError, component_bin
+
+    monkeypatch.delenv(background_build.DIR_ENV, raising=False)
+    assert background_build.wait_for("k8s", "test") is None  # pytest run by hand: nothing to wait for
+    monkeypatch.setenv(background_build.DIR_ENV, str(tmp_path))
+    (tmp_path / "build.log").write_text("k8s-bed: building etcd\ngo: module lookup disabled\n")
+    with pytest.raises(background_build.BackgroundBuildError, match="not ended after 0 s"):
+        background_build.wait_for("k8s", "test", wait_s=0)
+    writer = subprocess.Popen(["sh", "-c", f"sleep 1; echo 0 > {tmp_path}/k8s.rc"])
+    began = time.monotonic()
+    assert background_build.wait_for("k8s", "test") == 0 and time.monotonic() - began >= 0.5
+    writer.wait()
+    (tmp_path / "k8s.rc").write_text("1\n")
+    with pytest.raises(K8sDistError, match=r"k8s step failed \(exit 1\)(.|\n)*go: module lookup disabled"):
+        component_bin("etcd")

@@ -127,6 +127,8 @@ def render_status(status: dict[str, Any]) -> str:
                                           else "kubelet's ([cgroup] pod_class_weight off, no running container yet, or an idle BE pod)"))
         if pod.get("core_sched"):
             lines.append(f"    core sched: {pod['core_sched']}")
+        if pod.get("sched_slice"):
+            lines.append(f"    sched slice: {pod['sched_slice']}")
         if "be_memory_bound" in pod:
             bound = pod["be_memory_bound"]
             lines.append("    BE memory bound: " + (

@@ -41,6 +41,9 @@ _CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
     "cpu_idle": (0, 1, "cpu.idle of the pod cgroup (upstream kernels >= 5.15); 1 ranks the pod only "
                  "against its sibling pods, drops its cpu.shares and draws LS network wake-ups to its CPUs"),
     "cpu_bvt_warp_ns": (-1, 2, "cpu.bvt_warp_ns of the pod cgroup (group identity kernels)"),
+    "sched_slice_us": (0, 100000, "EEVDF slice of the class's tasks in microseconds (sched_attr, Linux 6.12+; "
+                       "100 = the kernel's shortest: a task past it gives the CPU back at the next "
+                       "scheduling event); 0 = the kernel's default"),
 }
 
 
@@ -85,6 +88,7 @@ class QoSClassConfig:
     blkio_write_bps: int = _class_field("blkio_write_bps", 0)
     cpu_idle: int = _class_field("cpu_idle", 0)
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", 0)
+    sched_slice_us: int = _class_field("sched_slice_us", 0)
     resctrl: ResctrlClassConfig = field(
         default_factory=ResctrlClassConfig,
         metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
@@ -109,6 +113,9 @@ class QoSClassConfig:
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if 0 < self.blkio_weight < 10:
             raise ValueError(f"blkio_weight = {self.blkio_weight}: must be 0 (unset) or 10..1000")
+        if 0 < self.sched_slice_us < 100:
+            raise ValueError(f"sched_slice_us = {self.sched_slice_us}: must be 0 (the kernel's default) or "
+                             "100..100000 (the kernel's range)")
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,9 @@ class BEClassConfig(QoSClassConfig):
         metadata={"doc": "[qos.<CLASS>.resctrl]: share of L3 cache ways and memory bandwidth"},
     )
     cpu_bvt_warp_ns: int = _class_field("cpu_bvt_warp_ns", -1)
+    # The shortest slice: BE picked while LS waits (EEVDF, after an LS burst past its share)
+    # gives the CPU back at the next scheduling event instead of the next tick (4 ms at HZ=250).
+    sched_slice_us: int = _class_field("sched_slice_us", 100)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,31 @@ def check_core_sched(report: Report, config: Any, core_sched: Any = None) -> Non
         report.feature(feature, OFF, f"unavailable: {unavailable}")
 
 
+def check_sched_slice(report: Report, config: Any, slices: Any = None) -> None:
+    """Whether the kernel keeps a slice per task (asked of this process: a read-only
+    sched_getattr), and which classes ask for one (sched_slice_us)."""
+    from koordnode.executor.sched_slice import SchedSlices
+    from koordnode.model.qos_class import QoSClass
+
+    asking = {cls.value: config.qos.for_class(cls).sched_slice_us for cls in QoSClass
+              if config.qos.for_class(cls).sched_slice_us}
+    unavailable = (slices or SchedSlices()).unavailable
+    report.facts["sched_slice"] = {"classes_us": asking, "unavailable": unavailable}
+    name, feature = "scheduler slices", "short BE slices (EEVDF)"
+    uses = ", ".join(f"{cls} {value} us" for cls, value in asking.items())
+    if unavailable is None:
+        report.add(name, OK, "per-task slices available" + (f"; {uses}" if uses else ""))
+        report.feature(feature, ACTIVE if uses else OFF, uses or "no [qos.<CLASS>] sched_slice_us")
+    elif uses:
+        report.add(name, WARN, f"{uses} asked ([qos.<CLASS>] sched_slice_us), but {unavailable}",
+                   "those tasks keep the kernel's slice: a BE task the kernel picks while LS waits may keep the "
+                   "CPU until the next tick (needs Linux 6.12+)")
+        report.feature(feature, DEGRADED, f"unavailable: {unavailable}")
+    else:
+        report.add(name, OK, f"not used (no [qos.<CLASS>] sched_slice_us); unavailable here: {unavailable}")
+        report.feature(feature, OFF, f"unavailable: {unavailable}")
+
+
 def check_resctrl(report: Report, config: Any, paths: DoctorPaths) -> None:
     from koordnode.executor.resctrl import ResctrlUnsupported, detect_resctrl
 

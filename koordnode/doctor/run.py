@@ -6,7 +6,14 @@ from typing import Any
 
 from koordnode.doctor.cgroups import check_cgroup, check_cgroup_files, check_drivers
 from koordnode.doctor.cluster import check_kubernetes
-from koordnode.doctor.kernel import check_core_sched, check_nftables, check_psi, check_resctrl, check_sysctls
+from koordnode.doctor.kernel import (
+    check_core_sched,
+    check_nftables,
+    check_psi,
+    check_resctrl,
+    check_sched_slice,
+    check_sysctls,
+)
 from koordnode.doctor.report import DoctorPaths, Report
 from koordnode.doctor.runtime import check_cpu_owner, check_kubelet_endpoint, check_nri, check_runtime
 
@@ -26,6 +33,7 @@ def run_doctor(config: Any, paths: DoctorPaths | None = None, *, cri_timeout_s: 
     check_psi(report, paths, version)
     check_cgroup_files(report, paths, version)
     check_core_sched(report, config)
+    check_sched_slice(report, config)
     check_resctrl(report, config, paths)
     check_nftables(report, config)
     check_sysctls(report, config, paths)

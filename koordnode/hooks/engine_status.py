@@ -64,6 +64,8 @@ class Record:
     pod_cpu_shares: int | None = None
     # A pod's core-scheduling state ("" when its class does not ask for it).
     core_sched: str = ""
+    # The pod's threads' scheduler slice (koordnode/hooks/sched_slice.py): "" when its class asks for none.
+    sched_slice: str = ""
     # A container's values kept on its processes (oom_score_adj), one line per outcome.
     processes: tuple[str, ...] = ()
 
@@ -149,6 +151,8 @@ class EngineStatus:
                            cpu_weight=_weight_status(rec.pod_cpu_shares, cgroup_version))
                 if rec.core_sched:
                     pod["core_sched"] = rec.core_sched
+                if rec.sched_slice:
+                    pod["sched_slice"] = rec.sched_slice
             for c in pod.get("containers", []):
                 crec = published.container_records.get(c["container_id"])
                 if crec is not None:

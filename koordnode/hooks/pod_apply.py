@@ -1,5 +1,5 @@
 """Applies one pod's plan (hooks/pod_plans.py): its cgroup writes, its containers' processes'
-oom_score_adj and core-scheduling cookie, then its status records and applied-value metrics.
+oom_score_adj, core-scheduling cookie and scheduler slice, then its status records and applied-value metrics.
 Called under the engine's lock (hooks/qos_engine.py), by hook threads and the reconcile pass.
 """
 
@@ -18,7 +18,9 @@ from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError
 from koordnode.executor.core_sched import CoreScheduling
 from koordnode.executor.process import ProcessExecutor, ProcessResult
+from koordnode.executor.sched_slice import SchedSlices
 from koordnode.hooks.core_sched import keep_pod_cookie
+from koordnode.hooks.sched_slice import keep_pod_slice
 from koordnode.hooks.be_group import BeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.engine_status import EngineStatus, Record, oom_lines
@@ -34,13 +36,14 @@ log = structlog.get_logger("koordnode.qos")
 
 class PodApplier:
     def __init__(self, planner: PodPlanner, be_group: BeGroup, status: EngineStatus, executor: CgroupExecutor,
-                 processes: ProcessExecutor, core_sched: CoreScheduling) -> None:
+                 processes: ProcessExecutor, core_sched: CoreScheduling, slices: SchedSlices) -> None:
         self.planner = planner
         self.be_group = be_group
         self.status = status
         self.executor = executor
         self.processes = processes
         self.core_sched = core_sched
+        self.slices = slices
         self._group_identity_absent = False  # an existing pod cgroup had no cpu.bvt_warp_ns
         self.metric_names: dict[str, tuple[str, str]] = {}  # sandbox id -> (namespace, name)
 
@@ -139,6 +142,7 @@ class PodApplier:
         results = self.executor.apply(writes, force=force)
         oom_results = self._keep_oom_score_adj(entry)
         core_line = self._keep_core_sched(entry)
+        slice_line = self._keep_sched_slice(entry)
         if pass_state is not None:
             pass_state.results.extend(results)
             pass_state.process_results.extend(result for _, result in oom_results)
@@ -148,7 +152,7 @@ class PodApplier:
             METRICS.record_writes(result for _, result in oom_results)
         own = results[1:] if group_write is not None else results
         lines = oom_lines(oom_results)
-        signature = (*((r.status, r.detail) for r in own), *sorted(lines.items()), core_line)
+        signature = (*((r.status, r.detail) for r in own), *sorted(lines.items()), core_line, slice_line)
         failed = [r for r in results if r.status in (WriteStatus.FAILED, WriteStatus.REFUSED)]
         if (reused and not failed and signature == entry.signature and sandbox_id in records.pod_records
                 and all(cid in records.container_records for cid in entry.container_plans)):
@@ -169,7 +173,7 @@ class PodApplier:
         record = dataclasses.replace(records.pod_records.get(sandbox_id, Record()),
                                      qos_class=decision.qos_class.value, why=decision.why,
                                      pod_cpu_shares=shares if isinstance(shares, int) else None,
-                                     core_sched=core_line)
+                                     core_sched=core_line, sched_slice=slice_line)
         records.pod_records[sandbox_id] = record.with_results(pod_results, entry.notes)
         for cid, plan in entry.container_plans.items():
             crec = dataclasses.replace(records.container_records.get(cid, Record()), qos_class=plan.qos_class.value)
@@ -198,21 +202,29 @@ class PodApplier:
             results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids or [], value, reason))
         return results
 
+    def _pod_pids(self, entry: PodPlan) -> list[int]:
+        """The processes of the pod's running containers (cgroup.procs)."""
+        found: list[int] = []
+        for cgroup in entry.container_cgroups.values():
+            try:
+                found += self.executor.read_pids(cgroup) or []
+            except (OSError, UnsafePathError):
+                continue
+        return found
+
     def _keep_core_sched(self, entry: PodPlan) -> str:
         """The pod's processes at its class's core-scheduling cookie (koordnode/hooks/core_sched.py);
         the pod's state for status, "" when its class asks for none."""
-        def pids() -> list[int]:
-            found: list[int] = []
-            for cgroup in entry.container_cgroups.values():
-                try:
-                    found += self.executor.read_pids(cgroup) or []
-                except (OSError, UnsafePathError):
-                    continue
-            return found
-
         self.core_sched.dry_run = self.executor.dry_run
-        return keep_pod_cookie(self.core_sched, self.planner.settings.qos, entry.decision.qos_class, pids,
-                               entry.pod_cgroup)
+        return keep_pod_cookie(self.core_sched, self.planner.settings.qos, entry.decision.qos_class,
+                               lambda: self._pod_pids(entry), entry.pod_cgroup)
+
+    def _keep_sched_slice(self, entry: PodPlan) -> str:
+        """The pod's threads at its class's slice (koordnode/hooks/sched_slice.py); the pod's state
+        for status, "" when its class asks for none."""
+        self.slices.dry_run = self.executor.dry_run
+        return keep_pod_slice(self.slices, self.planner.settings.qos, entry.decision.qos_class,
+                              lambda: self._pod_pids(entry), entry.pod_cgroup)
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: PodPlan) -> None:

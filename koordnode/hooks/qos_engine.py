@@ -39,6 +39,7 @@ from koordnode.cri.koordnode_annotations import (
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.core_sched import CoreScheduling
+from koordnode.executor.sched_slice import SchedSlices
 from koordnode.executor.process import ProcessExecutor, oom_score_adj_floor
 from koordnode.hooks.core_sched import node_status
 from koordnode.hooks.be_group import BeGroup
@@ -74,10 +75,10 @@ class QoSEngine:
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
                  be_cpuset: Callable[[], frozenset[int] | None] | None = None,
                  pool_updates: PoolUpdates | None = None, core_sched: CoreScheduling | None = None,
-                 layout: KubeletLayout | None = None) -> None:
+                 layout: KubeletLayout | None = None, slices: SchedSlices | None = None) -> None:
         """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
         `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups.
-        `core_sched`: how cookies are given (tests give a fake kernel). `layout`: kubelet's, as the
+        `core_sched`, `slices`: how cookies and slices are given (tests give a fake kernel). `layout`: kubelet's, as the
         composition root resolved it (None: resolved here from `settings`, and followed on reload)."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
@@ -103,7 +104,8 @@ class QoSEngine:
         self.planner = PodPlanner(settings, features, self.pools, self.layout, self.resized)
         # Core-scheduling cookies of the pods of classes with core_sched.
         self.applier = PodApplier(self.planner, self.be_group, self.records, self.executor, self.processes,
-                                  core_sched if core_sched is not None else CoreScheduling())
+                                  core_sched if core_sched is not None else CoreScheduling(),
+                                  slices if slices is not None else SchedSlices(procfs_root=settings.procfs.root))
         if self.applier.has_group_identity():
             self.planner.features = dataclasses.replace(features, group_identity=True)
         self.container_pod: dict[str, str] = {}  # container id -> sandbox id

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .background_build import BackgroundBuildError, require
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "k8s-bed.sh"
 VERSIONS_FILE = Path(__file__).with_name("k8s-versions.env")
@@ -77,6 +79,10 @@ def component_bin(name: str) -> Path:
     """The ``bin`` directory of a built component; ``K8sDistError`` saying what to run if it is not built."""
     if name not in _BINARIES:
         raise ValueError(f"unknown component {name!r}; expected one of {sorted(_BINARIES)}")
+    try:
+        require("k8s", "k8s_dist")  # scripts/test.sh builds in the background: wait for it
+    except BackgroundBuildError as err:
+        raise K8sDistError(str(err)) from err
     top = _component_dirs()[name]
     bin_dir = top / "bin"
     missing = [b for b in _BINARIES[name] if not (bin_dir / b).is_file()]
