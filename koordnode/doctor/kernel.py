@@ -54,18 +54,25 @@ def check_core_sched(report: Report, config: Any, core_sched: Any = None) -> Non
     uses = ([f"a cookie per pod of {', '.join(classes)}"] if classes else []) + (
         [f"BE kept off the cores of {', '.join(expellers)}"] if expellers else [])
     keys = " and ".join(k for k, on in (("core_sched", classes), ("core_expeller", expellers)) if on)
+    _kernel_feature(report, name, feature, unavailable, "; ".join(uses), available="PR_SCHED_CORE available",
+                    unused="no [qos.<CLASS>] core_sched nor core_expeller",
+                    asked=f"{', '.join(dict.fromkeys(classes + expellers))} ask for it ([qos.<CLASS>] {keys})",
+                    fix="those pods run without cookies: their SMT siblings may run other pods' tasks, BE's too "
+                        "(needs a CPU with SMT on and a kernel with CONFIG_SCHED_CORE)")
+
+
+def _kernel_feature(report: Report, name: str, feature: str, unavailable: str | None, uses: str, *,
+                    available: str, unused: str, asked: str, fix: str) -> None:
+    """One check and one feature line for a kernel facility some classes may ask for (`uses`:
+    what they ask, "" when none does)."""
     if unavailable is None:
-        report.add(name, OK, "PR_SCHED_CORE available" + (f"; {'; '.join(uses)}" if uses else ""))
-        report.feature(feature, ACTIVE if uses else OFF,
-                       "; ".join(uses) if uses else "no [qos.<CLASS>] core_sched nor core_expeller")
+        report.add(name, OK, available + (f"; {uses}" if uses else ""))
+        report.feature(feature, ACTIVE if uses else OFF, uses or unused)
     elif uses:
-        report.add(name, WARN, f"{', '.join(dict.fromkeys(classes + expellers))} ask for it ([qos.<CLASS>] {keys}),"
-                               f" but {unavailable}",
-                   "those pods run without cookies: their SMT siblings may run other pods' tasks, BE's too "
-                   "(needs a CPU with SMT on and a kernel with CONFIG_SCHED_CORE)")
+        report.add(name, WARN, f"{asked}, but {unavailable}", fix)
         report.feature(feature, DEGRADED, f"unavailable: {unavailable}")
     else:
-        report.add(name, OK, f"not used (no [qos.<CLASS>] core_sched nor core_expeller); unavailable here: {unavailable}")
+        report.add(name, OK, f"not used ({unused}); unavailable here: {unavailable}")
         report.feature(feature, OFF, f"unavailable: {unavailable}")
 
 
@@ -81,17 +88,10 @@ def check_sched_slice(report: Report, config: Any, slices: Any = None) -> None:
     report.facts["sched_slice"] = {"classes_us": asking, "unavailable": unavailable}
     name, feature = "scheduler slices", "short BE slices (EEVDF)"
     uses = ", ".join(f"{cls} {value} us" for cls, value in asking.items())
-    if unavailable is None:
-        report.add(name, OK, "per-task slices available" + (f"; {uses}" if uses else ""))
-        report.feature(feature, ACTIVE if uses else OFF, uses or "no [qos.<CLASS>] sched_slice_us")
-    elif uses:
-        report.add(name, WARN, f"{uses} asked ([qos.<CLASS>] sched_slice_us), but {unavailable}",
-                   "those tasks keep the kernel's slice: a BE task the kernel picks while LS waits may keep the "
-                   "CPU until the next tick (needs Linux 6.12+)")
-        report.feature(feature, DEGRADED, f"unavailable: {unavailable}")
-    else:
-        report.add(name, OK, f"not used (no [qos.<CLASS>] sched_slice_us); unavailable here: {unavailable}")
-        report.feature(feature, OFF, f"unavailable: {unavailable}")
+    _kernel_feature(report, name, feature, unavailable, uses, available="per-task slices available",
+                    unused="no [qos.<CLASS>] sched_slice_us", asked=f"{uses} asked ([qos.<CLASS>] sched_slice_us)",
+                    fix="those tasks keep the kernel's slice: a BE task the kernel picks while LS waits may keep "
+                        "the CPU until the next tick (needs Linux 6.12+)")
 
 
 def check_resctrl(report: Report, config: Any, paths: DoctorPaths) -> None:
