@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from testbed.fixtures import running_in_ci
+from testbed.fixtures import skip_or_fail_in_ci
 from testbed.images import BUSYBOX_IMAGE_REF
 from testbed.k8s_dist import K8sDistError, component_bin
 from testbed.kube_bed import ControlPlane
@@ -47,9 +47,7 @@ def require_component(name: str) -> Path:
     try:
         return component_bin(name)
     except K8sDistError as err:
-        if running_in_ci():
-            pytest.fail(f"real-node test bed: {err} (CI=true, so this is an error)", pytrace=False)
-        pytest.skip(f"real-node test bed: {err}")
+        skip_or_fail_in_ci(f"real-node test bed: {err}")
 
 
 def cg_read(controller: str, cgroup: str, name: str) -> str:

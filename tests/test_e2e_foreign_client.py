@@ -23,7 +23,7 @@ import pytest
 
 from koordnode.cri import api_pb2 as pb
 from support.cri import container_config, sandbox_config
-from testbed.fixtures import running_in_ci
+from testbed.fixtures import skip_or_fail_in_ci
 
 pytestmark = pytest.mark.e2e
 
@@ -108,9 +108,7 @@ def js() -> ForeignClient:
     elif not (JS_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
         problem = f"grpc-js is not installed (run: npm ci --prefix {JS_DIR})"
     if problem:
-        if running_in_ci():
-            pytest.fail(f"foreign CRI client unavailable: {problem} (CI=true, so this is an error)", pytrace=False)
-        pytest.skip(f"foreign CRI client unavailable: {problem}")
+        skip_or_fail_in_ci(f"foreign CRI client unavailable: {problem}")
     return ForeignClient(node)
 
 

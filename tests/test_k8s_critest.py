@@ -48,7 +48,7 @@ from k8s_support import require_component
 from support.koordnode_runner import KoordnodeProcess
 from testbed.containerd_bed import ContainerdBed, _cgroup_mounts, missing_prerequisites
 from testbed.critest_images import CRITEST_BUSYBOX, CRITEST_PAUSE, NGINX, build_critest_images
-from testbed.fixtures import running_in_ci
+from testbed.fixtures import skip_or_fail_in_ci
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # two critest runs, and reruns of a spec lost
 
@@ -221,9 +221,7 @@ def critest() -> Path:
 
 
 def _bed_unavailable(reason: str) -> None:
-    if running_in_ci():
-        pytest.fail(f"containerd test bed unavailable: {reason} (CI=true, so this is an error)", pytrace=False)
-    pytest.skip(f"containerd test bed unavailable: {reason}")
+    skip_or_fail_in_ci(f"containerd test bed unavailable: {reason}")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

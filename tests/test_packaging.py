@@ -28,6 +28,7 @@ import pytest
 from koordnode import __version__
 from koordnode.cli import build_parser
 from koordnode.config import describe_settings
+from testbed.fixtures import skip_or_fail_in_ci
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SH = REPO / "packaging" / "build.sh"
@@ -40,14 +41,8 @@ DSH_STATE = Path("/var/lib/systemd/deb-systemd-helper-enabled/koordnode.service.
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
-def _running_in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
-
 def _unavailable(reason: str) -> None:
-    if _running_in_ci():
-        pytest.fail(f"{reason} (CI=true, so this is an error, not a skip)", pytrace=False)
-    pytest.skip(reason)
+    skip_or_fail_in_ci(reason)
 
 
 def _require_tools(*tools: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import pytest
 
@@ -30,7 +30,7 @@ def running_in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
-def skip_or_fail_in_ci(message: str) -> None:
+def skip_or_fail_in_ci(message: str) -> NoReturn:
     """Skip a test whose tools or privileges are missing; under CI that is a failure instead,
     so a CI run can never pass by skipping what it exists to run."""
     if running_in_ci():
