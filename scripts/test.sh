@@ -18,11 +18,16 @@ bash scripts/install-deps.sh
 # (tests/testbed/background_build.py, tests/conftest.py).
 KOORDNODE_BED_BUILD_DIR=$(mktemp -d /tmp/koordnode-bed-build-XXXXXX)
 export KOORDNODE_BED_BUILD_DIR
+# build_step NAME SCRIPT: runs SCRIPT, then writes its exit code to $KOORDNODE_BED_BUILD_DIR/NAME.rc
+# (renamed into place, so a reader never sees half a file).
+build_step() {
+    local rc=0
+    nice -n 10 bash "$2" || rc=$?
+    echo "$rc" > "$KOORDNODE_BED_BUILD_DIR/$1.rc.tmp" && mv "$KOORDNODE_BED_BUILD_DIR/$1.rc.tmp" "$KOORDNODE_BED_BUILD_DIR/$1.rc"
+}
 (
-    rc=0; nice -n 10 bash scripts/k8s-bed.sh || rc=$?
-    echo "$rc" > "$KOORDNODE_BED_BUILD_DIR/k8s.rc.tmp" && mv "$KOORDNODE_BED_BUILD_DIR/k8s.rc.tmp" "$KOORDNODE_BED_BUILD_DIR/k8s.rc"
-    rc=0; nice -n 10 bash scripts/core-sched-kernel.sh || rc=$?
-    echo "$rc" > "$KOORDNODE_BED_BUILD_DIR/kernel.rc.tmp" && mv "$KOORDNODE_BED_BUILD_DIR/kernel.rc.tmp" "$KOORDNODE_BED_BUILD_DIR/kernel.rc"
+    build_step k8s scripts/k8s-bed.sh
+    build_step kernel scripts/core-sched-kernel.sh
 ) > "$KOORDNODE_BED_BUILD_DIR/build.log" 2>&1 < /dev/null &
 
 # -p no:cacheprovider: CI runs from a clean clone; nothing to cache between runs.

@@ -127,10 +127,6 @@ class SchedSlices:
         with self._lock:
             return bool(self._given)
 
-    def given(self, slice_ns: int) -> bool:
-        with self._lock:
-            return slice_ns in self._given
-
     def _threads(self, pid: int) -> list[int]:
         try:
             return [int(name) for name in os.listdir(self.procfs_root / str(pid) / "task") if name.isdigit()]
@@ -142,10 +138,11 @@ class SchedSlices:
         only to threads at a slice koordnode gave). RT and deadline tasks are left alone."""
         if self.unavailable is not None or not pids:
             return SliceResult()
-        if slice_ns:
-            slice_ns = min(max(slice_ns, SLICE_MIN_NS), SLICE_MAX_NS)
-            with self._lock:
+        with self._lock:
+            if slice_ns:
+                slice_ns = min(max(slice_ns, SLICE_MIN_NS), SLICE_MAX_NS)
                 self._given.add(slice_ns)
+            given = frozenset(self._given)
         kernel = self._k()
         tasks = changed = 0
         errors: list[str] = []
@@ -162,7 +159,7 @@ class SchedSlices:
                 tasks += 1
                 if slice_ns and attr.runtime_ns == slice_ns:
                     continue
-                if not slice_ns and not self.given(attr.runtime_ns):
+                if not slice_ns and attr.runtime_ns not in given:
                     continue  # the default, or a slice someone else chose
                 if self.dry_run:
                     log.info("dry_run_would_set_sched_slice", tid=tid, slice_ns=slice_ns)

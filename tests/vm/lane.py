@@ -40,7 +40,7 @@ for _path in (REPO, TESTS):  # run as a script: make tests/ (and koordnode, whic
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from testbed.background_build import BackgroundBuildError, wait_for  # noqa: E402
+from testbed.background_build import BackgroundBuildError, require  # noqa: E402
 from testbed.containerd_dist import DistError, containerd_bin_dir, debian_mirror  # noqa: E402
 
 SUITE = "trixie"
@@ -449,11 +449,9 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     # (tests/vm/guest/run.py, so the image recipe does not change).
     testbed_cache = Path(os.environ.get("KOORDNODE_TESTBED_CACHE") or "/var/cache/koordnode-testbed")
     try:
-        code = wait_for("k8s", "vm-lane")  # scripts/test.sh builds them in the background
-        if code not in (None, 0):
-            _log(f"the background scripts/k8s-bed.sh failed (exit {code}): the guest's real-kubelet tests will fail")
+        require("k8s", "vm-lane")  # scripts/test.sh builds them in the background
     except BackgroundBuildError as err:
-        _log(f"{err}: the guest's real-kubelet tests will fail")
+        _log(f"{err}\nthe guest's real-kubelet tests will fail")
     if testbed_cache.is_dir():
         shares[TESTBED_CACHE_TAG] = (testbed_cache, True)
     else:
