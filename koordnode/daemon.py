@@ -36,7 +36,9 @@ from koordnode.metrics.server import MetricsServer, MetricsStartError, start as 
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path, refuse_if_proxy_serves
-from koordnode.periodic import Reconciler, return_free_memory_to_the_os, usage_loop
+from koordnode.periodic import (
+    Reconciler, prepare_be_group_once_kubelet_is_up, return_free_memory_to_the_os, usage_loop,
+)
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.proxy.handler import InterceptingHandler, ProxyStats
 from koordnode.proxy.server import ProxyServer, SocketInUseError
@@ -271,6 +273,8 @@ class Daemon:
             # state is rebuilt once it answers.
             self.spawn(rebuild_until_done(self.state, self.config.proxy.backend, on_done=self._adopt))
         self.spawn(self.reconciler.run())
+        if self.qos is not None:
+            self.spawn(prepare_be_group_once_kubelet_is_up(self.qos))
         self.spawn(self._notify_ready())
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:

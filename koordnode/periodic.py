@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("koordnode")
 
 
+async def prepare_be_group_once_kubelet_is_up(qos: QoSEngine, every_s: float = 1.0) -> None:
+    """Until kubelet has made its top cgroup: looked for once a second (a stat), so that its BE
+    group slice is ready before kubelet's first BE pod (hooks/be_group.py)."""
+    while not qos.prepare_be_group_once_kubelet_is_up():
+        await asyncio.sleep(every_s)
+
+
 class Reconciler:
     """Puts back what another writer changed: the pods' cgroup values, resctrl groups, tc/nft."""
 

@@ -10,6 +10,7 @@ group that reads idle, empty pod slices are stopped and busy ones are not.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -19,9 +20,11 @@ import pytest
 
 from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
+from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.model.kubelet_layout import paths_of
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.hooks.be_group import RECHECK_AFTER_S, RETRY_AFTER_S, SystemdBeGroup
+from koordnode.periodic import prepare_be_group_once_kubelet_is_up
 from test_qos_engine import Node, slice_path
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
@@ -152,6 +155,54 @@ def test_prepared_at_start_then_be_pods_move_into_the_idle_slice(systemd_node):
     # Burstable pods stay in kubelet's slices.
     ls = node.run_pod("web", parent="kubepods-burstable-podu3.slice")
     assert parent_of(node, ls) == "kubepods-burstable-podu3.slice"
+
+
+def test_prepared_as_soon_as_kubelet_makes_its_top_slice_without_waiting_for_a_pass(systemd_node):
+    """koordnode starts before kubelet, whose first pods follow its start at once: the daemon
+    looks for kubepods.slice once a second (periodic.prepare_be_group_once_kubelet_is_up) and
+    hands the group slice to systemd then, not at the next reconcile pass (seconds later, after
+    the first BE pod's RunPodSandbox had to wait for systemd past its bound: VM lane, TCG)."""
+    node, systemd = systemd_node({"delay_s": 0.3})
+    shutil.rmtree(node.root / "kubepods.slice", ignore_errors=True)
+    engine = node.engine
+    assert engine.prepare_be_group_once_kubelet_is_up() is False  # kubelet not up: asked again later
+    assert systemd.started == []
+
+    async def kubelet_starts_then_first_be_pod() -> float:
+        watch = asyncio.ensure_future(prepare_be_group_once_kubelet_is_up(engine, every_s=0.05))
+        await asyncio.sleep(0.2)
+        assert not watch.done()
+        add_cgroup(node.root, "/kubepods.slice")
+        began = time.monotonic()
+        await asyncio.wait_for(watch, 2.0)  # done once kubelet's slice is seen: no polling after
+        return began
+
+    began = asyncio.run(kubelet_starts_then_first_be_pod())
+    wait_until(lambda: systemd.started == [GROUP_SLICE] and not engine.be_group.slices._pending)
+    assert time.monotonic() - began < 2.0
+    # The first BE pod finds the group idle: moved, and systemd is not asked again.
+    pod = node.run_pod("batch", parent=be_parent("u1"))
+    assert parent_of(node, pod) == "kubepods-koordnode_be-podu1.slice"
+    assert engine.prepare_be_group_once_kubelet_is_up() is True
+    assert systemd.started == [GROUP_SLICE]
+
+
+def test_nothing_to_wait_for_without_a_systemd_group(tmp_path):
+    """cgroupfs driver (the group is a directory the hook makes), the option off, dry run: the
+    watch ends at once and starts nothing."""
+    for toml, dry_run in (('driver = "cgroupfs"\n', False), ('driver = "systemd"\nbe_idle_group_systemd = false\n', False),
+                          ('driver = "systemd"\n', True)):
+        node = Node(tmp_path / f"n{len(list(tmp_path.iterdir()))}", version="v2", be_idle_group=True, toml=toml)
+        node.engine.be_group.executor = CgroupExecutor(node.root, dry_run=dry_run)
+        systemd = FakeSystemd(node.root)
+        node.engine.be_group.slices = group_of(node.root, systemd, node.engine.be_group.gives_way)
+        try:
+            assert node.engine.prepare_be_group_once_kubelet_is_up() is True, toml
+            time.sleep(0.05)
+            assert systemd.started == [], toml
+        finally:
+            node.engine.be_group.slices.close()
+            node.close()
 
 
 def test_a_slow_systemd_never_holds_the_call_beyond_its_bound(systemd_node):

@@ -39,7 +39,8 @@ class CgroupConfig:
     be_idle_group_systemd: bool = setting(
         True,
         doc="also with the systemd driver: the group slice made idle through systemd (CPUWeight=idle, "
-        "systemd >= 252), prepared at start; false: BestEffort pods stay in kubelet's besteffort slice",
+        "systemd >= 252), prepared once kubelet has made its top slice; false: BestEffort pods stay in "
+        "kubelet's besteffort slice",
     )
     # Off by default: kubelet >= 1.36 (InPlacePodLevelResourcesVerticalScaling, beta, on) reads a
     # running pod's cgroup cpu.shares back as its CPU request; with an LSE pod's 262144 it counted

@@ -8,12 +8,12 @@ slice and its parents (`kubepods-koordnode_be.slice`, named by the dashes) on de
 group slice is therefore made idle through systemd (`CPUWeight=idle`), so that systemd itself
 writes cpu.idle = 1 whenever it realizes the slice again. Talking to systemd takes a fork and
 a D-Bus round trip (tens of ms, more on a busy node), too slow for the CRI path: the group is
-prepared in a worker thread (at start, and again whenever it is found not giving way), and
-RunPodSandbox only moves a pod into a group that gives way: it reads cpu.idle = 1, or the lowest
-weight, the state the QoS manager's cpu_suppress keeps it in while LS is quiet (written to the
-cgroup files directly; should systemd realize the slice again, it is idle until the next tick).
-Pod slices in the group are koordnode's to stop (systemd keeps a slice it started until told
-otherwise).
+prepared in a worker thread (as soon as kubelet has made its top slice, and again whenever it
+is found not giving way), and RunPodSandbox only moves a pod into a group that gives way: it
+reads cpu.idle = 1, or the lowest weight, the state the QoS manager's cpu_suppress keeps it in
+while LS is quiet (written to the cgroup files directly; should systemd realize the slice again,
+it is idle until the next tick). Pod slices in the group are koordnode's to stop (systemd keeps
+a slice it started until told otherwise).
 
 kubelet's own pod slice of a moved pod stays, empty, and kubelet (cgroup v2) kills a running pod
 whose pod slice does not list cpu, cpuset, memory, hugetlb and pids in its cgroup.controllers
@@ -184,6 +184,14 @@ class SystemdBeGroup:
             return None
         with self._lock:
             return self.problems.get(slice_name) or f"{slice_name} is being made idle through systemd"
+
+    def is_ready(self, slice_name: str, group: str) -> bool:
+        """Made idle by this process and still giving way, or being made so now."""
+        with self._lock:
+            if slice_name in self._pending:
+                return True
+            ensured = slice_name in self._ensured
+        return ensured and self._giving_way(group)
 
     def check(self, slice_name: str, group: str) -> None:
         """Reconcile: a group slice that gives way no more (its systemd property lost, and not
@@ -506,6 +514,31 @@ class BeGroup:
         (in the worker)."""
         for slice_name, group in self._systemd_groups(view).items():
             self.slices.prepare(slice_name, group)
+
+    def prepare_once_kubelet_is_up(self) -> bool:
+        """koordnode usually starts before kubelet, which makes its top cgroup at its own start
+        and runs its first pods right after: the group slice beside the tiers is prepared as soon
+        as that cgroup exists (asked about once a second until then), not at the next reconcile
+        pass, so that the first BE pod finds the group idle instead of waiting on systemd in its
+        RunPodSandbox (seconds on a loaded node, past the hook's bound: the pod then stays in
+        kubelet's tier for its life). A stat per call. True once there is nothing left to wait
+        for: kubelet's top cgroup exists (its group slice, if any, handed to the worker; the
+        reconcile pass keeps it from there), or no systemd group is wanted at all."""
+        cg = self.settings.cgroup
+        if not (cg.be_idle_group and cg.be_idle_group_systemd) or self.executor.dry_run:
+            return True
+        if self.layout.driver == "cgroupfs":
+            return True  # the group is a directory made in the hook itself, in microseconds
+        paths = self.layout.paths()
+        try:
+            if not self.executor.cgroup_exists(paths.kubepods):
+                return False
+        except UnsafePathError:
+            return True  # a configured kubepods outside the roots: nothing to prepare, ever
+        default = paths.systemd_be_group
+        if default is not None and not self.slices.is_ready(*default):
+            self.slices.prepare(*default)
+        return True
 
     def sweep_systemd(self, view: NodeView) -> None:
         """systemd driver: a group slice that lost its idleness is made idle through systemd

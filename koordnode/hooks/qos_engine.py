@@ -189,6 +189,12 @@ class QoSEngine:
     def follow_sandbox_parent(self, req: pb.CreateContainerRequest) -> None:
         self.be_group.follow_sandbox_parent(req)
 
+    def prepare_be_group_once_kubelet_is_up(self) -> bool:
+        """The BE group slice prepared as soon as kubelet has made its top cgroup (be_group.py:
+        BeGroup.prepare_once_kubelet_is_up); True once there is nothing left to wait for. Without
+        the engine's lock: it reads a directory and hands the systemd call to its worker."""
+        return self.be_group.prepare_once_kubelet_is_up()
+
     def remove_be_pod_cgroup(self, cgroup_parent: str, *, removed: bool = True) -> None:
         self.be_group.remove_pod_cgroup(cgroup_parent, removed=removed)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from guestlib import CG, GuestKoordnode, free_port
+from guestlib import CG, GuestKoordnode, free_port, wait_for
 from koordnode.model.kernel import shares_to_weight
 from testbed.k8s_dist import K8sDistError, component_bin
 from testbed.systemd_bed import SystemdBed
@@ -90,6 +91,17 @@ def stop_kubelets_slices() -> None:
 
 
 _APPLIED = re.compile(r"^(?P<resource>[^=]+)=(?P<value>.*) on (?P<cgroup>/\S*) \((?P<status>[^),]+)")
+
+
+def wait_for_the_be_group(timeout_s: float = 60) -> float:
+    """koordnode makes its BE group slice idle as soon as kubelet has made kubepods.slice, with no
+    BE pod yet (hooks/be_group.py: prepare_once_kubelet_is_up), so that kubelet's first BE pod
+    needs no systemd call in its RunPodSandbox (one took 4 s under TCG, past the hook's bound,
+    and left that pod in kubelet's tier). Seconds it took from the call."""
+    began = time.monotonic()
+    wait_for(lambda: (BE_GROUP / "cpu.idle").is_file() and read(BE_GROUP, "cpu.idle") == "1", timeout_s,
+             f"{BE_GROUP} made idle by koordnode once kubelet is up")
+    return time.monotonic() - began
 
 
 def cpus(text: str) -> set[int]:

@@ -52,6 +52,7 @@ from kubelet_v2 import (
     require_binaries,
     start_koordnode,
     stop_kubelets_slices,
+    wait_for_the_be_group,
 )
 from testbed.k8s_dist import component_bin
 from testbed.kube_bed import ControlPlane, Kubelet
@@ -247,6 +248,7 @@ def api_node(tmp_path_factory):
             feature_gates={"MemoryQoS": True},
             config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port()})
         kubelet.start(timeout=300)
+        group_s = wait_for_the_be_group()
         client = KubeClient(plane.host, plane.port, plane.tokens["admin"], str(plane.ca_file), timeout=API_TIMEOUT_S)
         node = ApiNode(plane, bed, kn, kubelet, client)
         try:
@@ -254,7 +256,8 @@ def api_node(tmp_path_factory):
         except AssertionError as err:
             raise AssertionError(f"{err}; kubelet log tail:\n"
                                  + "\n".join(kubelet.log_text().splitlines()[-30:])) from None
-        print(f"containerd, koordnode and the control plane up in {plane_s:.0f} s, node {NODE} Ready after {time.monotonic() - began:.0f} s")
+        print(f"containerd, koordnode and the control plane up in {plane_s:.0f} s, node {NODE} Ready after "
+              f"{time.monotonic() - began:.0f} s; BE group idle {group_s:.1f} s after kubelet's start")
         yield node
     finally:
         if kubelet is not None:

@@ -61,6 +61,7 @@ from kubelet_v2 import (
     require_binaries,
     start_koordnode,
     stop_kubelets_slices,
+    wait_for_the_be_group,
 )
 from testbed.k8s_dist import component_bin
 from testbed.kube_bed import Kubelet
@@ -221,8 +222,9 @@ def node(tmp_path_factory):
             feature_gates={"MemoryQoS": True},
             config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port()})
         kubelet.start(timeout=300)
+        group_s = wait_for_the_be_group()
         print(f"node up in {time.monotonic() - began:.0f} s: containerd {bed.version().runtime_version}, "
-              f"kubelet from {component_bin('kubernetes')}")
+              f"kubelet from {component_bin('kubernetes')}; BE group idle {group_s:.1f} s after kubelet's start")
         yield Node(bed, kn, kubelet)
     finally:
         if kubelet is not None:
