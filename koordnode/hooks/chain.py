@@ -69,6 +69,10 @@ class CallFacts:
     # Set by the state recorder's Post at RemovePodSandbox (the first Post hook): the pod as it
     # was, for the Post hooks after it (the state no longer has it).
     removed_pod: PodRecord | None = None
+    # Set by the chain: the hooks whose Pre result was dropped (failed or overran its bound), so
+    # the runtime got the request without their changes; read by their Post stages (the QoS hook
+    # then learns kubelet's resize from the request as kubelet sent it).
+    pre_dropped: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -257,6 +261,7 @@ class HookChain:
             ok = await self._invoke(registered, call)
             if not ok:
                 call.request = before
+                call.facts.pre_dropped.append(registered.hook)
                 # Its effect (if it ever returns one) goes with its dropped result: _release_when_done.
                 if self.failure_policy == "fail":
                     raise HookFailed(registered.hook, Phase.PRE.value, call.hook_failures[-1])

@@ -321,6 +321,16 @@ class QoSEngine:
         self._run_tier_job(tiers)
 
     def update_resources_pre(self, req: pb.UpdateContainerResourcesRequest) -> None:
+        self._kubelet_resized(req, rewrite=True)
+
+    def kubelet_resized_unrewritten(self, req: pb.UpdateContainerResourcesRequest) -> None:
+        """After an UpdateContainerResources whose Pre result was dropped (the hook overran its
+        bound or failed): the runtime got kubelet's request as it was, and koordnode must still
+        learn kubelet's new values, or every later pass would put the old ones back (seen under
+        TCG: a resize undone for good). A late Pre that ends after this records the same."""
+        self._kubelet_resized(req, rewrite=False)
+
+    def _kubelet_resized(self, req: pb.UpdateContainerResourcesRequest, *, rewrite: bool) -> None:
         view = self.state.view()
         container = view.containers.get(req.container_id)
         pod = view.pod_of_container(req.container_id)
@@ -340,6 +350,8 @@ class QoSEngine:
             self.planner.kubelet_resources[req.container_id] = kubelet
             # Survives a koordnode restart, unlike the annotation set at CreateContainer.
             self.resized.put(req.container_id, kubelet)
+            if not rewrite:
+                return
             plan = self.planner.plan(pod, container.name, req.container_id, kubelet, with_cgroup=False)
             self._publish_status()
         apply_overrides(req.linux, plan)
@@ -359,6 +371,14 @@ class QoSEngine:
             req.resources.cpu_shares = plan.cri.cpu_shares
         for key, value in plan.cri.unified.items():
             req.resources.unified[key] = value
+
+    def pod_resized_unrewritten(self, req: pb.UpdatePodSandboxResourcesRequest) -> None:
+        """kubelet_resized_unrewritten for a pod-level resize: kubelet's pod values learnt."""
+        if req.pod_sandbox_id not in self.state.pods or not req.HasField("resources"):
+            return
+        kubelet = resources_from_pb(req.resources)
+        with self.lock:
+            self.planner.pod_resources[req.pod_sandbox_id] = kubelet
 
     def pod_resources_updated(self, sandbox_id: str) -> None:
         """After UpdatePodSandboxResources: apply the pod's recomputed values to its cgroup."""

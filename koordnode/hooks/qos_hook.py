@@ -83,6 +83,9 @@ class QoSHook:
             self.engine.kubelet_slice_after_scope_start(container_id=call.request.container_id)
 
     def container_updated(self, call: CallContext) -> None:
+        if self.name in call.facts.pre_dropped:
+            # The runtime got kubelet's request unchanged: what kubelet asks is learnt here.
+            self.engine.kubelet_resized_unrewritten(call.request)
         # The runtime has written kubelet's values (also when it failed half-way): the class
         # values of what it reports back go to the files again. NRI: at PostUpdateContainer
         # instead (this call comes before the runtime applies).
@@ -94,6 +97,8 @@ class QoSHook:
             self.engine.container_gone(call.request.container_id)
 
     def pod_resized(self, call: CallContext) -> None:
+        if self.name in call.facts.pre_dropped:
+            self.engine.pod_resized_unrewritten(call.request)
         # kubelet has resized the pod cgroup before this notification; a runtime without the
         # method (UNIMPLEMENTED, which kubelet tolerates) still gets the class values.
         if (call.succeeded and call.response is not None) or call.grpc_status == UNIMPLEMENTED:
