@@ -82,6 +82,14 @@ def _start_summary(latencies: list[float]) -> dict[str, Any]:
             "all_s": [round(x, 3) for x in latencies]}
 
 
+def nri_answer_ms(node) -> dict[str, Any] | None:
+    """NRI mode: koordnode's time to answer each event (mean and max ms, from its status), the
+    part of a pod's start the runtime spends waiting on koordnode."""
+    if node.mode != "nri" or node.koordnode is None:
+        return None
+    return (node.koordnode.status().get("nri") or {}).get("answer_ms")
+
+
 def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The proxy node's load windows, after its start pods are gone (the windows count their own)."""
     for stale in range(args.pods):
@@ -178,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 nodes = {mode: stack.enter_context(node_of(i, mode)) for i, mode in enumerate(modes)}
                 for mode, latencies in interleaved_start_latencies(nodes, args.pods).items():
                     results["start"][mode] = _start_summary(latencies)
+                    results["start"][mode]["nri_answer_ms"] = nri_answer_ms(nodes[mode])
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
                 if "proxy" in nodes:
@@ -185,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for i, mode in enumerate(modes):
                 with node_of(i, mode) as node:
+                    pid = node.koordnode.proc.pid if node.koordnode is not None else None
+                    cpu_before = _cpu_seconds(pid) if pid else 0.0
                     results["start"][mode] = _start_summary(pod_start_latencies(node, args.pods, f"start-{mode}"))
+                    results["start"][mode]["nri_answer_ms"] = nri_answer_ms(node)
+                    if pid:  # koordnode's CPU time per pod start (answers, Post hooks, its other work)
+                        results["start"][mode]["koordnode_cpu_ms_per_pod"] = round(
+                            (_cpu_seconds(pid) - cpu_before) * 1000 / args.pods, 1)
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
                     if mode == "proxy":
