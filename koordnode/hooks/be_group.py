@@ -185,14 +185,6 @@ class SystemdBeGroup:
         with self._lock:
             return self.problems.get(slice_name) or f"{slice_name} is being made idle through systemd"
 
-    def is_ready(self, slice_name: str, group: str) -> bool:
-        """Made idle by this process and still giving way, or being made so now."""
-        with self._lock:
-            if slice_name in self._pending:
-                return True
-            ensured = slice_name in self._ensured
-        return ensured and self._giving_way(group)
-
     def check(self, slice_name: str, group: str) -> None:
         """Reconcile: a group slice that gives way no more (its systemd property lost, and not
         at the lowest weight) is made idle through systemd again."""
@@ -536,8 +528,8 @@ class BeGroup:
         except UnsafePathError:
             return True  # a configured kubepods outside the roots: nothing to prepare, ever
         default = paths.systemd_be_group
-        if default is not None and not self.slices.is_ready(*default):
-            self.slices.prepare(*default)
+        if default is not None:
+            self.slices.check(*default)  # made idle through systemd unless it gives way already
         return True
 
     def sweep_systemd(self, view: NodeView) -> None:

@@ -358,12 +358,21 @@ class QoSEngine:
 
     def pod_resources_pre(self, req: pb.UpdatePodSandboxResourcesRequest) -> None:
         """In-place pod-level resize: the class's values replace kubelet's in the request."""
+        self._kubelet_pod_resized(req, rewrite=True)
+
+    def pod_resized_unrewritten(self, req: pb.UpdatePodSandboxResourcesRequest) -> None:
+        """kubelet_resized_unrewritten for a pod-level resize: kubelet's pod values learnt."""
+        self._kubelet_pod_resized(req, rewrite=False)
+
+    def _kubelet_pod_resized(self, req: pb.UpdatePodSandboxResourcesRequest, *, rewrite: bool) -> None:
         pod = self.state.pods.get(req.pod_sandbox_id)
         if pod is None or not req.HasField("resources"):
             return
         kubelet = resources_from_pb(req.resources)
         with self.lock:
             self.planner.pod_resources[req.pod_sandbox_id] = kubelet
+            if not rewrite:
+                return
             plan = self.planner.pod_resources_plan(pod, kubelet)
         if plan is None:
             return
@@ -371,14 +380,6 @@ class QoSEngine:
             req.resources.cpu_shares = plan.cri.cpu_shares
         for key, value in plan.cri.unified.items():
             req.resources.unified[key] = value
-
-    def pod_resized_unrewritten(self, req: pb.UpdatePodSandboxResourcesRequest) -> None:
-        """kubelet_resized_unrewritten for a pod-level resize: kubelet's pod values learnt."""
-        if req.pod_sandbox_id not in self.state.pods or not req.HasField("resources"):
-            return
-        kubelet = resources_from_pb(req.resources)
-        with self.lock:
-            self.planner.pod_resources[req.pod_sandbox_id] = kubelet
 
     def pod_resources_updated(self, sandbox_id: str) -> None:
         """After UpdatePodSandboxResources: apply the pod's recomputed values to its cgroup."""
