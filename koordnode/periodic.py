@@ -4,8 +4,9 @@ change) and the node usage report."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import structlog
 
@@ -120,9 +121,17 @@ async def usage_loop(usage: NodeUsageReporter | None, cluster: ClusterLink | Non
 def return_free_memory_to_the_os() -> None:
     # Start-up (imports, the state rebuild) leaves freed heap pages in glibc's arenas; give them
     # back so the resident size reflects what the daemon keeps. Not glibc: nothing to do.
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, loaded once (a CDLL load each pass cost more than the trim)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return cast("Callable[[int], int]", ctypes.CDLL("libc.so.6").malloc_trim)
     except (OSError, AttributeError):
-        pass
+        return None

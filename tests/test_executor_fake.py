@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -655,6 +656,30 @@ def test_a_cgroup_dir_swapped_for_a_link_out_after_a_write_is_refused(tmp_path: 
     results = ex.apply(plan)
     assert [r.status for r in results] == [WriteStatus.REFUSED] * 2, results
     assert_untouched(outside)
+
+
+def test_pids_are_read_again_from_a_recreated_cgroup_and_never_through_a_swapped_link(
+        tmp_path: Path, outside: Path) -> None:
+    """The membership file found for a cgroup is remembered with its identity, and read again
+    only while the same file is there."""
+    root = tree(tmp_path, "v1")
+    write_cgroup_file(root, CTR, "cgroup.procs", "12\n")
+    (outside / "cgroup.procs").write_text("666\n")
+    ex = CgroupExecutor(root)
+    assert ex.read_pids(CTR) == [12]
+    write_cgroup_file(root, CTR, "cgroup.procs", "12\n13\n")  # the same file, new members
+    assert ex.read_pids(CTR) == [12, 13]
+    real = root / "cpu" / CTR.lstrip("/")
+    real.rename(real.with_name("c1-moved"))
+    real.symlink_to(outside)  # swapped for a link out: the path is looked up again, and refused
+    with pytest.raises(UnsafePathError):
+        ex.read_pids(CTR)
+    real.unlink()
+    real.mkdir()  # recreated: another file at the same path
+    (real / "cgroup.procs").write_text("14\n")
+    assert ex.read_pids(CTR) == [14]
+    shutil.rmtree(real)
+    assert ex.read_pids(CTR) is None  # gone
 
 
 def test_a_recreated_cgroup_is_found_again(tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ WRITE_ALLOWED: dict[tuple[str, str], str] = {
         "PSI trigger registration: a poll(2) subscription written to a pressure file, the one "
         "documented exception (arch.md; arch-manager may move it behind the executor) -- the "
         "open fd is the trigger, it changes no setting",
-    ("koordnode.periodic", "return_free_memory_to_the_os"):
+    ("koordnode.periodic", "_malloc_trim"):
         "malloc_trim(3) through ctypes: gives koordnode's own freed heap back, no kernel setting",
     ("koordnode.doctor.kernel", "check_nftables"): "runs `nft list tables`, a read (doctor writes nothing)",
 }

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 from koordnode.executor.write_result import WriteStatus
-from koordnode.executor.process import ProcessExecutor, oom_score_adj_wanted
+from koordnode.executor.process import ProcessExecutor, oom_score_adj_wanted, set_oom_score_adj
 
 
 def proc(root: Path, pid: int, value: str) -> Path:
@@ -38,3 +38,20 @@ def test_only_a_different_value_is_written_and_counted(tmp_path):
     second.write_text("5\n")
     assert executor.keep_oom_score_adj([11], 1000, "BE")[0].status is WriteStatus.WOULD_WRITE
     assert second.read_text().strip() == "5" and executor.overwrites == {"oom_score_adj": 1}
+
+
+def test_a_symlink_in_the_procfs_tree_never_leads_a_write_outside_it(tmp_path):
+    root, outside = tmp_path / "proc", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "oom_score_adj").write_text("0\n")
+    (root / "20").symlink_to(outside)  # the pid's directory leads out
+    proc(root, 21, "0").unlink()
+    (root / "21" / "oom_score_adj").symlink_to(outside / "oom_score_adj")  # the file leads out
+    executor = ProcessExecutor(root)
+    results = executor.keep_oom_score_adj([20, 21], 1000, "BE")
+    assert [r.status for r in results] == [WriteStatus.FAILED, WriteStatus.FAILED]
+    assert "Not a directory" in results[0].detail and "symbolic links" in results[1].detail
+    assert set_oom_score_adj(root, 20, 1000, "BE") is not None
+    assert (outside / "oom_score_adj").read_text() == "0\n"
+    assert executor.overwrites == {}

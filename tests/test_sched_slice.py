@@ -4,6 +4,8 @@ kernel (6.18) with real threads, the hook's status lines, doctor and the config 
 
 from __future__ import annotations
 
+import dataclasses
+
 import errno
 import os
 import signal
@@ -119,6 +121,15 @@ def test_the_hook_says_what_each_pod_got(tmp_path):
     assert keep_pod_slice(slices, qos, QoSClass.LS, pids, "pod-ls") == "" and listed == []
     assert keep_pod_slice(slices, qos, QoSClass.BE, pids, "pod-be") == "100 us for 1 thread(s)"
     assert keep_pod_slice(slices, qos, QoSClass.BE, lambda: [], "pod-new") == "100 us: no thread running yet"
+    # A pod of a class without a slice is not listed either once BE pods hold one: only the
+    # pods given one can have one to take back.
+    listed.clear()
+    assert keep_pod_slice(slices, qos, QoSClass.LS, pids, "pod-ls") == "" and listed == []
+    # BE asks for none now (a reload): the pod that got one gets the default back, once.
+    no_slice = QoSConfig(BE=dataclasses.replace(qos.BE, sched_slice_us=0))
+    assert keep_pod_slice(slices, no_slice, QoSClass.BE, pids, "pod-be") == "" and listed == [1]
+    assert kernel.tasks[10].runtime_ns == DEFAULT_NS
+    assert keep_pod_slice(slices, no_slice, QoSClass.BE, pids, "pod-be") == "" and listed == [1]
     old = SchedSlices(FakeSliceKernel({}, old_kernel=True), tmp_path)
     assert keep_pod_slice(old, qos, QoSClass.BE, pids, "pod-be").startswith("unavailable: the kernel has no")
 

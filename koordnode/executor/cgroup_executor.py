@@ -62,6 +62,7 @@ class CgroupExecutor(CgroupTree, Converger):
         # that the directory is still the one found (same device and inode); anything else
         # (gone, recreated, the file missing) looks the path up again, resolved and confined.
         self._located: dict[tuple[str, str], Located] = {}
+        self._membership_files = {}
         # A write as last looked up: its located target, or the result that skipped it as
         # unsupported. The reconcile pass repeats the same writes (the same plans) every
         # period; a repeat is not validated, normalised and looked up again.

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Set
 from pathlib import Path
 from typing import Any
 
-from koordnode.executor.cgroup import CgroupFS, read_file, write_file
+from koordnode.executor.cgroup import CgroupFS, read_file, read_file_if_same, write_file
 from koordnode.executor.converge import describe_os_error
 from koordnode.executor.originals import OriginalsError, OriginalsJournal
 from koordnode.executor.paths import UnsafePathError, normalize_cgroup_path
@@ -31,6 +31,10 @@ class CgroupTree:
     _log: Any
     dry_run: bool
     originals: OriginalsJournal | None
+    # (cgroup, resource) -> the membership file found for it and its (device, inode): the
+    # reconcile pass reads every running container's processes each period.
+    _membership_files: dict[tuple[str, str], tuple[Path, tuple[int, int]]]
+    _MAX_MEMBERSHIP_FILES = 16384  # cleared beyond it (only a lookup is lost)
 
     def read(self, cgroup: str, resource: str) -> str | None:
         """Raw content (stripped) of the file backing `resource` for `cgroup` on this kernel.
@@ -53,11 +57,49 @@ class CgroupTree:
         return None
 
     def read_pids(self, cgroup: str, *, threads: bool = False) -> list[int] | None:
-        """Process ids (cgroup.procs) or thread ids (tasks / cgroup.threads); None if missing."""
-        text = self.read(cgroup, "tasks" if threads else "cgroup.procs")
-        if text is None:
+        """Process ids (cgroup.procs) or thread ids (tasks / cgroup.threads); None if missing.
+
+        The file found for a cgroup is remembered with its identity: a later read opens that
+        very file again (no symlink followed) and looks the path up, resolved and confined,
+        only when another file (a recreated cgroup, a swapped directory) or none is there."""
+        resource = "tasks" if threads else "cgroup.procs"
+        key = (cgroup, resource)
+        known = self._membership_files.get(key)
+        if known is not None:
+            try:
+                read = read_file_if_same(*known)
+            except OSError:
+                read = None
+            if read is not None:
+                return _ids(read[0])
+            self._membership_files.pop(key, None)
+        found = self._membership_file(cgroup, resource)
+        if found is None:
             return None
-        return [int(line) for line in text.split() if line.isdigit()]
+        try:
+            read = read_file_if_same(found, None)
+        except FileNotFoundError:
+            return None
+        if read is None:  # not reached: any file is accepted
+            return None
+        if len(self._membership_files) >= self._MAX_MEMBERSHIP_FILES:
+            self._membership_files.clear()
+        self._membership_files[key] = (found, read[1])
+        return _ids(read[0])
+
+    def _membership_file(self, cgroup: str, resource: str) -> Path | None:
+        """The resolved, confined file holding `resource` (a membership file) for `cgroup`;
+        None when the hierarchy, the cgroup or the file is missing."""
+        spec = get_resource(resource)
+        hierarchy = self._fs.hierarchy(spec.v1_controller)
+        if hierarchy is None:
+            return None
+        directory = self._fs.cgroup_dir(hierarchy, normalize_cgroup_path(cgroup))
+        for fmt in spec.files(self._fs.is_v2):
+            path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
+            if path.exists():
+                return path
+        return None
 
     def cgroup_exists(self, cgroup: str, controller: str = "cpu") -> bool:
         hierarchy = self._fs.hierarchy(controller)
@@ -179,3 +221,7 @@ class CgroupTree:
                 except OSError as err:
                     problems.append(f"{directory}: {describe_os_error(err)}")
         return problems
+
+
+def _ids(text: str) -> list[int]:
+    return [int(line) for line in text.split() if line.isdigit()]

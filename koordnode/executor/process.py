@@ -5,13 +5,14 @@ timed out runs with kubelet's value)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from koordnode.executor.cgroup import ConfinedRoot, read_file, write_file
+from koordnode.executor.cgroup import ConfinedRoot
 from koordnode.executor.write_result import WriteStatus
 
 log = structlog.get_logger("koordnode.executor")
@@ -51,14 +52,54 @@ def set_oom_score_adj(procfs_root: Path | str, pid: int, value: int, reason: str
     if isinstance(value, bool) or not isinstance(value, int) or not -1000 <= value <= 1000:
         return f"invalid oom_score_adj {value!r}"
     try:
-        path = ConfinedRoot(procfs_root).file(f"{pid}/oom_score_adj")
-        old = read_file(path).strip()
+        files = ProcessFiles(procfs_root)
+        old = files.read(pid, OOM_SCORE_ADJ).strip()
         if old != str(value):
-            write_file(path, str(value))
-            log.info("process_write", path=str(path), old=old, new=str(value), reason=reason)
+            files.write(pid, OOM_SCORE_ADJ, str(value))
+            log.info("process_write", path=files.path(pid, OOM_SCORE_ADJ), old=old, new=str(value), reason=reason)
         return None
     except (OSError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+class ProcessFiles:
+    """A process's files under a procfs root, reached without following a symlink.
+
+    The root is resolved once; below it the path is the pid's directory and a fixed file name,
+    both opened with O_NOFOLLOW (the directory through an O_PATH descriptor), so no write can
+    leave the root, whatever a fake or hostile tree holds. No path resolution per process: the
+    reconcile pass reads every container process's value each period.
+    """
+
+    def __init__(self, procfs_root: Path | str) -> None:
+        self.root = str(ConfinedRoot(procfs_root).root)
+
+    def path(self, pid: int, name: str) -> str:
+        return f"{self.root}/{pid}/{name}"
+
+    def _open(self, pid: int, name: str, flags: int) -> int:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ValueError(f"invalid pid {pid!r}")
+        directory = os.open(f"{self.root}/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
+
+    def read(self, pid: int, name: str) -> str:
+        fd = self._open(pid, name, os.O_RDONLY)
+        try:
+            return os.read(fd, 4096).decode("ascii", errors="replace")
+        finally:
+            os.close(fd)
+
+    def write(self, pid: int, name: str, text: str) -> None:
+        """One write(2) of `text`; O_TRUNC keeps a fake tree's plain files exact."""
+        fd = self._open(pid, name, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, text.encode("ascii"))
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -88,7 +129,7 @@ class ProcessExecutor:
 
     def __init__(self, procfs_root: Path | str = "/proc", *, dry_run: bool = False,
                  floor: int | None = None) -> None:
-        self._root = ConfinedRoot(procfs_root)
+        self._files = ProcessFiles(procfs_root)
         self.dry_run = dry_run
         # oom_score_adj_floor() of this process: the lowest value its writes can set.
         self.floor = floor
@@ -110,9 +151,9 @@ class ProcessExecutor:
         return [self._keep_one(ProcessWrite(pid, value, reason)) for pid in pids if pid > 1]
 
     def _keep_one(self, write: ProcessWrite) -> ProcessResult:
+        files = self._files
         try:
-            path = self._root.file(f"{write.pid}/{OOM_SCORE_ADJ}")
-            old = read_file(path).strip()
+            old = files.read(write.pid, OOM_SCORE_ADJ).strip()
         except FileNotFoundError:
             return ProcessResult(write, WriteStatus.MISSING, detail="the process exited")
         except (OSError, ValueError) as exc:
@@ -124,18 +165,19 @@ class ProcessExecutor:
         want = oom_score_adj_wanted(write.value, have, self.floor)
         if want == have:
             return ProcessResult(write, WriteStatus.UNCHANGED, old)
+        path = files.path(write.pid, OOM_SCORE_ADJ)
         if self.dry_run:
-            log.info("dry_run_would_set_oom_score_adj", path=str(path), old=old, new=want, reason=write.reason)
+            log.info("dry_run_would_set_oom_score_adj", path=path, old=old, new=want, reason=write.reason)
             return ProcessResult(write, WriteStatus.WOULD_WRITE, old)
         try:
-            write_file(path, str(want))
+            files.write(write.pid, OOM_SCORE_ADJ, str(want))
         except FileNotFoundError:
             return ProcessResult(write, WriteStatus.MISSING, old, "the process exited")
         except OSError as exc:
-            log.warning("process_write_failed", path=str(path), old=old, new=want, error=str(exc))
+            log.warning("process_write_failed", path=path, old=old, new=want, error=str(exc))
             return ProcessResult(write, WriteStatus.FAILED, old, f"{type(exc).__name__}: {exc}")
         with self._lock:
             self._overwrites += 1
-            self._last_overwrite = {"path": str(path), "found": old, "restored": str(want)}
-        log.warning("process_value_restored", path=str(path), found=old, new=want, reason=write.reason)
+            self._last_overwrite = {"path": path, "found": old, "restored": str(want)}
+        log.warning("process_value_restored", path=path, found=old, new=want, reason=write.reason)
         return ProcessResult(write, WriteStatus.WRITTEN, old, "restored", overwritten=True)

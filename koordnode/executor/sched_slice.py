@@ -28,6 +28,7 @@ import structlog
 log = structlog.get_logger("koordnode.executor")
 
 SLICE_MIN_NS, SLICE_MAX_NS = 100_000, 100_000_000
+_MAX_HOLDERS = 16384  # pods remembered as holding a slice; beyond it every pod is checked
 SCHED_NORMAL, SCHED_BATCH, SCHED_IDLE = 0, 3, 5
 FAIR_POLICIES = frozenset({SCHED_NORMAL, SCHED_BATCH, SCHED_IDLE})
 # struct sched_attr up to sched_period (SCHED_ATTR_SIZE_VER0; the kernel accepts that size):
@@ -100,6 +101,10 @@ class SchedSlices:
         self._unavailable: str | None = None
         self._lock = threading.Lock()
         self._given: set[int] = set()  # slices koordnode gave (to know which to take back)
+        # Pods whose threads koordnode gave a slice: only theirs can need one taken back, so a
+        # pass does not list the threads of every pod whose class asks for none.
+        self._holders: set[str] = set()
+        self._holders_overflowed = False  # past the bound: every pod may hold one
 
     def _k(self) -> SliceCalls:
         if self._kernel is None:
@@ -127,21 +132,37 @@ class SchedSlices:
         with self._lock:
             return bool(self._given)
 
+    def may_hold(self, pod: str) -> bool:
+        """Whether `pod`'s threads may hold a slice koordnode gave (to be taken back)."""
+        with self._lock:
+            return pod in self._holders or (self._holders_overflowed and bool(self._given))
+
+    def forget(self, pod: str) -> None:
+        """The pod is gone: its threads hold nothing any more."""
+        with self._lock:
+            self._holders.discard(pod)
+
     def _threads(self, pid: int) -> list[int]:
         try:
             return [int(name) for name in os.listdir(self.procfs_root / str(pid) / "task") if name.isdigit()]
         except OSError:
             return []  # exited meanwhile
 
-    def keep(self, pids: list[int], slice_ns: int) -> SliceResult:
-        """Every fair-policy thread of `pids` at `slice_ns` (0: the kernel's default, given back
-        only to threads at a slice koordnode gave). RT and deadline tasks are left alone."""
+    def keep(self, pids: list[int], slice_ns: int, pod: str | None = None) -> SliceResult:
+        """Every fair-policy thread of `pids` (those of `pod`, when named) at `slice_ns` (0: the
+        kernel's default, given back only to threads at a slice koordnode gave). RT and deadline
+        tasks are left alone."""
         if self.unavailable is not None or not pids:
             return SliceResult()
         with self._lock:
             if slice_ns:
                 slice_ns = min(max(slice_ns, SLICE_MIN_NS), SLICE_MAX_NS)
                 self._given.add(slice_ns)
+                if pod is not None:
+                    if len(self._holders) >= _MAX_HOLDERS:
+                        self._holders.clear()
+                        self._holders_overflowed = True
+                    self._holders.add(pod)
             given = frozenset(self._given)
         kernel = self._k()
         tasks = changed = 0
@@ -172,4 +193,6 @@ class SchedSlices:
                         errors.append(f"tid {tid}: set: {err.strerror}")
         if changed:
             log.info("sched_slice_set", pids=pids[:20], slice_ns=slice_ns, threads=changed)
+        if not slice_ns and pod is not None and not errors and not self.dry_run:
+            self.forget(pod)  # every slice it held is back to the default
         return SliceResult(tasks, changed, tuple(errors))

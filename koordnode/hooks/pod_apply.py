@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from typing import Any
 
 import structlog
@@ -140,9 +140,10 @@ class PodApplier:
             self.executor.disown(w for cid in runtime_rewrote if cid in entry.container_plans
                                  for w in entry.container_plans[cid].writes if w.resource in REPORTED_BY_RUNTIME)
         results = self.executor.apply(writes, force=force)
-        oom_results = self._keep_oom_score_adj(entry)
-        core_line = self._keep_core_sched(entry)
-        slice_line = self._keep_sched_slice(entry)
+        processes = ContainerProcesses(self.executor, entry.container_cgroups)
+        oom_results = self._keep_oom_score_adj(entry, processes)
+        core_line = self._keep_core_sched(entry, processes)
+        slice_line = self._keep_sched_slice(entry, processes)
         if pass_state is not None:
             pass_state.results.extend(results)
             pass_state.process_results.extend(result for _, result in oom_results)
@@ -184,7 +185,7 @@ class PodApplier:
                         failures=[f"{r.cgroup_write.resource} {r.cgroup_write.cgroup}: {r.detail}" for r in failed])
         return decision
 
-    def _keep_oom_score_adj(self, entry: PodPlan) -> list[tuple[str, ProcessResult]]:
+    def _keep_oom_score_adj(self, entry: PodPlan, processes: ContainerProcesses) -> list[tuple[str, ProcessResult]]:
         """Every process of the pod's running containers at its class's oom_score_adj (a
         container created while the hook timed out runs with kubelet's). (container id, result)
         per process."""
@@ -194,37 +195,26 @@ class PodApplier:
             value = plan.cri.oom_score_adj
             if value is None:
                 continue
-            try:
-                pids = self.executor.read_pids(entry.container_cgroups[cid])
-            except (OSError, UnsafePathError):
+            pids = processes.of(cid)
+            if pids is None:
                 continue
             reason = f"{plan.qos_class.value}: class oom_score_adj {value}"
-            results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids or [], value, reason))
+            results.extend((cid, r) for r in self.processes.keep_oom_score_adj(pids, value, reason))
         return results
 
-    def _pod_pids(self, entry: PodPlan) -> list[int]:
-        """The processes of the pod's running containers (cgroup.procs)."""
-        found: list[int] = []
-        for cgroup in entry.container_cgroups.values():
-            try:
-                found += self.executor.read_pids(cgroup) or []
-            except (OSError, UnsafePathError):
-                continue
-        return found
-
-    def _keep_core_sched(self, entry: PodPlan) -> str:
+    def _keep_core_sched(self, entry: PodPlan, processes: ContainerProcesses) -> str:
         """The pod's processes at its class's core-scheduling cookie (koordnode/hooks/core_sched.py);
         the pod's state for status, "" when its class asks for none."""
         self.core_sched.dry_run = self.executor.dry_run
         return keep_pod_cookie(self.core_sched, self.planner.settings.qos, entry.decision.qos_class,
-                               lambda: self._pod_pids(entry), entry.pod_cgroup)
+                               processes.all, entry.pod_cgroup)
 
-    def _keep_sched_slice(self, entry: PodPlan) -> str:
+    def _keep_sched_slice(self, entry: PodPlan, processes: ContainerProcesses) -> str:
         """The pod's threads at its class's slice (koordnode/hooks/sched_slice.py); the pod's state
         for status, "" when its class asks for none."""
         self.slices.dry_run = self.executor.dry_run
         return keep_pod_slice(self.slices, self.planner.settings.qos, entry.decision.qos_class,
-                              lambda: self._pod_pids(entry), entry.pod_cgroup)
+                              processes.all, entry.pod_cgroup)
 
     def _publish_metrics(self, pod: PodRecord, containers: list[Any], cls: str, pod_cgroup: str,
                          results: list[WriteResult], entry: PodPlan) -> None:
@@ -240,3 +230,25 @@ class PodApplier:
             if plan.cri.oom_score_adj is not None:
                 values["oom_score_adj"] = plan.cri.oom_score_adj
             METRICS.set_applied(pod.namespace, pod.name, names.get(cid, cid[:12]), cls, values)
+
+
+class ContainerProcesses:
+    """The processes of a pod's running containers (their cgroup.procs), each container's read
+    once however many per-process values (oom_score_adj, cookie, slice) one apply keeps."""
+
+    def __init__(self, executor: CgroupExecutor, container_cgroups: Mapping[str, str]) -> None:
+        self._executor = executor
+        self._cgroups = container_cgroups
+        self._read: dict[str, list[int] | None] = {}
+
+    def of(self, container_id: str) -> list[int] | None:
+        """The container's processes; None when its cgroup cannot be read."""
+        if container_id not in self._read:
+            try:
+                self._read[container_id] = self._executor.read_pids(self._cgroups[container_id]) or []
+            except (OSError, UnsafePathError):
+                self._read[container_id] = None
+        return self._read[container_id]
+
+    def all(self) -> list[int]:
+        return [pid for cid in self._cgroups for pid in self.of(cid) or ()]

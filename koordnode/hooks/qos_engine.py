@@ -405,7 +405,9 @@ class QoSEngine:
             owned = self.pools.containers_of(sandbox_id)
             for cid in dict.fromkeys([*(c for c, s in self.container_pod.items() if s == sandbox_id), *owned]):
                 self._drop_container(cid)
-            self.planner.plans.pop(sandbox_id, None)
+            plan = self.planner.plans.pop(sandbox_id, None)
+            if plan is not None:
+                self.applier.slices.forget(plan.pod_cgroup)
             if removed:
                 self.records.pod_records.pop(sandbox_id, None)
                 self.planner.pod_resources.pop(sandbox_id, None)

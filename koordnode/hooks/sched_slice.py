@@ -19,14 +19,14 @@ log = structlog.get_logger("koordnode.hooks")
 def keep_pod_slice(slices: SchedSlices, qos: QoSConfig, qos_class: QoSClass, pids: Callable[[], list[int]],
                    pod: str) -> str:
     """The pod's threads (of `pids()`, read only when needed) at the class's slice; the pod's
-    state for status, "" when its class asks for none."""
+    state for status, "" when its class asks for none. `pod`: its cgroup."""
     slice_us = qos.for_class(qos_class).sched_slice_us
-    if not slice_us and not slices.gave_any:
+    if not slice_us and not slices.may_hold(pod):
         return ""  # nothing to give, nothing to take back: no system call
     unavailable = slices.unavailable
     if unavailable is not None:
         return f"unavailable: {unavailable}" if slice_us else ""
-    result = slices.keep(pids(), slice_us * 1000)
+    result = slices.keep(pids(), slice_us * 1000, pod)
     if result.errors:
         log.warning("sched_slice_not_kept", pod=pod, errors=list(result.errors[:5]))
         return f"failed for {len(result.errors)} thread(s): {result.errors[0]}"
