@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.daemon_cpu import start_profiler, thread_cpu_ns, thread_groups
+
 CLK_TCK = 100  # USER_HZ on Linux
 PAGE = 4096
 
@@ -98,10 +100,11 @@ def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
         "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"], timeout=180, interval=2)
     windows = []
     for pods in (int(n) for n in args.load_pods.split(",") if n):
-        window = load_window(node, pods, args.window)
+        window = load_window(node, pods, args.window, args.profile)
         windows.append(window)
         print(f"load {pods} pods: koordnode {window['koordnode_cpu_percent_of_a_core']}% of a core, "
-              f"RSS {window['koordnode_rss_mb']} MB; kubelet's calls/s {window['kubelet_calls_per_s']}",
+              f"RSS {window['koordnode_rss_mb']} MB; by thread (ms/s) {window['koordnode_threads_ms_per_s']}; "
+              f"kubelet's calls/s {window['kubelet_calls_per_s']}",
               flush=True)
     return windows
 
@@ -127,8 +130,10 @@ def _only_running_pods(node, client) -> bool:
     return len(sandboxes) == len(uids) and all(s["uid"] in uids and s["state"] == "SANDBOX_READY" for s in sandboxes)
 
 
-def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
-    """With ``pods`` pods running: koordnode's CPU and RSS over the window, kubelet's calls by method."""
+def load_window(node, pods: int, window_s: float, profile: str | None = None) -> dict[str, Any]:
+    """With ``pods`` pods running: koordnode's CPU and RSS over the window, by thread (the event
+    loop relays kubelet's calls), kubelet's calls by method; `profile`: py-spy's stacks of the
+    window to PROFILE.PODS.txt."""
     client = node.client()
     have = len(client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"])
     for i in range(have, pods):
@@ -144,9 +149,12 @@ def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
     time.sleep(30)  # let the creations' work settle
     pid = node.koordnode.proc.pid
     calls_before = node.koordnode.status()["proxy"]["calls_by_method"]
-    cpu_before, began = _cpu_seconds(pid), time.monotonic()
+    spy = start_profiler(pid, f"{profile}.{pods}.txt", window_s) if profile else None
+    cpu_before, began, threads_before = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
     time.sleep(window_s)
-    cpu_after, ended = _cpu_seconds(pid), time.monotonic()
+    cpu_after, ended, threads_after = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
+    if spy is not None:
+        spy.wait(30)
     calls_after = node.koordnode.status()["proxy"]["calls_by_method"]
     settled = _only_running_pods(node, client)  # no clean-up started within the window either
     seconds = ended - began
@@ -155,6 +163,7 @@ def load_window(node, pods: int, window_s: float) -> dict[str, Any]:
     return {"pods": pods, "window_s": round(seconds, 1),
             "koordnode_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
             "koordnode_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates,
+            "koordnode_threads_ms_per_s": thread_groups(pid, threads_before, threads_after, seconds),
             "only_running_pods": settled}
 
 
@@ -167,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interleave", action="store_true",
                         help="run the modes' nodes side by side and start their pods in turns")
     parser.add_argument("--json", help="also write the results there")
+    parser.add_argument("--profile", metavar="PREFIX",
+                        help="py-spy's stacks of each load window to PREFIX.PODS.txt (pip install py-spy)")
     args = parser.parse_args(argv)
 
     from tests.testbed.kube_bed import ControlPlane

@@ -152,9 +152,42 @@ def test_what_the_client_sends_before_the_backend_is_up_goes_first_and_in_order(
     core.client_data(request)
     assert sent == b""
     core.backend_connected(sent.extend)
-    ping = w.frame(w.PING, 0, 0, bytes(8))
-    core.client_data(ping)
-    assert bytes(sent) == START + request + ping
+    update = w.window_update(0, 1000)
+    core.client_data(update)
+    assert bytes(sent) == START + request + update
+
+
+def test_pings_are_answered_to_their_sender_and_not_relayed_until_a_goaway():
+    """gRPC pings after each response (its bandwidth-delay estimate): answered here, they no
+    longer wake the other end, nor the proxy again for the answer."""
+    wire = Wire()
+    wire.client(START)
+    wire.backend(w.frame(w.SETTINGS, 0, 0))
+    wire.backend_frames(), wire.client_frames()
+    bdp = bytes([2, 4, 16, 16, 9, 14, 7, 7])
+    update = w.window_update(0, 100)
+    wire.client(update, w.frame(w.PING, 0, 0, bdp))
+    assert wire.backend_frames() == [(w.WINDOW_UPDATE, 0, 0, (100).to_bytes(4, "big"))]  # the update goes on
+    assert wire.client_frames() == [(w.PING, w.FLAG_ACK, 0, bdp)]
+    wire.backend(w.frame(w.PING, 0, 0, b"12345678"))
+    assert wire.backend_frames() == [(w.PING, w.FLAG_ACK, 0, b"12345678")] and wire.client_frames() == []
+    # An answer can only be to a ping never relayed: dropped, either way.
+    wire.backend(w.frame(w.PING, w.FLAG_ACK, 0, bdp))
+    wire.client(w.frame(w.PING, w.FLAG_ACK, 0, b"12345678"))
+    assert wire.client_frames() == [] and wire.backend_frames() == []
+    # Malformed: relayed as it came, the other end judges it as without koordnode.
+    odd = w.frame(w.PING, 0, 0, b"1234567")
+    wire.client(odd)
+    assert bytes(wire.to_backend) == odd and wire.client_frames() == []
+    wire.backend_frames()
+    # The runtime closes gracefully: its GOAWAY, then a ping only the client can answer.
+    goaway = w.goaway(1, w.ERROR_NO_ERROR)
+    wire.backend(goaway, w.frame(w.PING, 0, 0, b"goaway!!"))
+    assert bytes(wire.to_client) == goaway + w.frame(w.PING, 0, 0, b"goaway!!")
+    assert wire.backend_frames() == []
+    wire.client_frames()
+    wire.client(w.frame(w.PING, w.FLAG_ACK, 0, b"goaway!!"))
+    assert wire.backend_frames() == [(w.PING, w.FLAG_ACK, 0, b"goaway!!")]
 
 
 def test_bytes_that_are_not_http2_are_relayed_unparsed_both_ways():

@@ -15,6 +15,11 @@ Invariants kept here:
   none either (proxy/flow_ledger.py); a body goes out as the backend's windows allow.
 - A frame the core cannot make sense of costs one connection, never the process; a hostile
   client's frames cost bounded memory (held bodies, header blocks, frame sizes).
+- PING is hop-by-hop: each end's pings are answered here, not carried to the other end (gRPC
+  pings after every response to estimate the link's bandwidth-delay product; relaying them and
+  their answers cost two wake-ups of all three processes per call). Once either end has sent
+  GOAWAY, pings and their answers cross again: a graceful close pings to learn that the other
+  end has seen its GOAWAY, which only that end can say.
 
 proxy/relay.py runs it over asyncio transports; the tests drive it with hand-built frames.
 """
@@ -76,6 +81,7 @@ class RelayCore:
         self._c2s_block: HeaderBlock | None = None
         self._s2c_block: HeaderBlock | None = None
         self._hpack_broken = False  # after a decode error we stop intercepting new streams
+        self._pings_end_to_end = False  # set by the first GOAWAY from either end
         self.streams: dict[int, HeldCall] = {}  # intercepted calls
         self._sending: dict[int, HeldCall] = {}  # those whose body waits for the backend's window
         self._seen_streams_hwm = 0  # highest client stream id seen (new-stream detection)
@@ -87,12 +93,13 @@ class RelayCore:
         self._client_handlers = _dispatch_table({
             w.DATA: self._client_data, w.HEADERS: self._client_headers_frame,
             w.CONTINUATION: self._client_continuation, w.RST_STREAM: self._client_reset,
-            w.SETTINGS: self._client_settings,
+            w.SETTINGS: self._client_settings, w.PING: self._client_ping, w.GOAWAY: self._goaway,
         })
         self._backend_handlers = _dispatch_table({
             w.DATA: self._backend_data, w.HEADERS: self._backend_headers_frame,
             w.CONTINUATION: self._backend_continuation, w.RST_STREAM: self._backend_reset,
             w.SETTINGS: self._backend_settings, w.WINDOW_UPDATE: self._backend_window_update,
+            w.PING: self._backend_ping, w.GOAWAY: self._goaway,
         })
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -306,6 +313,28 @@ class RelayCore:
         st = self.streams.get(sid)
         if st is not None:
             self._forget(st)
+        return None
+
+    # ---- PING and GOAWAY (both ends) -----------------------------------------------------------
+
+    def _client_ping(self, flags: int, sid: int, payload: memoryview, length: int) -> bytes | None:
+        return self._ping(flags, sid, payload, length, self._to_client)
+
+    def _backend_ping(self, flags: int, sid: int, payload: memoryview, length: int) -> bytes | None:
+        return self._ping(flags, sid, payload, length, self._to_backend)
+
+    def _ping(self, flags: int, sid: int, payload: memoryview, length: int, answer: Send) -> bytes | None:
+        """A ping is answered to its sender and not relayed (b""); an answer, which can only
+        be to a ping never relayed, is dropped. Relayed as it came: malformed (the other end
+        judges it, as without koordnode), or once the connection is closing."""
+        if self._pings_end_to_end or sid != 0 or length != 8:
+            return None
+        if not flags & w.FLAG_ACK:
+            answer(w.frame(w.PING, w.FLAG_ACK, 0, bytes(payload)))
+        return b""
+
+    def _goaway(self, flags: int, sid: int, payload: memoryview, length: int) -> None:
+        self._pings_end_to_end = True
         return None
 
     def _client_settings(self, flags: int, sid: int, payload: memoryview, length: int) -> None:
