@@ -127,8 +127,11 @@ def test_pod_weights_split_one_cpu_as_the_classes_promise(containerd_bed, node):
     status = kn.wait_rebuilt()
     classes = {p["sandbox_id"]: p["qos_class"] for p in status["pods"]}
     assert (classes[ls_sid], classes[lsr_sid]) == ("LS", "LSR")
-    weights = {p["sandbox_id"]: p.get("cpu_weight") for p in kn.status()["pods"]}
-    assert weights[lsr_sid] == {"cpu.shares": 65536} and weights[ls_sid] == {"cpu.shares": 1024}
+    # Status is built once the whole apply is done, a moment after the file is written.
+    def weights() -> dict[str, object]:
+        return {p["sandbox_id"]: p.get("cpu_weight") for p in kn.status()["pods"]}
+    wait_for(lambda: (weights().get(lsr_sid), weights().get(ls_sid)) == ({"cpu.shares": 65536}, {"cpu.shares": 1024}),
+             10, "both pods' weights in status")
 
     time.sleep(1.0)  # both loops running
     before = cpu_usage_ns(ls_pod), cpu_usage_ns(lsr_pod)

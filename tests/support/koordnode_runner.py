@@ -121,7 +121,9 @@ class KoordnodeProcess:
         return code
 
     def status(self) -> dict:
-        return fetch_status(self.admin)
+        # A daemon on a machine busy with builds and other beds can take seconds to answer
+        # (the demo and the tests ask while their pods burn CPU): wait longer than the CLI's 5 s.
+        return fetch_status(self.admin, timeout_s=20.0)
 
     def wait_rebuilt(self, timeout_s: float = 20.0) -> dict:
         deadline = time.monotonic() + timeout_s
