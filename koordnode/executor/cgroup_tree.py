@@ -42,18 +42,25 @@ class CgroupTree:
         None when the cgroup does not exist or the kernel has no such file. Raises
         UnsafePathError for a path leaving the root, UnknownResourceError for a bad name.
         """
+        found = self._look_up_and_read(cgroup, resource)
+        return None if found is None else found[1].strip()
+
+    def _look_up_and_read(self, cgroup: str, resource: str) -> tuple[Path, str, tuple[int, int]] | None:
+        """The file backing `resource` for `cgroup`, resolved and confined, with its content and
+        its (device, inode); None when the hierarchy, the cgroup or the file is missing."""
         spec = get_resource(resource)
-        cgroup = normalize_cgroup_path(cgroup)
         hierarchy = self._fs.hierarchy(spec.v1_controller)
         if hierarchy is None:
             return None
-        directory = self._fs.cgroup_dir(hierarchy, cgroup)
+        directory = self._fs.cgroup_dir(hierarchy, normalize_cgroup_path(cgroup))
         for fmt in spec.files(self._fs.is_v2):
             path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
             try:
-                return read_file(path).strip()
+                read = read_file_if_same(path, None)  # any file: None never comes back
             except FileNotFoundError:
                 continue
+            if read is not None:
+                return path, read[0], read[1]
         return None
 
     def read_pids(self, cgroup: str, *, threads: bool = False) -> list[int] | None:
@@ -73,33 +80,14 @@ class CgroupTree:
             if read is not None:
                 return _ids(read[0])
             self._membership_files.pop(key, None)
-        found = self._membership_file(cgroup, resource)
+        found = self._look_up_and_read(cgroup, resource)
         if found is None:
             return None
-        try:
-            read = read_file_if_same(found, None)
-        except FileNotFoundError:
-            return None
-        if read is None:  # not reached: any file is accepted
-            return None
+        path, text, file_id = found
         if len(self._membership_files) >= self._MAX_MEMBERSHIP_FILES:
             self._membership_files.clear()
-        self._membership_files[key] = (found, read[1])
-        return _ids(read[0])
-
-    def _membership_file(self, cgroup: str, resource: str) -> Path | None:
-        """The resolved, confined file holding `resource` (a membership file) for `cgroup`;
-        None when the hierarchy, the cgroup or the file is missing."""
-        spec = get_resource(resource)
-        hierarchy = self._fs.hierarchy(spec.v1_controller)
-        if hierarchy is None:
-            return None
-        directory = self._fs.cgroup_dir(hierarchy, normalize_cgroup_path(cgroup))
-        for fmt in spec.files(self._fs.is_v2):
-            path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
-            if path.exists():
-                return path
-        return None
+        self._membership_files[key] = (path, file_id)
+        return _ids(text)
 
     def cgroup_exists(self, cgroup: str, controller: str = "cpu") -> bool:
         hierarchy = self._fs.hierarchy(controller)
