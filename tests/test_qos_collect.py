@@ -147,6 +147,11 @@ def test_memory_stat_v1_and_v2():
     assert v2.working_set(1) == 0
     with pytest.raises(ParseError):
         parse_memory_stat("pgfault 3\n")
+    with pytest.raises(ParseError, match="total_rss"):  # a line that is used must be a number
+        parse_memory_stat("cache 1\ntotal_rss 12k\n")
+    # Only whole keys count: "total_rss" is not "rss", nor "xanon" "anon".
+    assert parse_memory_stat("xanon 5\nanon 7\n").anon == 7
+    assert parse_memory_stat("total_rss 3\nrss 9\n").anon == 3
 
 
 def test_cpu_max():

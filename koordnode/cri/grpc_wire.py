@@ -51,12 +51,12 @@ class Status(enum.IntEnum):
 STATUS_NAMES: frozenset[str] = frozenset(status.name for status in Status)
 
 
+_STATUS_NAMES_BY_CODE: dict[int, str] = {status.value: status.name for status in Status}
+
+
 def status_name(code: int) -> str:
     """The name of a grpc-status number; "UNKNOWN" for a number gRPC does not define."""
-    try:
-        return Status(code).name
-    except ValueError:
-        return Status.UNKNOWN.name
+    return _STATUS_NAMES_BY_CODE.get(code, "UNKNOWN")  # a dict, not Status(code): once per call
 
 
 _HEADER = struct.Struct(">BL")

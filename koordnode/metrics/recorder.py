@@ -471,10 +471,21 @@ class Metrics:
 
 def _method_label(method: str) -> str:
     """A CRI method's name from its gRPC path (v1 or v1alpha2) or name; ``other`` otherwise."""
+    label = _method_labels.get(method)
+    if label is not None:
+        return label
+    name = method
     if "/" in method:
         match = _CRI_PATH.fullmatch(method)
-        method = match.group(1) if match else ""
-    return method if method in _CRI_METHOD_NAMES else OTHER_METHOD
+        name = match.group(1) if match else ""
+    label = name if name in _CRI_METHOD_NAMES else OTHER_METHOD
+    if label != OTHER_METHOD:  # only CRI's own paths are kept: a client's others are unbounded
+        _method_labels[method] = label
+    return label
+
+
+# Labels by the path or name they came from (every relayed call asks).
+_method_labels: dict[str, str] = {}
 
 
 def _code_name(code: int | str | None) -> str:

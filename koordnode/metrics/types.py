@@ -145,10 +145,16 @@ class _Metric(Generic[S]):
 
     def labels(self, *values: str) -> S:
         """The series of these label values (in label-name order), made at first use."""
+        try:
+            series = self._series.get(values)  # the common case: strings of a known series, no lock
+        except TypeError:  # an unhashable value: its str() is the label
+            series = None
+        if series is not None:
+            return series
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(values)}")
         key = tuple(str(v) for v in values)
-        series = self._series.get(key)  # the common case: no lock (a dict read is atomic)
+        series = self._series.get(key)  # a dict read is atomic
         if series is None:
             with self._lock:
                 series = self._series.setdefault(key, self._new_series())

@@ -145,6 +145,7 @@ class Measurer:
         self._last_decision_at: float | None = None
         self._last_sweep: float | None = None
         self._forgot_for: tuple[Inventory, str, tuple[str, ...]] | None = None  # forget_gone's last inputs
+        self._targets_for: tuple[Inventory, str, tuple[str, ...]] | None = None  # watch_targets' last answer
 
     def configure(self, settings: ManagerSettings) -> None:
         """A (reloaded) configuration: where kubepods and the tiers are, the history length."""
@@ -353,11 +354,15 @@ class Measurer:
         """Cgroups whose CPU pressure is LS pressure: the burstable tier when LS pods live in
         it, and every other non-BE pod cgroup outside it (Guaranteed pods sit in kubepods)."""
         burstable = self.tiers["burstable"]
+        last = self._targets_for
+        if last is not None and last[0] is inventory and last[1] == burstable:
+            return list(last[2])  # the inventory is reused while NodeState is unchanged
         targets: dict[str, None] = {}
         for pod in inventory.pods:
             if pod.qos_class is QoSClass.BE:
                 continue
             targets[burstable if pod.tier == burstable else pod.cgroup] = None
+        self._targets_for = (inventory, burstable, tuple(targets))
         return list(targets)
 
     def pressure_watch_needed(self, inventory: Inventory, usage_events_armed: bool) -> bool:

@@ -218,15 +218,40 @@ class MemoryStat:
         return max(0, usage - self.inactive_file)
 
 
+def _stat_field(text: str, key: str) -> int | None:
+    """The value of the "<key> <int>" line of a stat file, None when there is no such line."""
+    prefix = key + " "
+    if text.startswith(prefix):
+        start = len(prefix)
+    else:
+        at = text.find("\n" + prefix)
+        if at < 0:
+            return None
+        start = at + 1 + len(prefix)
+    end = text.find("\n", start)
+    value = text[start:] if end < 0 else text[start:end]
+    try:
+        return int(value)
+    except ValueError:
+        raise ParseError(f"memory.stat: {key}: non-numeric value {value.strip()[:40]!r}") from None
+
+
+# (anon, file, inactive_file) keys, in the order they are tried: v1 hierarchical totals, v2,
+# v1 without use_hierarchy.
+_MEMORY_STAT_KEYS = (
+    ("total_rss", "total_cache", "total_inactive_file"),
+    ("anon", "file", "inactive_file"),
+    ("rss", "cache", "inactive_file"),
+)
+
+
 def parse_memory_stat(text: str) -> MemoryStat:
-    """v1 (total_rss / total_cache / total_inactive_file, hierarchical) or v2 (anon / file)."""
-    values = _key_values(text, "memory.stat")
-    if "total_rss" in values:
-        return MemoryStat(values["total_rss"], values.get("total_cache", 0), values.get("total_inactive_file", 0))
-    if "anon" in values:
-        return MemoryStat(values["anon"], values.get("file", 0), values.get("inactive_file", 0))
-    if "rss" in values:  # v1 without use_hierarchy totals
-        return MemoryStat(values["rss"], values.get("cache", 0), values.get("inactive_file", 0))
+    """v1 (total_rss / total_cache / total_inactive_file, hierarchical) or v2 (anon / file).
+    Only the lines used are read (a v1 file has ~70; this runs every tick for each BE tier)."""
+    for anon_key, file_key, inactive_key in _MEMORY_STAT_KEYS:
+        anon = _stat_field(text, anon_key)
+        if anon is not None:
+            return MemoryStat(anon, _stat_field(text, file_key) or 0, _stat_field(text, inactive_key) or 0)
     raise ParseError("memory.stat: neither v1 (total_rss/rss) nor v2 (anon) fields")
 
 

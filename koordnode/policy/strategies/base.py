@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from koordnode.policy.plan import CgroupWrite
@@ -45,10 +45,12 @@ class PodView:
     cgroup: str
     priority: int
     containers: tuple[ContainerView, ...]
+    # The cgroup's parent (kubelet's QoS tier or koordnode's BE group); read for every pod on
+    # every tick, so worked out once.
+    tier: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def tier(self) -> str:
-        return posixpath.dirname(self.cgroup.rstrip("/")) or "/"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tier", posixpath.dirname(self.cgroup.rstrip("/")) or "/")
 
 
 @dataclass(frozen=True)
