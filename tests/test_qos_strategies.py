@@ -601,3 +601,16 @@ def test_be_memory_restore_unbounds_the_tier_and_the_pods():
     result = restore_be_memory(GROUP, [f"{GROUP}/pod1"])
     assert set(writes_of(result).values()) == {-1}
     assert len(result.writes) == 5
+
+
+def test_pod_view_tier_is_the_cgroups_parent_and_follows_a_replaced_cgroup():
+    from koordnode.model.qos_class import QoSClass
+    from koordnode.policy.strategies.base import PodView
+
+    pod = PodView("sb", "ns/p", QoSClass.BE, "/kubepods/besteffort/podabc/", 0, ())
+    assert pod.tier == "/kubepods/besteffort"
+    moved = dataclasses.replace(pod, cgroup="/kubepods/koordnode_be/podabc")
+    assert moved.tier == "/kubepods/koordnode_be"
+    assert PodView("sb", "ns/p", QoSClass.LS, "/pod", 0, ()).tier == "/"
+    # Not part of equality: two views of the same pod compare equal as before.
+    assert pod == PodView("sb", "ns/p", QoSClass.BE, "/kubepods/besteffort/podabc/", 0, ())
