@@ -114,9 +114,19 @@ class _ReadBuffer(threading.local):
 _READ = _ReadBuffer()
 
 
-class _ClientProtocol(asyncio.BufferedProtocol):
+class _RelayReads(asyncio.BufferedProtocol):
+    """Either end of a relayed connection: reads go through _READ to the core's `_received`."""
+
     _received: Callable[[bytes], None]  # the core's, once connected
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._received(_READ.take(nbytes))
+
+
+class _ClientProtocol(_RelayReads):
     def __init__(self, handler: CallHandler, open_backend: BackendOpener, registry: set[Relay]) -> None:
         self.handler = handler
         self.open_backend = open_backend
@@ -127,12 +137,6 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)  # a stream socket's
         self.relay = Relay(self.handler, transport, self.open_backend, self.registry)
         self._received = self.relay.core.client_data
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._received(_READ.take(nbytes))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.relay is not None:
@@ -147,16 +151,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.relay.backend.resume_reading()
 
 
-class _BackendProtocol(asyncio.BufferedProtocol):
+class _BackendProtocol(_RelayReads):
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self._received = relay.core.backend_data
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._received(_READ.take(nbytes))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.close()
