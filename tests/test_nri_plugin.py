@@ -18,7 +18,8 @@ from koordnode.nri import api_pb2 as nri
 from koordnode.nri.mux import MAX_WRITE_FRAME, Mux
 from koordnode.nri.plugin import BASE_EVENTS, NriPlugin, event_mask
 from koordnode.nri.ttrpc import TtrpcClient, TtrpcServer
-from koordnode.model.state import NodeState
+from koordnode.cri import api_pb2 as cri
+from koordnode.model.state import ContainerRecord, NodeState, PodRecord
 from support.koordnode_runner import short_socket_dir
 from support.nri_runtime import CallFailed, FakeRuntime
 
@@ -67,14 +68,15 @@ def container(cid: str = "c1", pid: str = "pod1", shares: int = 512) -> nri.Cont
 
 
 class Harness:
-    def __init__(self, hooks, *, chain_timeout_s: float = 1.0, engine=None, **runtime_kw) -> None:
+    def __init__(self, hooks, *, chain_timeout_s: float = 1.0, engine=None, procfs_root: str = "/proc",
+                 **runtime_kw) -> None:
         self.path = str(short_socket_dir() / "nri.sock")
         self.state = NodeState()
         self.chain = HookChain([StateRecorder(self.state), *hooks], timeout_s=chain_timeout_s)
         self.runtime = FakeRuntime(self.path, **runtime_kw)
         self.pool_updates = PoolUpdates()  # what the engine publishes on (wired as the daemon does)
         self.plugin = NriPlugin(self.path, "koordnode", "07", chain=self.chain, state=self.state, engine=engine,
-                                pool_updates=self.pool_updates)
+                                pool_updates=self.pool_updates, procfs_root=procfs_root)
         self.stop = asyncio.Event()
         self.task = None
 
@@ -183,6 +185,51 @@ def test_pod_start_answers_come_before_their_bookkeeping_which_lands_before_the_
         release_start.set()
     assert order == ["RunPodSandbox answered", "post RunPodSandbox", "pre CreateContainer", "post CreateContainer",
                      "PostStartContainer answered", "post StartContainer"]
+
+
+def test_post_start_is_answered_before_the_class_oom_score_adj_is_written(tmp_path) -> None:
+    """A runtime that did not apply the adjusted oom_score_adj (containerd 1.7) started the
+    process with kubelet's: the class value is written to it, after the answer (StartContainer
+    waits for it), not before."""
+    import threading
+
+    (tmp_path / "4242").mkdir()
+    oom_file = tmp_path / "4242" / "oom_score_adj"
+    oom_file.write_text("999\n")
+    writing, release = threading.Event(), threading.Event()
+
+    async def main():
+        async with Harness([], procfs_root=str(tmp_path)) as h:
+            h.plugin.oom.floor = None  # as with CAP_SYS_RESOURCE, whatever this machine has
+            real_write = h.plugin.oom.write
+
+            def slow_write(*args):
+                writing.set()
+                release.wait(5)
+                real_write(*args)
+
+            h.plugin.oom.write = slow_write
+            h.state.put_pod(PodRecord("pod1", "p", "ns", "uid1", {}, {}, "/kubepods/burstable/poduid1"))
+            h.state.put_container(ContainerRecord("c1", "pod1", "app", {}, {},
+                                                  cri.LinuxContainerResources(oom_score_adj=-300)))
+            started = container()
+            started.pid = 4242
+            started.linux.oom_score_adj.value = 999
+            await asyncio.wait_for(h.runtime.call("StateChange", nri.StateChangeEvent(
+                event=nri.POST_START_CONTAINER, pod=pod(), container=started), nri.Empty), 2)
+            answered_while_writing = not release.is_set() and not sum(h.plugin.stats.late_answers.values())
+            await asyncio.to_thread(writing.wait, 2)
+            release.set()
+            deadline = time.monotonic() + 5
+            while oom_file.read_text().strip() != "-300" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return answered_while_writing
+
+    try:
+        assert run(main())
+    finally:
+        release.set()
+    assert oom_file.read_text().strip() == "-300"
 
 
 def test_unmodelled_fields_of_the_runtime_are_tolerated() -> None:

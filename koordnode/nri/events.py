@@ -5,6 +5,7 @@ values as its update."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -23,8 +24,9 @@ log = structlog.get_logger("koordnode.nri")
 
 class NriEvents:
     def __init__(self, chain: HookChain, state: NodeState, engine: QoSEngine | None, updates: ContainerUpdates,
-                 oom: OomScoreAdj) -> None:
+                 oom: OomScoreAdj, spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
         self.chain = chain
+        self.spawn = spawn  # work that follows an answer (the plugin keeps and cancels it)
         self.state = state
         self.engine = engine
         self.updates = updates
@@ -119,7 +121,15 @@ class NriEvents:
     async def post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
         await self._hooks("StartContainer", cri.StartContainerRequest(container_id=container.id),
                           cri.StartContainerResponse(), dict(pod.labels), answer_first=True)
-        await self.oom.after_start(container)
+        # The process already runs with the runtime's value, and the runtime's StartContainer
+        # waits for this answer: the class value (a thread hop and a write) follows it.
+        self.spawn(self._oom_after_start(container))
+
+    async def _oom_after_start(self, container: nri.Container) -> None:
+        try:
+            await self.oom.after_start(container)
+        except Exception:  # nobody awaits this task: say it here
+            log.exception("oom_score_adj_after_start_failed", container_id=container.id)
 
     async def update_container(self, req: nri.UpdateContainerRequest) -> nri.UpdateContainerResponse:
         """kubelet changes a container's resources (resize): keep the class values on top."""

@@ -82,7 +82,7 @@ class NriPlugin:
         self.updates = ContainerUpdates(state, engine, pool_updates if pool_updates is not None else PoolUpdates(),
                                         self.stats, self._spawn)
         self.oom = OomScoreAdj(state, engine, procfs_root)
-        self.events = NriEvents(chain, state, engine, self.updates, self.oom)
+        self.events = NriEvents(chain, state, engine, self.updates, self.oom, self._spawn)
         self.synchronizer = Synchronizer(state, engine, self.updates, self.oom, self.stats, self._spawn,
                                          self._answered_late, on_synchronized)
         self._dry_run = False
