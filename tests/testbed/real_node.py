@@ -12,7 +12,9 @@ mount and socket they made.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -102,17 +104,25 @@ def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
 @contextlib.contextmanager
 def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlane | None = None,
               node_name: str = NODE_NAMES[0], namespace: str = "default", koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
-              feature_gates: dict[str, bool] | None = None) -> Iterator[RealNode]:
+              feature_gates: dict[str, bool] | None = None,
+              nri_plugin: Sequence[str] | None = None) -> Iterator[RealNode]:
+    """``nri_plugin`` (``mode="nri"``): a command run as containerd's NRI plugin in koordnode's
+    place, the socket appended (bench/nri_floor.py: a plugin that changes nothing)."""
     workdir = Path(workdir)
+    if nri_plugin is not None and mode != "nri":
+        raise ValueError(f"nri_plugin needs mode 'nri', not {mode!r}")
     nri_socket = short_socket_dir() / "nri.sock" if mode == "nri" else None
     containerd = ContainerdBed(workdir / "containerd", bin_dir=component_bin("containerd"), nri_socket=nri_socket)
     koordnode: KoordnodeProcess | None = None
+    plugin: subprocess.Popen[bytes] | None = None
     kubelet: Kubelet | None = None
     node: RealNode | None = None
     try:
         containerd.start()
         endpoint = containerd.address
-        if mode != "direct":
+        if nri_plugin is not None:
+            plugin = _start_nri_plugin([*nri_plugin, str(nri_socket)], workdir / "nri-plugin.log")
+        elif mode != "direct":
             koordnode = KoordnodeProcess(workdir / "koordnode", str(containerd.socket), extra_toml=koordnode_toml,
                                          kubepods=containerd.kubepods_cgroup,
                                          nri_socket=str(nri_socket) if nri_socket else "").start()
@@ -140,4 +150,23 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
             kubelet.close()
         if koordnode is not None:
             koordnode.stop()
+        if plugin is not None:
+            plugin.terminate()
+            plugin.wait(10)
         containerd.stop()
+
+
+def _start_nri_plugin(command: list[str], log_path: Path, timeout_s: float = 20.0) -> subprocess.Popen[bytes]:
+    """Start an NRI plugin built on containerd's stub, and wait until it says it started
+    (after the runtime configured it)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        plugin = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while "Started plugin" not in log_path.read_text(errors="replace"):
+        if plugin.poll() is not None or time.monotonic() > deadline:
+            plugin.kill()
+            plugin.wait(10)
+            raise RuntimeError(f"NRI plugin {command[0]} did not start: {log_path.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)
+    return plugin
