@@ -86,14 +86,26 @@ _RUNTIME_WORDS = re.compile(r"rpc error|runtime|CRI|sandbox|container", re.IGNOR
 _VOLATILE = re.compile(r"koordnode-test-[0-9a-f]+|kn-node-[a-z]|[0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\d+(\.\d+)?")
 
 
+# kubelet's sync loop, not ready yet: err is one reason or a bracketed list of them, and which of
+# them are still pending at a given 100 ms tick after a (re)start is a matter of timing.
+_NOT_READY = re.compile(r'^"Skipping pod synchronization" err="\[?(?P<reasons>.*?)\]?"$')
+
+
 def runtime_errors(kubelet_log: str) -> list[str]:
     """kubelet's error lines about the runtime (CRI calls, sandboxes, containers), with ids,
-    uids and numbers blanked so that the same error of two runs compares equal."""
+    uids and numbers blanked so that the same error of two runs compares equal; a sync loop
+    not ready yet gives one entry per reason it names."""
     found = []
     for line in kubelet_log.splitlines():
         match = _KLOG.match(line)
         if match and match["severity"] in "EF" and _RUNTIME_WORDS.search(match["message"]):
-            found.append(f"{match['source']}] " + _VOLATILE.sub("#", match["message"]))
+            message = _VOLATILE.sub("#", match["message"])
+            not_ready = _NOT_READY.match(message)
+            if not_ready:
+                found += [f"{match['source']}] Skipping pod synchronization: {reason.strip()}"
+                          for reason in not_ready["reasons"].split(", ")]
+            else:
+                found.append(f"{match['source']}] {message}")
     return list(dict.fromkeys(found))
 
 
