@@ -13,13 +13,14 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from testbed.fixtures import running_in_ci, skip_or_fail_in_ci
-from vm.lane import LaneError, LaneResult, missing_tools, run_lane
+from vm.lane import LaneError, LaneResult, guest_shards, missing_tools, run_lane
 
 GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
 LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "3600"))
@@ -61,7 +62,8 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def vm_lane(tmp_path_factory: pytest.TempPathFactory) -> LaneResult:
+def vm_lanes(tmp_path_factory: pytest.TempPathFactory) -> list[LaneResult]:
+    """One result per VM: the guest tests run split over two VMs at once (tests/vm/lane.py)."""
     if os.environ.get("KOORDNODE_VM_LANE", "1") == "0" and not running_in_ci():
         pytest.skip("KOORDNODE_VM_LANE=0")
     if os.geteuid() != 0:
@@ -69,7 +71,7 @@ def vm_lane(tmp_path_factory: pytest.TempPathFactory) -> LaneResult:
     if missing := missing_tools():
         _unavailable("missing " + ", ".join(missing) + " (scripts/install-deps.sh)")
     try:
-        return run_lane(tmp_path_factory.mktemp("vm-lane"), timeout_s=LANE_TIMEOUT_S)
+        return run_lane(tmp_path_factory.mktemp("vm-lane"), timeout_s=LANE_TIMEOUT_S, shards=guest_shards())
     except LaneError as err:
         pytest.fail(f"VM lane could not run: {err}", pytrace=False)
 
@@ -86,19 +88,22 @@ def _case_matches(case: ET.Element, test_id: str) -> bool:
     return case.get("classname", "").split(".")[-1] == module and _name_matches(case.get("name", ""), func)
 
 
-def test_guest_ran_and_reported(vm_lane: LaneResult) -> None:
-    print(vm_lane.summary)
-    print(f"guest: {vm_lane.facts}")
-    assert not vm_lane.kernel_panic, f"the guest kernel crashed:\n{vm_lane.kernel_panic}"
-    assert vm_lane.exit_code is not None, (
-        f"the guest never reported (console: {vm_lane.console_log}):\n{_tail(vm_lane.console_log)}"
-    )
-    assert vm_lane.junit is not None, f"no junit from the guest; guest log:\n{vm_lane.guest_log[-4000:]}"
+def test_guest_ran_and_reported(vm_lanes: list[LaneResult]) -> None:
     known = guest_test_ids()
-    strays = [f"{c.get('classname')}::{c.get('name')}" for c in _cases(vm_lane)
-              if not any(_case_matches(c, test_id) for test_id in known)]
-    assert not strays, f"guest results this host test does not know: {strays}"
-    assert vm_lane.exit_code in (0, 1), f"guest pytest exit {vm_lane.exit_code}:\n{vm_lane.guest_log[-4000:]}"
+    for vm_lane in vm_lanes:
+        print(f"{vm_lane.summary}, files {list(vm_lane.files) or 'all'}")
+        print(f"guest: {vm_lane.facts}")
+    for vm_lane in vm_lanes:
+        which = f"the guest running {list(vm_lane.files) or 'every file'}"
+        assert not vm_lane.kernel_panic, f"{which}: the guest kernel crashed:\n{vm_lane.kernel_panic}"
+        assert vm_lane.exit_code is not None, (
+            f"{which} never reported (console: {vm_lane.console_log}):\n{_tail(vm_lane.console_log)}"
+        )
+        assert vm_lane.junit is not None, f"{which}: no junit; guest log:\n{vm_lane.guest_log[-4000:]}"
+        strays = [f"{c.get('classname')}::{c.get('name')}" for c in _cases(vm_lane)
+                  if not any(_case_matches(c, test_id) for test_id in known)]
+        assert not strays, f"{which}: guest results this host test does not know: {strays}"
+        assert vm_lane.exit_code in (0, 1), f"{which}: guest pytest exit {vm_lane.exit_code}:\n{vm_lane.guest_log[-4000:]}"
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -127,7 +132,11 @@ def _progress(result: LaneResult, guest_test: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("guest_test", guest_test_ids())
-def test_guest(vm_lane: LaneResult, guest_test: str) -> None:
+def test_guest(vm_lanes: list[LaneResult], guest_test: str) -> None:
+    file_name = guest_test.split("::")[0]
+    vm_lane = next((lane for lane in vm_lanes if lane.ran(file_name)), None)
+    if vm_lane is None:
+        pytest.fail(f"no guest ran {file_name} (shards: {[list(lane.files) for lane in vm_lanes]})", pytrace=False)
     cases = [c for c in _cases(vm_lane) if _case_matches(c, guest_test)]
     if not cases and vm_lane.junit is None:
         entries = _progress(vm_lane, guest_test)
@@ -176,3 +185,47 @@ def test_guest_tests_on_several_containerd_releases_are_reported_per_release() -
     assert not _case_matches(case("test_be_tier_cpu_max_is_suppressed[1.7]"), f"{marked}[2.1]")
     unmarked = "test_qos_systemd_v2.py::test_system_class_values_in_the_v2_files"
     assert _case_matches(case("test_system_class_values_in_the_v2_files[1.7]"), unmarked)
+
+
+def test_the_shards_cover_every_guest_file_once_and_keep_the_session_bed_together(tmp_path: Path) -> None:
+    """No VM: every guest test file runs in exactly one VM, a new file lands in the second, and
+    the files on the session bed (containerd_release) share one VM, so no two koordnodes of the
+    same release run in different guests' halves of a release group."""
+    shards = guest_shards()
+    files = sorted(path.name for path in GUEST_TESTS.glob("test_*.py"))
+    assert len(shards) == 2
+    assert sorted(name for shard in shards for name in shard) == files
+    on_the_bed = {path.name for path in GUEST_TESTS.glob("test_*.py")
+                  if re.search(r"def test_\w+\([^)]*\bsystemd_bed\b", path.read_text())}
+    assert on_the_bed and all(sum(name in shard for name in on_the_bed) in (0, len(on_the_bed)) for shard in shards), \
+        (on_the_bed, shards)
+    for name in ("test_platform.py", "test_a_new_one.py"):
+        (tmp_path / name).write_text("")
+    assert guest_shards(tmp_path) == [("test_platform.py",), ("test_a_new_one.py",)]
+
+
+def test_a_stopped_guest_says_what_pytest_was_doing_in_the_kernel() -> None:
+    """No VM: the guest's diagnosis of a pytest stopped by the bound (tests/vm/guest/run.py) on
+    a process of this host: its line in the process list, the kernel stack of each thread."""
+    if os.geteuid() != 0:
+        pytest.skip("kernel stacks (/proc/PID/task/TID/stack) need root")
+    import importlib.util
+    import io
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("guest_run", Path(__file__).parent / "vm" / "guest" / "run.py")
+    assert spec and spec.loader
+    guest_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guest_run)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        out = io.StringIO()
+        guest_run.diagnose_stuck(sleeper.pid, out, sysrq=False)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    text = out.getvalue()
+    assert re.search(rf"^\s*{sleeper.pid}\s+\d+\s+S\S*\s+\S+.*sleep 60$", text, re.M), text[:3000]
+    stack = text.split(f"--- kernel stack of {sleeper.pid}/{sleeper.pid}:", 1)
+    assert len(stack) == 2 and "nanosleep" in stack[1].split("---")[0], text[-3000:]
+    assert "--- kernel log" in text

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,10 @@ class LaneResult:
     image: Image
     seconds: float
     facts: dict = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # the guest test files this VM ran; () for all of them
+
+    def ran(self, file_name: str) -> bool:
+        return not self.files or file_name in self.files
 
     @property
     def kernel_panic(self) -> str:
@@ -409,9 +414,29 @@ def _stage_packages(directory: Path) -> None:
         _log(f"wheelhouse for the guest not made: {err}")
 
 
+# The guest tests in two VMs side by side. TCG runs each guest on one host thread, and the lane
+# runs last in the test command, when nothing else does: two guests use both cores of the 2-core
+# CI machine and halve the lane (one guest took 2846-3480 s; CI's whole bound is 90 min). The
+# first shard names its files; the second runs every other file in tests/vm_guest/, so a new
+# file always runs somewhere. The tests on the session bed (a containerd and a koordnode per
+# release, tests/vm_guest/conftest.py) stay together in the second shard.
+FIRST_SHARD = ("test_package_systemd.py", "test_real_kubelet_v2.py", "test_real_kubelet_api_v2.py",
+               "test_platform.py", "test_restore_v2.py", "test_memory_qos_v2.py")
+
+
+def guest_shards(guest_tests: Path = TESTS / "vm_guest") -> list[tuple[str, ...]]:
+    """The guest test files of each VM: FIRST_SHARD (those that exist), then all the others."""
+    files = sorted(path.name for path in guest_tests.glob("test_*.py"))
+    first = tuple(name for name in FIRST_SHARD if name in files)
+    rest = tuple(name for name in files if name not in first)
+    return [shard for shard in (first, rest) if shard]
+
+
 def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3600,
-             accel: str | None = None, memory_mb: int = 2048, smp: str | None = None) -> LaneResult:
-    """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results.
+             accel: str | None = None, memory_mb: int = 2048, smp: str | None = None,
+             shards: list[tuple[str, ...]] | None = None) -> list[LaneResult]:
+    """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results: one VM per
+    entry of `shards` (guest test file names), all at once; without shards one VM runs everything.
     `smp`: qemu's -smp (default 2 vCPUs, `$KOORDNODE_VM_SMP`); `4,cores=2,threads=2` gives the
     guest SMT siblings (tests/vm_guest/test_core_sched.py; the other guest tests expect 2 CPUs)."""
     smp = smp or os.environ.get("KOORDNODE_VM_SMP") or "2"
@@ -423,18 +448,9 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     pydeps = build_deps()
     pydeps_disk = deps_disk()
     workdir.mkdir(parents=True, exist_ok=True)
-    # One budget for the whole lane: what the image and dependency builds used is not left to the guest.
-    timeout_s = max(300.0, timeout_s - (time.monotonic() - began))
-    results = workdir / "results"
-    shutil.rmtree(results, ignore_errors=True)
-    results.mkdir()
-    _stage_packages(results / "packages")
-    (results / "request.json").write_text(json.dumps({
-        "pytest_args": pytest_args or [],
-        "timeout_s": max(60, int(timeout_s) - 120),  # leave the guest time to power off
-    }))
-    with open(workdir / "scratch.img", "wb") as disk:
-        disk.truncate(SCRATCH_DISK_SIZE)
+    staged = workdir / "staged"
+    shutil.rmtree(staged, ignore_errors=True)
+    _stage_packages(staged / "packages")
     dist_cache = Path(os.environ.get("KOORDNODE_TEST_CACHE") or "/var/cache/koordnode-test")
     dist_cache.mkdir(parents=True, exist_ok=True)
     for suite in GUEST_CONTAINERD_SUITES:  # the guest has no network: fetch on the host
@@ -442,8 +458,7 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
             containerd_bin_dir(suite)
         except DistError as err:
             _log(f"containerd of {suite} unavailable for the guest: {err}")
-    shares = {"project": (REPO, True), "pydeps": (pydeps, True), "results": (results, False),
-              "distcache": (dist_cache, True)}
+    shares = {"project": (REPO, True), "pydeps": (pydeps, True), "distcache": (dist_cache, True)}
     # The real-node bed's static binaries (kubelet, containerd 2.x, etcd, kube-apiserver; built on
     # the host by scripts/k8s-bed.sh), read-only; the guest mounts them at the same path
     # (tests/vm/guest/run.py, so the image recipe does not change).
@@ -463,24 +478,67 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         usable, why = _kvm_usable(image.kernel, workdir)
         accel = "kvm" if usable else "tcg"
         _log(f"accelerator: {accel.upper()} ({why})")
-    cmd = _qemu_command(image, accel, workdir, shares, memory_mb, smp)
+    # One budget for the whole lane: what the image, dependency and package builds used is not
+    # left to the guests.
+    timeout_s = max(300.0, timeout_s - (time.monotonic() - began))
+    plan = [(workdir / f"shard-{n}", files) for n, files in enumerate(shards)] if shards else [(workdir, ())]
+    results: list[LaneResult | BaseException] = [LaneError("not run")] * len(plan)
+
+    def boot(index: int) -> None:
+        directory, files = plan[index]
+        try:
+            results[index] = _boot_guest(directory, files, pytest_args, image, accel, staged, shares, pydeps_disk,
+                                         memory_mb, smp, timeout_s, began)
+        except BaseException as err:  # noqa: BLE001 - raised again below, in the caller's thread
+            results[index] = err
+
+    threads = [threading.Thread(target=boot, args=(n,), name=f"vm-lane-{n}") for n in range(len(plan))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for outcome in results:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [r for r in results if isinstance(r, LaneResult)]
+
+
+def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] | None, image: Image, accel: str,
+                staged: Path, common_shares: dict[str, tuple[Path, bool]], pydeps_disk: Path, memory_mb: int,
+                smp: str, timeout_s: float, began: float) -> LaneResult:
+    """One VM: its own results share, scratch disk and console; the guest runs `files` (all when empty)."""
+    name = f"guest {directory.name} ({len(files)} files)" if files else "guest"
+    directory.mkdir(parents=True, exist_ok=True)
+    results = directory / "results"
+    shutil.rmtree(results, ignore_errors=True)
+    shutil.copytree(staged, results)
+    (results / "request.json").write_text(json.dumps({
+        "files": list(files),
+        "pytest_args": pytest_args or [],
+        "timeout_s": max(60, int(timeout_s) - 120),  # leave the guest time to power off
+    }))
+    with open(directory / "scratch.img", "wb") as disk:
+        disk.truncate(SCRATCH_DISK_SIZE)
+    shares = {**common_shares, "results": (results, False)}
+    cmd = _qemu_command(image, accel, directory, shares, memory_mb, smp)
     # Third disk (/dev/vdc): the dependencies, read-only; the guest mounts it (tests/vm/guest/run.py).
     cmd += ["-drive", f"file={pydeps_disk},if=virtio,format=raw,readonly=on"]
-    (workdir / "qemu-cmd.txt").write_text(" ".join(cmd) + "\n")
-    _log(f"booting the {SUITE} guest under {accel.upper()} (bound {timeout_s:.0f} s); console: {workdir / 'console.log'}")
-    with open(workdir / "qemu.stderr", "w") as stderr:
+    (directory / "qemu-cmd.txt").write_text(" ".join(cmd) + "\n")
+    _log(f"booting the {SUITE} {name} under {accel.upper()} (bound {timeout_s:.0f} s); "
+         f"console: {directory / 'console.log'}")
+    with open(directory / "qemu.stderr", "w") as stderr:
         qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stderr, stderr=subprocess.STDOUT)
         try:
             qemu.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             qemu.kill()
             qemu.wait(timeout=30)
-            _log(f"guest still running after {timeout_s:.0f} s: killed")
-    qemu_err = (workdir / "qemu.stderr").read_text(errors="replace")
+            _log(f"{name} still running after {timeout_s:.0f} s: killed")
+    qemu_err = (directory / "qemu.stderr").read_text(errors="replace")
     if accel == "kvm" and ("emulation failure" in qemu_err.lower() or "KVM internal error" in qemu_err):
-        _log("KVM failed inside the guest (emulation failure): running again under TCG")
-        return run_lane(workdir, pytest_args=pytest_args, timeout_s=timeout_s, accel="tcg", memory_mb=memory_mb,
-                        smp=smp)
+        _log(f"KVM failed inside the {name} (emulation failure): running it again under TCG")
+        return _boot_guest(directory, files, pytest_args, image, "tcg", staged, common_shares, pydeps_disk,
+                           memory_mb, smp, timeout_s, began)
     exit_file = results / "exit_code"
     exit_code = int(exit_file.read_text().strip()) if exit_file.is_file() else None
     junit = results / "junit.xml"
@@ -490,13 +548,14 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
         exit_code=exit_code,
         junit=junit if junit.is_file() else None,
         guest_log=(results / "guest.log").read_text(errors="replace") if (results / "guest.log").is_file() else "",
-        console_log=workdir / "console.log",
+        console_log=directory / "console.log",
         results_dir=results,
         image=image,
         seconds=time.monotonic() - began,
         facts=json.loads(facts_file.read_text()) if facts_file.is_file() else {},
+        files=files,
     )
-    _log(result.summary)
+    _log(f"{name}: {result.summary}")
     return result
 
 
@@ -510,21 +569,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
     parser.add_argument("--smp", default=None, help="qemu -smp (default 2; 4,cores=2,threads=2: SMT siblings)")
+    parser.add_argument("--shards", action="store_true", help="as CI runs it: the guest tests split over two VMs")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
     if args.rebuild:
         build_image(force=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="koordnode-vm-"))
     try:
-        result = run_lane(workdir, pytest_args=args.pytest_args, timeout_s=args.timeout, accel=args.accel,
-                          smp=args.smp)
+        lanes = run_lane(workdir, pytest_args=args.pytest_args, timeout_s=args.timeout, accel=args.accel,
+                         smp=args.smp, shards=guest_shards() if args.shards else None)
     except LaneError as err:
         print(f"VM lane error: {err}", file=sys.stderr)
         return 2
-    print(result.guest_log)
-    print(result.summary)
-    print(f"results: {result.results_dir}")
-    return 1 if result.exit_code is None else result.exit_code
+    for result in lanes:
+        print(result.guest_log)
+        print(result.summary)
+        print(f"results: {result.results_dir}")
+    codes = [1 if result.exit_code is None else result.exit_code for result in lanes]
+    return max(codes)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,41 @@ def _collect_logs(log) -> None:
             print(f"could not copy {path}: {err}", file=log)
 
 
+def diagnose_stuck(pid: int, log, *, sysrq: bool = True) -> None:
+    """What a guest stopped by the time bound was doing: every process with its state and kernel
+    wait channel, the kernel stacks of pytest's threads and of every task in uninterruptible sleep
+    (a cgroup write or read blocked in the kernel ignores pytest-timeout's signal), the kernel log."""
+    def run(*cmd: str) -> str:
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            return result.stdout + result.stderr
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"({' '.join(cmd)}: {err})\n"
+
+    print("--- processes (stat, kernel wait channel)", file=log)
+    print(run("ps", "-eo", "pid,ppid,stat,wchan:32,etime,args", "--sort", "pid"), file=log)
+    stuck = {str(pid)}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                stuck.add(proc.name)
+        except (OSError, IndexError):
+            continue
+    for task_pid in sorted(stuck, key=int):
+        for task in sorted(Path(f"/proc/{task_pid}/task").glob("*")):
+            try:
+                print(f"--- kernel stack of {task_pid}/{task.name}:\n{(task / 'stack').read_text()}", file=log)
+            except OSError as err:
+                print(f"--- kernel stack of {task_pid}/{task.name}: {err}", file=log)
+    try:
+        if sysrq:
+            Path("/proc/sysrq-trigger").write_text("w")  # blocked tasks, into the kernel log
+    except OSError as err:
+        print(f"sysrq w: {err}", file=log)
+    print("--- kernel log (last 300 lines)", file=log)
+    print("\n".join(run("dmesg", "-T").splitlines()[-300:]), file=log)
+
+
 def main() -> int:
     request = json.loads((RESULTS / "request.json").read_text())
     log = open(RESULTS / "guest.log", "w", buffering=1)  # noqa: SIM115 - the whole run
@@ -90,17 +125,24 @@ def main() -> int:
         "KOORDNODE_VM_GUEST": "1",
         "CI": "true",  # a missing prerequisite in the guest is a failure, not a skip
     })
+    guest_tests = PROJECT / "tests" / "vm_guest"
+    paths = [str(guest_tests / name) for name in request.get("files", [])] or [str(guest_tests)]
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v",
            f"--junitxml={RESULTS / 'junit.xml'}", "-o", "junit_logging=system-out", "--basetemp=/var/tmp/pytest",
            "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget
-           str(PROJECT / "tests" / "vm_guest"), *request.get("pytest_args", [])]
+           # ...but pytest-timeout's signal waits for a blocked system call to return: the Python
+           # stacks of a test still running after 330 s go to the log from faulthandler's own thread.
+           "-o", "faulthandler_timeout=330",
+           *paths, *request.get("pytest_args", [])]
     print("+ " + " ".join(cmd), file=log)
     began = time.monotonic()
+    pytest = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        code = subprocess.run(cmd, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=request.get("timeout_s", 900)).returncode
+        code = pytest.wait(timeout=request.get("timeout_s", 900))
     except subprocess.TimeoutExpired:
         print(f"guest pytest not done after {request.get('timeout_s')} s: stopped", file=log)
+        diagnose_stuck(pytest.pid, log)
+        pytest.kill()
         code = 124
     print(f"guest pytest exit {code} after {time.monotonic() - began:.0f} s", file=log)
     _collect_logs(log)
