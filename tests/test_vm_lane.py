@@ -23,7 +23,7 @@ from testbed.fixtures import running_in_ci, skip_or_fail_in_ci
 from vm.lane import LaneError, LaneResult, guest_shards, missing_tools, run_lane
 
 GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
-LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "3600"))
+LANE_TIMEOUT_S = float(os.environ.get("KOORDNODE_VM_TIMEOUT_S", "3000"))
 
 # The lane's own budget bounds it; pytest-timeout (600 s per test, fixture set-up included)
 # must not cut the session fixture that boots the VM.

@@ -432,7 +432,7 @@ def guest_shards(guest_tests: Path = TESTS / "vm_guest") -> list[tuple[str, ...]
     return [shard for shard in (first, rest) if shard]
 
 
-def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3600,
+def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: float = 3000,
              accel: str | None = None, memory_mb: int = 2048, smp: str | None = None,
              shards: list[tuple[str, ...]] | None = None) -> list[LaneResult]:
     """Build/reuse the image, boot it, run tests/vm_guest/ in it, collect the results: one VM per
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached image first")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=3000)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
     parser.add_argument("--smp", default=None, help="qemu -smp (default 2; 4,cores=2,threads=2: SMT siblings)")
     parser.add_argument("--shards", action="store_true", help="as CI runs it: the guest tests split over two VMs")
