@@ -19,6 +19,7 @@ and log from the results share. Every step has a time bound.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -29,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -482,25 +482,11 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     # left to the guests.
     timeout_s = max(300.0, timeout_s - (time.monotonic() - began))
     plan = [(workdir / f"shard-{n}", files) for n, files in enumerate(shards)] if shards else [(workdir, ())]
-    results: list[LaneResult | BaseException] = [LaneError("not run")] * len(plan)
-
-    def boot(index: int) -> None:
-        directory, files = plan[index]
-        try:
-            results[index] = _boot_guest(directory, files, pytest_args, image, accel, staged, shares, pydeps_disk,
-                                         memory_mb, smp, timeout_s, began)
-        except BaseException as err:  # noqa: BLE001 - raised again below, in the caller's thread
-            results[index] = err
-
-    threads = [threading.Thread(target=boot, args=(n,), name=f"vm-lane-{n}") for n in range(len(plan))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for outcome in results:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return [r for r in results if isinstance(r, LaneResult)]
+    # Every guest runs to its end; the first one that raised raises here, after all are done.
+    with concurrent.futures.ThreadPoolExecutor(len(plan), thread_name_prefix="vm-lane") as pool:
+        guests = [pool.submit(_boot_guest, directory, files, pytest_args, image, accel, staged, shares, pydeps_disk,
+                              memory_mb, smp, timeout_s, began) for directory, files in plan]
+    return [guest.result() for guest in guests]
 
 
 def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] | None, image: Image, accel: str,

@@ -21,12 +21,18 @@ PROJECT = Path("/project")
 PYCACHE = "/var/cache/koordnode-vm-pyc"
 
 
+def _output(*cmd: str, timeout_s: float = 30, with_stderr: bool = False) -> str:
+    """A command's output (its stderr after it with `with_stderr`), or why it could not run."""
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"({' '.join(cmd)}: {err})"
+    return result.stdout + result.stderr if with_stderr else result.stdout
+
+
 def _facts() -> dict:
     def out(*cmd: str) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as err:
-            return f"({err})"
+        return _output(*cmd).strip()
 
     return {
         "kernel": platform.release(),
@@ -59,11 +65,7 @@ def diagnose_stuck(pid: int, log, *, sysrq: bool = True) -> None:
     wait channel, the kernel stacks of pytest's threads and of every task in uninterruptible sleep
     (a cgroup write or read blocked in the kernel ignores pytest-timeout's signal), the kernel log."""
     def run(*cmd: str) -> str:
-        try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-            return result.stdout + result.stderr
-        except (OSError, subprocess.SubprocessError) as err:
-            return f"({' '.join(cmd)}: {err})\n"
+        return _output(*cmd, timeout_s=60, with_stderr=True)
 
     print("--- processes (stat, kernel wait channel)", file=log)
     print(run("ps", "-eo", "pid,ppid,stat,wchan:32,etime,args", "--sort", "pid"), file=log)
@@ -80,11 +82,11 @@ def diagnose_stuck(pid: int, log, *, sysrq: bool = True) -> None:
                 print(f"--- kernel stack of {task_pid}/{task.name}:\n{(task / 'stack').read_text()}", file=log)
             except OSError as err:
                 print(f"--- kernel stack of {task_pid}/{task.name}: {err}", file=log)
-    try:
-        if sysrq:
+    if sysrq:
+        try:
             Path("/proc/sysrq-trigger").write_text("w")  # blocked tasks, into the kernel log
-    except OSError as err:
-        print(f"sysrq w: {err}", file=log)
+        except OSError as err:
+            print(f"sysrq w: {err}", file=log)
     print("--- kernel log (last 300 lines)", file=log)
     print("\n".join(run("dmesg", "-T").splitlines()[-300:]), file=log)
 
