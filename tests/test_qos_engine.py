@@ -27,6 +27,7 @@ from faketree import add_cgroup, make_cgroup_tree, read_cgroup_file, write_cgrou
 from koordnode.config import EngineSettings, parse_config
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.cgroup_executor import CgroupExecutor
+from koordnode.executor.write_result import WriteStatus
 from koordnode.hooks.chain import CallContext, HookChain
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
@@ -700,6 +701,50 @@ def test_nri_mode_publishes_pool_moves_instead_of_writing_them(make_node):
     node.stop_container(a_cid)
     assert updates.take() == {ls_cid: format_cpu_list(BIG.online)}
     assert cpus_of(node.root, node.ccg(ls_cid)) == BIG.online
+
+
+def test_pool_moves_follow_allocation_changes_only_and_a_failed_move_is_tried_again(make_node):
+    """A CreateContainer or removal that changes no allocation leaves the running containers'
+    cpusets unread and unwritten (it used to check every one of them, at every pod start); one
+    that does moves them all, and a move that failed is made again at the next event."""
+    node = make_node(version="v2", topology=BIG)
+    running = [node.run_container(node.run_pod(f"ls-{i}", parent=f"/kubepods/burstable/podls{i}"), cpu_shares=512)
+               for i in range(3)]
+    touched: list[str] = []
+    fail_cpuset_of: set[str] = set()
+    apply = node.engine.executor.apply
+
+    def watching(writes, **kwargs):
+        results = apply(writes, **kwargs)
+        touched.extend(r.write.cgroup for r in results if r.write.resource == "cpuset.cpus")
+        return [dataclasses.replace(r, status=WriteStatus.FAILED, detail="device busy")
+                if r.write.resource == "cpuset.cpus" and r.write.cgroup in fail_cpuset_of else r
+                for r in results]
+
+    node.engine.executor.apply = watching
+    others = {node.ccg(cid) for cid in running}
+
+    later = node.run_pod("ls-later", parent="/kubepods/burstable/podlater")
+    later_cid = node.run_container(later, cpu_shares=512)
+    node.stop_container(later_cid)
+    assert not others & set(touched), touched
+
+    # An LSE allocation moves every running shared-pool container; one move fails.
+    fail_cpuset_of.add(node.ccg(running[0]))
+    lse = node.run_pod("lse", parent="/kubepods/podlse", labels={QOS_LABEL: "LSE"})
+    lse_cid = node.run_container(lse, **lse_res(4))
+    lse_cpus = cpus_of(node.root, node.ccg(lse_cid))
+    assert others <= set(touched)
+    assert all(cpus_of(node.root, node.ccg(cid)) == BIG.online - lse_cpus for cid in running)
+
+    # The next event with no allocation change makes the moves again, until none fails.
+    touched.clear()
+    fail_cpuset_of.clear()
+    node.run_container(node.run_pod("ls-next", parent="/kubepods/burstable/podnext"), cpu_shares=512)
+    assert others <= set(touched)
+    touched.clear()
+    node.run_container(node.run_pod("ls-last", parent="/kubepods/burstable/podlast"), cpu_shares=512)
+    assert not others & set(touched), touched
 
 
 def test_failed_create_container_releases_its_allocation(make_node):

@@ -24,7 +24,7 @@ from koordnode.cri.koordnode_annotations import (
     resources_from_annotation,
 )
 from koordnode.executor.cgroup_executor import CgroupExecutor
-from koordnode.executor.write_result import WriteResult
+from koordnode.executor.write_result import WriteResult, WriteStatus
 from koordnode.executor.paths import UnsafePathError, container_cgroup_path
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.pool_updates import PoolUpdates
@@ -134,6 +134,8 @@ class CpuPools:
         self._kubelet_cpus_notes: list[str] = []
         self.kubelet_cpu_view: dict[str, Any] = {}
         self.notes: list[str] = []
+        # The pools as the last whole refresh left the running containers (None: not refreshed).
+        self._refreshed_pools: tuple[Any, ...] | None = None
         self.configure(settings)
 
     def configure(self, settings: EngineSettings) -> None:
@@ -252,13 +254,24 @@ class CpuPools:
             return dataclasses.replace(pool, reason=f"{why}; now on: {pool.reason}")
         return self.be_override(decision.qos_class) or self.allocator.pool_for(decision.qos_class)
 
+    def _pools_now(self) -> tuple[Any, ...]:
+        """What a shared-pool container's cpuset follows: the pools and the QoS manager's BE cpuset."""
+        return (self.allocator.share_pool(), self.allocator.be_pool(), self.be_cpus(),
+                self.allocator.pool_for(QoSClass.SYSTEM).cpus)
+
     def refresh(self, view: NodeView, executor: CgroupExecutor, decide: Decide, driver: str,
-                skip: Set[str] = frozenset()) -> list[WriteResult]:
-        """After an allocation changed: move running shared-pool containers to the new pools
-        (NRI mode: published as container updates). `skip`: containers whose cpuset was just
-        written from their plan. Returns the results of the writes."""
+                skip: Set[str] = frozenset(), *, if_moved: bool = False) -> list[WriteResult]:
+        """Move running shared-pool containers to the pools as they are now (NRI mode: published
+        as container updates). `skip`: containers whose cpuset was just written from their plan.
+        `if_moved`: only when the pools moved since the last refresh that ended without a failed
+        write (after every CreateContainer and removal, where an allocation may have changed; a
+        container started since got its pool's cpuset from its own plan, and the reconcile pass
+        refreshes whatever happens). Returns the results of the writes."""
         if self.kubelet_cpus is not None:
             return []  # kubelet's static CPU manager places every container: no pool here
+        pools = self._pools_now()
+        if if_moved and pools == self._refreshed_pools:
+            return []
         writes = []
         moves: dict[str, str] = {}
         for c in view.containers.values():
@@ -284,7 +297,10 @@ class CpuPools:
                                       f"{decision.qos_class.value} pool: {pool.reason}"))
         if moves and self.pool_updates is not None:  # moves are only made for NRI mode
             self.pool_updates.publish(moves)
-        return executor.apply(writes) if writes else []
+        results = executor.apply(writes) if writes else []
+        # A failed write is tried again by the next refresh, not only by the reconcile pass.
+        self._refreshed_pools = None if any(r.status is WriteStatus.FAILED for r in results) else pools
+        return results
 
     # ---- after a restart ------------------------------------------------------------------
 

@@ -430,10 +430,12 @@ class QoSEngine:
             self.planner.plans.clear()  # made again without cpusets
 
     def _refresh_pools(self, view: NodeView, skip: frozenset[str] | set[str] = frozenset(),
-                       results: list[WriteResult] | None = None) -> None:
-        """After an allocation changed: running shared-pool containers to the new pools.
-        `results`: where the results go to be counted (default: counted here)."""
-        applied = self.pools.refresh(view, self.executor, self.planner.decide, self.layout.driver, skip)
+                       results: list[WriteResult] | None = None, *, if_moved: bool = True) -> None:
+        """Running shared-pool containers to the pools as they are now; `if_moved`: only if the
+        pools moved since the last refresh (CpuPools.refresh). `results`: where the results go
+        to be counted (default: counted here)."""
+        applied = self.pools.refresh(view, self.executor, self.planner.decide, self.layout.driver, skip,
+                                     if_moved=if_moved)
         if not applied:
             return
         if results is not None:
@@ -587,7 +589,7 @@ class QoSEngine:
             unchanged = (self.pools.allocator is allocator and allocator.version == version
                          and self.pools.pool_updates is None)
             self._refresh_pools(view, skip=pass_state.covered if unchanged else frozenset(),
-                                results=pass_state.results)
+                                results=pass_state.results, if_moved=False)
             # Last: the pods' plans of this pass are what the tiers above them must carry.
             pass_state.results.extend(self._keep_tiers(view, force=force, record=False))
             METRICS.record_writes(pass_state.results)
