@@ -21,6 +21,7 @@ from faketree import (
     remove_cgroup_file,
     write_cgroup_file,
 )
+from koordnode.executor.cgroup import CgroupFS
 from koordnode.executor.cgroup import write_file as real_write_file
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.procfs_executor import ProcfsExecutor
@@ -631,6 +632,28 @@ def test_symlinked_file_pointing_out_is_refused(tmp_path: Path, outside: Path) -
     quota.symlink_to(outside / "memory.limit_in_bytes")
     result = CgroupExecutor(root).apply([W(POD, "memory.limit_in_bytes", 1 << 20)])[0]
     assert result.status is WriteStatus.REFUSED
+    assert_untouched(outside)
+
+
+def test_a_file_in_a_resolved_cgroup_is_known_from_one_lstat_and_a_link_is_still_resolved(
+        tmp_path: Path, outside: Path) -> None:
+    """A plain file (or its absence) in a directory cgroup_dir resolved needs no resolution of its
+    own; a file that is a link is resolved and confined as before, also when it is missing."""
+    fs = CgroupFS(tree(tmp_path, "v2"))
+    pod = fs.cgroup_dir(fs.root, POD)
+    assert fs.existing_file(fs.root, pod, "memory.max") == pod / "memory.max"
+    assert fs.existing_file(fs.root, pod, "memory.bogus") is None
+    (pod / "not-a-file").mkdir()
+    assert fs.existing_file(fs.root, pod, "not-a-file") is None
+    (pod / "inside").symlink_to(pod / "memory.max")
+    assert fs.existing_file(fs.root, pod, "inside") == pod / "memory.max"
+    (pod / "dangling").symlink_to(pod / "gone")
+    assert fs.existing_file(fs.root, pod, "dangling") is None
+    (pod / "out").symlink_to(outside / "memory.limit_in_bytes")
+    with pytest.raises(UnsafePathError):
+        fs.existing_file(fs.root, pod, "out")
+    with pytest.raises(UnsafePathError):
+        fs.cgroup_file(fs.root, pod, "out")
     assert_untouched(outside)
 
 

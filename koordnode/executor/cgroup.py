@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from koordnode.executor.paths import (
@@ -165,10 +166,33 @@ class CgroupFS:
         return resolve_beneath(hierarchy, cgroup)
 
     def cgroup_file(self, hierarchy: Path, cgroup_dir: Path, filename: str) -> Path:
-        """Resolved path of a file in a cgroup directory; a symlinked file pointing out is refused."""
+        """Resolved path of a file in a cgroup directory (resolved already, by cgroup_dir); a
+        symlinked file pointing out is refused."""
+        return self._file(hierarchy, cgroup_dir, filename)[0]
+
+    def existing_file(self, hierarchy: Path, cgroup_dir: Path, filename: str) -> Path | None:
+        """cgroup_file when it is a regular file (a symlink to one counts), else None."""
+        path, regular = self._file(hierarchy, cgroup_dir, filename)
+        if regular is None:
+            regular = path.is_file()
+        return path if regular else None
+
+    def _file(self, hierarchy: Path, cgroup_dir: Path, filename: str) -> tuple[Path, bool | None]:
+        """The resolved path, and whether it is a regular file when that is known already."""
         if "/" in filename or filename in ("", ".", ".."):
             raise UnsafePathError(f"bad cgroup file name {filename!r}")
-        resolved = Path(_realpath(cgroup_dir / filename))
+        candidate = cgroup_dir / filename
+        try:
+            mode: int | None = os.lstat(candidate).st_mode
+        except FileNotFoundError:
+            mode = 0
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISLNK(mode) and _within(candidate, hierarchy):
+            # Nothing to follow after a resolved directory: one lstat instead of an open and a
+            # readlink, and it says whether the file is there (new pods' files are looked up).
+            return candidate, stat.S_ISREG(mode)
+        resolved = Path(_realpath(candidate))
         if not _within(resolved, hierarchy):
-            raise UnsafePathError(f"{cgroup_dir / filename} resolves to {resolved}, outside {hierarchy}")
-        return resolved
+            raise UnsafePathError(f"{candidate} resolves to {resolved}, outside {hierarchy}")
+        return resolved, None

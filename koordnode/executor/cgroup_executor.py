@@ -321,8 +321,8 @@ class CgroupExecutor(CgroupTree, Converger):
                 self._log.debug("cgroup_missing", path=str(directory), **self._log_fields(write))
                 raise Outcome(WriteResult(write, WriteStatus.MISSING, str(directory), detail="cgroup does not exist"))
             for fmt in formats:
-                path = self._fs.cgroup_file(hierarchy, directory, fmt.filename)
-                if path.is_file():
+                path = self._fs.existing_file(hierarchy, directory, fmt.filename)
+                if path is not None:
                     located = Located(hierarchy, directory, dir_id, path, fmt, path.parent == directory, {})
                     if len(self._located) >= self._MAX_LOCATED:
                         self._located.clear()
