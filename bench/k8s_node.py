@@ -18,7 +18,14 @@ With ``--interleave`` the three nodes run side by side and the pods start in tur
 NRI, the first of each turn rotating), so a drift of the machine's load meets every mode alike;
 without it each mode's pods start while only its own node runs.
 
+To compare two versions of koordnode, ``--proxy-from NAME=DIR`` adds a proxy node whose koordnode
+runs from another checkout (``git worktree add DIR COMMIT``), interleaved with the others, and
+``--runs N`` repeats the pod starts N times, each on fresh nodes and a fresh API server: one run of
+40 pods moves by a few per cent on a 2-core machine, so compare medians over runs.
+
     sudo python3 -m bench.k8s_node [--pods 30] [--load-pods 20,100] [--window 60] [--json out.json]
+    sudo python3 -m bench.k8s_node --modes direct,proxy --proxy-from before=/tmp/before \\
+        --interleave --runs 8 --pods 40 --load-pods ""
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.daemon_cpu import start_profiler, thread_cpu_ns, thread_groups
+from tests.testbed.kube_bed import ControlPlane
+from tests.testbed.real_node import NODE_NAMES, real_node
 
 CLK_TCK = 100  # USER_HZ on Linux
 PAGE = 4096
@@ -109,6 +118,51 @@ def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
     return windows
 
 
+def _builds(specs: list[str]) -> dict[str, Path]:
+    """--proxy-from NAME=DIR: the checkouts to run koordnode from, by node name."""
+    builds: dict[str, Path] = {}
+    for spec in specs:
+        name, _, directory = spec.partition("=")
+        if not name or not directory or not (Path(directory) / "koordnode" / "__main__.py").is_file():
+            raise SystemExit(f"--proxy-from {spec!r}: NAME=DIR, DIR a checkout of koordnode")
+        builds[name] = Path(directory).resolve()
+    return builds
+
+
+def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], pods: int,
+                     feature_gates: dict[str, bool]) -> dict[str, Any]:
+    """One run of --runs: fresh API server and nodes, the pods started in turns; p50 by node and
+    its ratio to direct's."""
+    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
+        nodes = {mode: stack.enter_context(real_node(
+            workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane, node_name=NODE_NAMES[i],
+            namespace=f"bench-{mode}", feature_gates=feature_gates, koordnode_repo=builds.get(mode)))
+            for i, mode in enumerate(modes)}
+        latencies = interleaved_start_latencies(nodes, pods)
+    run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v]}
+                           for mode, v in latencies.items()}
+    if "direct" in run:
+        for mode in modes:
+            run[mode]["p50_vs_direct"] = round(run[mode]["p50_s"] / run["direct"]["p50_s"], 3)
+    print("run: " + "  ".join(f"{mode} {r['p50_s']:.3f} s ({r.get('p50_vs_direct', '-')}x)"
+                              for mode, r in run.items()), flush=True)
+    return run
+
+
+def _over_runs(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
+    """Per node: the runs' p50 ratios to direct and their median, and the median of every pod."""
+    out: dict[str, Any] = {}
+    for mode in modes:
+        every = [x for run in runs for x in run[mode]["all_s"]]
+        out[mode] = {"p50_s": round(statistics.median(every), 4)}
+        if "direct" in modes:
+            ratios = [round(run[mode]["p50_s"] / run["direct"]["p50_s"], 3) for run in runs]
+            direct = statistics.median(x for run in runs for x in run["direct"]["all_s"])
+            out[mode].update(p50_vs_direct_by_run=ratios, p50_vs_direct_median=round(statistics.median(ratios), 3),
+                             p50_vs_direct_pooled=round(out[mode]["p50_s"] / direct, 3))
+    return out
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -178,19 +232,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results there")
     parser.add_argument("--profile", metavar="PREFIX",
                         help="py-spy's stacks of each load window to PREFIX.PODS.txt (pip install py-spy)")
+    parser.add_argument("--proxy-from", action="append", default=[], metavar="NAME=DIR",
+                        help="also a proxy node running koordnode from the checkout DIR, named NAME (repeatable)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="with --interleave: repeat the pod starts this many times on fresh nodes (1)")
     args = parser.parse_args(argv)
-
-    from tests.testbed.kube_bed import ControlPlane
-    from tests.testbed.real_node import NODE_NAMES, real_node
+    builds = _builds(args.proxy_from)
+    modes = [*args.modes.split(","), *builds]
+    if len(modes) > len(NODE_NAMES) or len(set(modes)) != len(modes):
+        parser.error(f"at most {len(NODE_NAMES)} nodes with distinct names, not {modes}")
+    if (builds or args.runs > 1) and not args.interleave:
+        parser.error("--proxy-from and --runs compare nodes side by side: add --interleave")
 
     feature_gates = {"PodAndContainerStatsFromCRI": True}
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "start": {}}
     workdir = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
-    modes = args.modes.split(",")
+    if args.runs > 1:
+        results["runs"] = [_interleaved_run(workdir / f"run-{run}", modes, builds, args.pods, feature_gates)
+                           for run in range(args.runs)]
+        results["start"] = _over_runs(results["runs"], modes)
+        print(json.dumps({"start": results["start"]}, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return 0
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane:
         def node_of(i: int, mode: str):
-            return real_node(workdir / mode, mode=mode, control_plane=plane, node_name=NODE_NAMES[i],
-                             namespace=f"bench-{mode}", feature_gates=feature_gates)
+            return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
+                             node_name=NODE_NAMES[i], namespace=f"bench-{mode}", feature_gates=feature_gates,
+                             koordnode_repo=builds.get(mode))
 
         if args.interleave:
             with contextlib.ExitStack() as stack:
@@ -217,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     if mode == "proxy":
                         results["load"] = _load_windows(node, args)
     direct = results["start"].get("direct")
-    for mode in ("proxy", "nri"):
+    for mode in ("proxy", "nri", *builds):
         if direct and mode in results["start"]:
             results["start"][mode]["p50_vs_direct"] = round(results["start"][mode]["p50_s"] / direct["p50_s"], 3)
             results["start"][mode]["p99_vs_direct"] = round(results["start"][mode]["p99_s"] / direct["p99_s"], 3)

@@ -70,9 +70,12 @@ class KoordnodeProcess:
     """`python -m koordnode run --config ...` as a child process."""
 
     def __init__(self, workdir: Path, backend: str, extra_toml: str = "", metrics_listen: str = "",
-                 kubepods: str = "", nri_socket: str = "", sockdir: Path | None = None) -> None:
+                 kubepods: str = "", nri_socket: str = "", sockdir: Path | None = None,
+                 repo: Path | None = None) -> None:
         """``nri_socket``: run in NRI mode on that socket (no CRI socket is served then).
-        ``sockdir``: where its sockets (and node lock) go; default a fresh directory."""
+        ``sockdir``: where its sockets (and node lock) go; default a fresh directory.
+        ``repo``: the checkout koordnode runs from (default this one; benchmarks compare two)."""
+        self.repo = Path(repo) if repo is not None else REPO
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sockdir = sockdir or short_socket_dir()
@@ -84,10 +87,10 @@ class KoordnodeProcess:
 
     def start(self, timeout_s: float = 20.0) -> KoordnodeProcess:
         log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(self.repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "koordnode", "run", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.repo),
         )
         log.close()
         if not self.nri:

@@ -105,9 +105,10 @@ def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
 def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlane | None = None,
               node_name: str = NODE_NAMES[0], namespace: str = "default", koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
               feature_gates: dict[str, bool] | None = None,
-              nri_plugin: Sequence[str] | None = None) -> Iterator[RealNode]:
+              nri_plugin: Sequence[str] | None = None, koordnode_repo: Path | None = None) -> Iterator[RealNode]:
     """``nri_plugin`` (``mode="nri"``): a command run as containerd's NRI plugin in koordnode's
-    place, the socket appended (bench/nri_floor.py: a plugin that changes nothing)."""
+    place, the socket appended (bench/nri_floor.py: a plugin that changes nothing).
+    ``koordnode_repo``: the checkout koordnode runs from (default this one)."""
     workdir = Path(workdir)
     if nri_plugin is not None and mode != "nri":
         raise ValueError(f"nri_plugin needs mode 'nri', not {mode!r}")
@@ -125,7 +126,8 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
         elif mode != "direct":
             koordnode = KoordnodeProcess(workdir / "koordnode", str(containerd.socket), extra_toml=koordnode_toml,
                                          kubepods=containerd.kubepods_cgroup,
-                                         nri_socket=str(nri_socket) if nri_socket else "").start()
+                                         nri_socket=str(nri_socket) if nri_socket else "",
+                                         repo=koordnode_repo).start()
             if mode == "nri":
                 koordnode.wait_synchronized()
             else:
