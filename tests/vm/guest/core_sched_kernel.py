@@ -77,13 +77,19 @@ class Guest:
         self.save()
 
     def spawn(self, script: str, cgroup: str | None = None, cpu: int | None = None) -> int:
-        """A shell running `script`, started from this (untagged) main thread, moved into `cgroup`."""
+        """A shell running `script`, started from this (untagged) main thread, in `cgroup` when
+        this returns."""
+        procs = CGROUP_ROOT / cgroup / "cgroup.procs" if cgroup is not None else None
+        if procs is not None:
+            # The shell also joins the pod itself before it forks anything: moved only from here,
+            # a child it had forked by then stayed behind (seen: a pod left with one process).
+            script = f"echo $$ > {procs} || exit 1\n{script}"
         proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL)
         self.children.append(proc)
         if cpu is not None:
             os.sched_setaffinity(proc.pid, {cpu})
-        if cgroup is not None:
-            (CGROUP_ROOT / cgroup / "cgroup.procs").write_text(f"{proc.pid}\n")
+        if procs is not None:
+            procs.write_text(f"{proc.pid}\n")
         return proc.pid
 
     def stop(self, pids: list[int]) -> None:
