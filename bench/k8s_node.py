@@ -129,15 +129,21 @@ def _builds(specs: list[str]) -> dict[str, Path]:
     return builds
 
 
+def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
+          feature_gates: dict[str, bool]):
+    """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`."""
+    return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
+                     node_name=NODE_NAMES[i], namespace=f"bench-{mode}", feature_gates=feature_gates,
+                     koordnode_repo=builds.get(mode))
+
+
 def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], pods: int,
                      feature_gates: dict[str, bool]) -> dict[str, Any]:
     """One run of --runs: fresh API server and nodes, the pods started in turns; p50 by node and
     its ratio to direct's."""
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
-        nodes = {mode: stack.enter_context(real_node(
-            workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane, node_name=NODE_NAMES[i],
-            namespace=f"bench-{mode}", feature_gates=feature_gates, koordnode_repo=builds.get(mode)))
-            for i, mode in enumerate(modes)}
+        nodes = {mode: stack.enter_context(_node(workdir, plane, i, mode, builds, feature_gates))
+                 for i, mode in enumerate(modes)}
         latencies = interleaved_start_latencies(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v]}
                            for mode, v in latencies.items()}
@@ -257,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane:
         def node_of(i: int, mode: str):
-            return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
-                             node_name=NODE_NAMES[i], namespace=f"bench-{mode}", feature_gates=feature_gates,
-                             koordnode_repo=builds.get(mode))
+            return _node(workdir, plane, i, mode, builds, feature_gates)
 
         if args.interleave:
             with contextlib.ExitStack() as stack:
