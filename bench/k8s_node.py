@@ -21,7 +21,10 @@ without it each mode's pods start while only its own node runs.
 To compare two versions of koordnode, ``--proxy-from NAME=DIR`` adds a proxy node whose koordnode
 runs from another checkout (``git worktree add DIR COMMIT``), interleaved with the others, and
 ``--runs N`` repeats the pod starts N times, each on fresh nodes and a fresh API server: one run of
-40 pods moves by a few per cent on a 2-core machine, so compare medians over runs.
+40 pods moves by a few per cent on a 2-core machine, so compare medians over runs. Interleaved
+runs also report kubelet's own timings over the pod starts (its /metrics: each CRI operation's
+mean, each pod worker sync's), so what a mode adds to a start is seen call by call
+(``kubelet_added_ms``: the median over runs, against direct's).
 
     sudo python3 -m bench.k8s_node [--pods 30] [--load-pods 20,100] [--window 60] [--json out.json]
     sudo python3 -m bench.k8s_node --modes direct,proxy --proxy-from before=/tmp/before \\
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -101,6 +105,36 @@ def nri_answer_ms(node) -> dict[str, Any] | None:
     return (node.koordnode.status().get("nri") or {}).get("answer_ms")
 
 
+# kubelet's own timings: each CRI call it makes (by operation) and each pod worker sync.
+_KUBELET_TIMING = re.compile(
+    r'^kubelet_(runtime_operations|pod_worker)_duration_seconds_(sum|count)\{[^}]*operation_type="([^"]+)"[^}]*\} (\S+)$',
+    re.MULTILINE)
+
+
+def kubelet_timings(metrics_text: str) -> dict[str, list[float]]:
+    """From kubelet's /metrics: {"runtime:<operation>" or "worker:<operation>": [calls, seconds]}."""
+    timings: dict[str, list[float]] = {}
+    for family, part, operation, value in _KUBELET_TIMING.findall(metrics_text):
+        key = f"{'runtime' if family == 'runtime_operations' else 'worker'}:{operation}"
+        timings.setdefault(key, [0.0, 0.0])[0 if part == "count" else 1] += float(value)
+    return timings
+
+
+def timings_between(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """What kubelet timed in between: per operation its calls and their mean in ms."""
+    out = {}
+    for key, (calls, seconds) in sorted(after.items()):
+        calls_before, seconds_before = before.get(key, [0.0, 0.0])
+        if calls > calls_before:
+            out[key] = {"calls": int(calls - calls_before),
+                        "mean_ms": round(1000 * (seconds - seconds_before) / (calls - calls_before), 3)}
+    return out
+
+
+def _kubelet_timings(nodes: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    return {mode: kubelet_timings(node.kubelet.get("/metrics")) for mode, node in nodes.items()}
+
+
 def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The proxy node's load windows, after its start pods are gone (the windows count their own)."""
     for stale in range(args.pods):
@@ -144,8 +178,11 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(_node(workdir, plane, i, mode, builds, feature_gates))
                  for i, mode in enumerate(modes)}
+        timed_before = _kubelet_timings(nodes)
         latencies = interleaved_start_latencies(nodes, pods)
-    run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v]}
+        timed_after = _kubelet_timings(nodes)
+    run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
+                                  "kubelet_ms": timings_between(timed_before[mode], timed_after[mode])}
                            for mode, v in latencies.items()}
     if "direct" in run:
         for mode in modes:
@@ -166,7 +203,18 @@ def _over_runs(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
             direct = statistics.median(x for run in runs for x in run["direct"]["all_s"])
             out[mode].update(p50_vs_direct_by_run=ratios, p50_vs_direct_median=round(statistics.median(ratios), 3),
                              p50_vs_direct_pooled=round(out[mode]["p50_s"] / direct, 3))
+        timed = [run[mode].get("kubelet_ms", {}) for run in runs]
+        out[mode]["kubelet_ms_median"] = {
+            key: round(statistics.median(t[key]["mean_ms"] for t in timed if key in t), 3)
+            for key in sorted({key for t in timed for key in t})}
     return out
+
+
+def kubelet_added_ms(start: dict[str, Any], mode: str) -> dict[str, float]:
+    """Per operation kubelet timed, what `mode`'s median adds to direct's (ms), largest first."""
+    mine, direct = start[mode].get("kubelet_ms_median", {}), start["direct"].get("kubelet_ms_median", {})
+    added = {key: round(mine[key] - direct[key], 3) for key in mine if key in direct}
+    return dict(sorted(added.items(), key=lambda item: -abs(item[1])))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -257,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         results["runs"] = [_interleaved_run(workdir / f"run-{run}", modes, builds, args.pods, feature_gates)
                            for run in range(args.runs)]
         results["start"] = _over_runs(results["runs"], modes)
+        if "direct" in modes:
+            for mode in modes:
+                if mode != "direct":
+                    results["start"][mode]["kubelet_added_ms"] = kubelet_added_ms(results["start"], mode)
         print(json.dumps({"start": results["start"]}, indent=1))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
@@ -268,8 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.interleave:
             with contextlib.ExitStack() as stack:
                 nodes = {mode: stack.enter_context(node_of(i, mode)) for i, mode in enumerate(modes)}
-                for mode, latencies in interleaved_start_latencies(nodes, args.pods).items():
+                timed_before = _kubelet_timings(nodes)
+                started = interleaved_start_latencies(nodes, args.pods)
+                timed_after = _kubelet_timings(nodes)
+                for mode, latencies in started.items():
                     results["start"][mode] = _start_summary(latencies)
+                    results["start"][mode]["kubelet_ms"] = timings_between(timed_before[mode], timed_after[mode])
                     results["start"][mode]["nri_answer_ms"] = nri_answer_ms(nodes[mode])
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.k8s_node import _builds, _over_runs
+from bench.k8s_node import _builds, _over_runs, kubelet_added_ms, kubelet_timings, timings_between
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,3 +35,35 @@ def test_a_build_to_compare_must_name_a_checkout_of_koordnode(tmp_path):
     for spec in (f"={REPO}", "now=", f"now={tmp_path}", "now"):
         with pytest.raises(SystemExit, match="NAME=DIR"):
             _builds([spec])
+
+
+KUBELET_METRICS = """\
+# HELP kubelet_runtime_operations_duration_seconds [ALPHA] Duration in seconds of runtime operations.
+# TYPE kubelet_runtime_operations_duration_seconds histogram
+kubelet_runtime_operations_duration_seconds_bucket{operation_type="run_podsandbox",le="0.005"} 0
+kubelet_runtime_operations_duration_seconds_sum{operation_type="run_podsandbox"} 1.25
+kubelet_runtime_operations_duration_seconds_count{operation_type="run_podsandbox"} 10
+kubelet_runtime_operations_duration_seconds_sum{operation_type="version"} 0.002
+kubelet_runtime_operations_duration_seconds_count{operation_type="version"} 2
+kubelet_pod_worker_duration_seconds_sum{operation_type="create"} 2.0
+kubelet_pod_worker_duration_seconds_count{operation_type="create"} 10
+kubelet_runtime_operations_total{operation_type="version"} 2
+"""
+
+
+def test_kubelet_timings_are_read_by_operation_and_averaged_over_what_happened_in_between():
+    before = kubelet_timings(KUBELET_METRICS)
+    assert before == {"runtime:run_podsandbox": [10.0, 1.25], "runtime:version": [2.0, 0.002],
+                      "worker:create": [10.0, 2.0]}
+    after = kubelet_timings(KUBELET_METRICS.replace("run_podsandbox\"} 1.25", "run_podsandbox\"} 2.45")
+                            .replace("run_podsandbox\"} 10", "run_podsandbox\"} 20"))
+    # Only what kubelet did in between, with its mean: 10 sandboxes in 1.2 s.
+    assert timings_between(before, after) == {"runtime:run_podsandbox": {"calls": 10, "mean_ms": 120.0}}
+
+
+def test_what_a_mode_adds_to_each_operation_is_listed_largest_first():
+    start = {"direct": {"kubelet_ms_median": {"runtime:start_container": 70.0, "runtime:version": 1.0}},
+             "proxy": {"kubelet_ms_median": {"runtime:start_container": 74.0, "runtime:version": 0.5,
+                                             "runtime:only_here": 3.0}}}
+    assert list(kubelet_added_ms(start, "proxy").items()) == [("runtime:start_container", 4.0),
+                                                              ("runtime:version", -0.5)]
