@@ -62,8 +62,7 @@ def test_kubelet_timings_are_read_by_operation_and_averaged_over_what_happened_i
 
 
 def test_what_a_mode_adds_to_each_operation_is_listed_largest_first():
-    start = {"direct": {"kubelet_ms_median": {"runtime:start_container": 70.0, "runtime:version": 1.0}},
-             "proxy": {"kubelet_ms_median": {"runtime:start_container": 74.0, "runtime:version": 0.5,
-                                             "runtime:only_here": 3.0}}}
-    assert list(kubelet_added_ms(start, "proxy").items()) == [("runtime:start_container", 4.0),
-                                                              ("runtime:version", -0.5)]
+    direct = {"runtime:start_container": 70.0, "runtime:version": 1.0}
+    proxy = {"runtime:start_container": 74.0, "runtime:version": 0.5, "runtime:only_here": 3.0}
+    assert list(kubelet_added_ms(proxy, direct).items()) == [("runtime:start_container", 4.0),
+                                                             ("runtime:version", -0.5)]
