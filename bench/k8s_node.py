@@ -137,6 +137,14 @@ def _kubelet_timings(nodes: dict[str, Any]) -> dict[str, dict[str, list[float]]]
     return {mode: kubelet_timings(node.kubelet.get("/metrics")) for mode, node in nodes.items()}
 
 
+def timed_interleaved_starts(nodes: dict[str, Any], count: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """interleaved_start_latencies, and by node what its kubelet timed meanwhile (timings_between)."""
+    before = _kubelet_timings(nodes)
+    latencies = interleaved_start_latencies(nodes, count)
+    after = _kubelet_timings(nodes)
+    return latencies, {mode: timings_between(before[mode], after[mode]) for mode in nodes}
+
+
 def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The proxy node's load windows, after its start pods are gone (the windows count their own)."""
     for stale in range(args.pods):
@@ -180,11 +188,9 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(_node(workdir, plane, i, mode, builds, feature_gates))
                  for i, mode in enumerate(modes)}
-        timed_before = _kubelet_timings(nodes)
-        latencies = interleaved_start_latencies(nodes, pods)
-        timed_after = _kubelet_timings(nodes)
+        latencies, timed = timed_interleaved_starts(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
-                                  "kubelet_ms": timings_between(timed_before[mode], timed_after[mode])}
+                                  "kubelet_ms": timed[mode]}
                            for mode, v in latencies.items()}
     if "direct" in run:
         for mode in modes:
@@ -195,7 +201,8 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
 
 
 def _over_runs(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
-    """Per node: the runs' p50 ratios to direct and their median, and the median of every pod."""
+    """Per node: the runs' p50 ratios to direct and their median, the median of every pod, and
+    per operation kubelet timed the median of the runs' means (``kubelet_ms_median``)."""
     out: dict[str, Any] = {}
     for mode in modes:
         every = [x for run in runs for x in run[mode]["all_s"]]
@@ -322,12 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.interleave:
             with contextlib.ExitStack() as stack:
                 nodes = {mode: stack.enter_context(node_of(i, mode)) for i, mode in enumerate(modes)}
-                timed_before = _kubelet_timings(nodes)
-                started = interleaved_start_latencies(nodes, args.pods)
-                timed_after = _kubelet_timings(nodes)
+                started, timed = timed_interleaved_starts(nodes, args.pods)
                 for mode, latencies in started.items():
                     results["start"][mode] = _start_summary(latencies)
-                    results["start"][mode]["kubelet_ms"] = timings_between(timed_before[mode], timed_after[mode])
+                    results["start"][mode]["kubelet_ms"] = timed[mode]
                     results["start"][mode]["nri_answer_ms"] = nri_answer_ms(nodes[mode])
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
