@@ -500,8 +500,13 @@ def test_a_controller_dropped_when_a_scope_started_is_enabled_again_right_after_
     node, systemd = systemd_node()
     systemd.memory_nodes_fail = "systemctl set-property ...: timed out after 15.0 seconds"
     node.engine.be_group.slices.prepare(GROUP_SLICE, GROUP).result(5)
-    pod = run_be_pod(node)
     tier = KUBELET_PARENT.rsplit("/", 1)[0]
+    # The sandbox's scope: checked right after RunPodSandbox (no container yet).
+    add_cgroup(node.root, KUBELET_PARENT)
+    write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpu io memory hugetlb pids")
+    write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpu io memory hugetlb pids")
+    pod = run_be_pod(node)
+    assert read_cgroup_file(node.root, tier, "cgroup.subtree_control") == "+cpuset"
     write_cgroup_file(node.root, tier, "cgroup.subtree_control", "cpu io memory hugetlb pids")
     write_cgroup_file(node.root, KUBELET_PARENT, "cgroup.controllers", "cpu io memory hugetlb pids")
     node.run_container(pod, "app")  # no reconcile pass in between

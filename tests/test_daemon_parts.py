@@ -91,6 +91,36 @@ def test_an_unreadable_status_and_a_disabled_net_change_nothing():
     assert on.passes == [] and state.pods["s1"].ips == ("10.0.0.7",)
 
 
+def test_with_net_off_no_runtime_call_and_the_pods_are_asked_once_it_is_turned_on():
+    state = _state()
+    state.put_pod(PodRecord("s2", "gone", "team", "u2", {}, {}, "/kubepods/burstable/pod-u2", qos_class="LS"))
+    asked: list[str] = []
+
+    class Counting(_Backend):
+        async def call(self, path, request, response_cls, timeout):
+            asked.append(request.pod_sandbox_id)
+            return await super().call(path, request, response_cls, timeout)
+
+    net = _Net(enable=False)
+
+    async def body():
+        networks, spawned = _networks(state, net, Counting())
+        networks.record_pod_network_soon("s1")
+        networks.record_pod_network_soon("s2")
+        assert networks.for_reconcile() == [] and spawned == []  # off: not a call inside a pod's start
+        state.remove_pod("s2")
+        net.update_config(NetQoSConfig(enable=True))  # a reload turned [net] on
+        networks.for_reconcile()
+        while not all(task.done() for task in spawned):
+            await asyncio.gather(*spawned)
+        networks.for_reconcile()  # asked once only
+        await asyncio.gather(*spawned)
+
+    asyncio.run(body())
+    assert asked == ["s1"]  # the pod gone meanwhile is not asked
+    assert state.pods["s1"].ips == ("10.0.0.7",) and net.passes == [["s1"]]
+
+
 class _Resctrl:
     def __init__(self, enable: bool) -> None:
         self.config = types.SimpleNamespace(enable=enable)

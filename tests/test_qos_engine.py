@@ -465,6 +465,21 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
         assert not [s for s in entry["skipped"] if "failed" in s or "refused" in s], entry["skipped"]
 
 
+def test_a_pods_class_values_come_with_its_first_container_start(make_node):
+    """RunPodSandbox's Post writes nothing of the pod's (its pause process needs none, and a
+    second apply would cost every pod start); the first StartContainer applies pod and container,
+    and the reconcile pass a pod whose containers never start."""
+    node = make_node(toml="[qos.BE]\ncpu_idle = 1\n")
+    be = node.run_pod("be", parent="/kubepods/besteffort/podbe", annotations={EXTENDED_SPEC: BE_SPEC})
+    assert node.read(be.cgroup, "cpu.idle") == "0"
+    node.run_container(be, cpu_shares=2)
+    assert node.read(be.cgroup, "cpu.idle") == "1"
+    waiting = node.run_pod("waiting", parent="/kubepods/besteffort/podwaiting", annotations={EXTENDED_SPEC: BE_SPEC})
+    assert node.read(waiting.cgroup, "cpu.idle") == "0"
+    node.engine.reconcile()
+    assert node.read(waiting.cgroup, "cpu.idle") == "1"
+
+
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_an_idle_be_pod_when_configured_gets_no_pod_weight(make_node, version):
     # [qos.BE] cpu_idle = 1 (no longer the default): the pod is idle and its batch cpu.shares are

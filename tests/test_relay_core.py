@@ -190,6 +190,30 @@ def test_pings_are_answered_to_their_sender_and_not_relayed_until_a_goaway():
     assert wire.backend_frames() == [(w.PING, w.FLAG_ACK, 0, b"goaway!!")]
 
 
+def test_what_one_read_relays_goes_to_each_end_as_one_write():
+    """The runtime's window update, its ping and the answer arrive in one read: the client gets
+    the update and the answer in one write (one wake-up), the runtime its ping's answer."""
+    wire = Wire()
+    client_writes: list[bytes] = []
+    backend_writes: list[bytes] = []
+    wire.core._send_client = client_writes.append
+    wire.core.backend_connected(backend_writes.append)
+    wire.client(START, w.frame(w.HEADERS, w.FLAG_END_HEADERS | w.FLAG_END_STREAM, 1, request_headers(RS + "Version")))
+    assert len(backend_writes) == 1
+    update, ping = w.window_update(0, 7), w.frame(w.PING, 0, 0, bytes(8))
+    answer = w.frame(w.HEADERS, w.FLAG_END_HEADERS, 1, hpack.Encoder().encode([(":status", "200")])) + \
+        w.frame(w.DATA, 0, 1, encode_grpc_message(b"v")) + trailers(1, 0)
+    wire.backend(update, ping, answer)
+    assert client_writes == [update + answer]
+    assert backend_writes[1:] == [w.frame(w.PING, w.FLAG_ACK, 0, bytes(8))]
+    assert wire.handler.completed_calls == [(RS + "Version", 0)]
+    # A connection error in the middle of a read: what came before it, then the GOAWAY.
+    client_writes.clear()
+    wire.client(w.window_update(0, 5), w.frame(w.PING, 0, 0, bytes(8)), b"\xff\xff\xff" + bytes(6))
+    assert len(client_writes) == 1
+    assert [t for t, *_ in parse_frames(client_writes[0])] == [w.PING, w.GOAWAY] and wire.closes == 1
+
+
 def test_bytes_that_are_not_http2_are_relayed_unparsed_both_ways():
     wire = Wire()
     with capture_logs() as logs:

@@ -330,6 +330,12 @@ class BeGroup:
             return
         self.slices.keep_cpuset(kubelet_parent.strip("/").rsplit("/", 1)[-1], self.memory_nodes, again=again)
 
+    def has_kubelet_slice(self, cgroup_parent: str) -> bool:
+        """Whether a pod is one check_kubelet_slice looks after (cgroup v2, in the systemd group):
+        a string test, for the event loop to decide whether there is file work at all."""
+        return (self.executor.version is CgroupVersion.V2 and not self.executor.dry_run
+                and systemd_group_slice(cgroup_parent) is not None)
+
     def check_kubelet_slice(self, cgroup_parent: str) -> None:
         """kubelet's pod slice of a pod in the systemd group keeps the controllers kubelet
         checks for: one missing in the slice's cgroup.controllers (systemd dropped it before the
@@ -339,9 +345,7 @@ class BeGroup:
         moved the pod) gets the property again. Reads two files when all is well. Called after
         RunPodSandbox and StartContainer (runc started a scope, and systemd realizes kubelet's
         tier with it) and by the reconcile pass."""
-        if self.executor.version is not CgroupVersion.V2 or self.executor.dry_run:
-            return
-        if systemd_group_slice(cgroup_parent) is None:
+        if not self.has_kubelet_slice(cgroup_parent):
             return
         kubelet_parent = kubelet_parent_of(cgroup_parent)
         if kubelet_parent is None:

@@ -28,7 +28,7 @@ from koordnode.hooks.pod_plans import PassState, PodPlan, PodPlanner
 from koordnode.metrics.recorder import METRICS
 from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import CONTAINER_RUNNING, NodeView, PodRecord
-from koordnode.policy.class_inputs import KernelFeatures, PodInput
+from koordnode.policy.class_inputs import KernelFeatures
 from koordnode.policy.container_policy import REPORTED_BY_RUNTIME
 
 log = structlog.get_logger("koordnode.qos")
@@ -76,14 +76,14 @@ class PodApplier:
         if names is not None:
             METRICS.drop_pod(*names)
 
-    def apply(self, view: NodeView, sandbox_id: str, pod_in: PodInput | None, *,
+    def apply(self, view: NodeView, sandbox_id: str, *,
               force: bool, pass_state: PassState | None = None,
               runtime_rewrote: Set[str] = frozenset()) -> ClassDecision | None:
         """Pod-level and container-level writes of one pod (its running containers); returns
-        the class decision for the loop to record (None when the pod is unknown or skipped).
-        `pod_in`: the pod as a CRI call describes it; None: as recorded. `pass_state`: the
-        reconcile pass this is part of (None: a single call from a hook). `runtime_rewrote`:
-        containers whose REPORTED_BY_RUNTIME files the runtime has just rewritten."""
+        the class decision for the loop to record (None when the pod is unknown or skipped), the
+        pod as recorded. `pass_state`: the reconcile pass this is part of (None: a single call
+        from a hook). `runtime_rewrote`: containers whose REPORTED_BY_RUNTIME files the runtime
+        has just rewritten."""
         planner, records = self.planner, self.status
         pod = view.pods.get(sandbox_id)
         if pod is None or skip_requested(pod.labels):
@@ -115,12 +115,12 @@ class PodApplier:
         running = [c for c in containers if c.state == CONTAINER_RUNNING]
         for c in running:
             planner.kubelet_resources_of(view, c.container_id)  # known before the key is taken
-        key = planner.key(pod, pod_in, running, be_cpus)
+        key = planner.key(pod, running, be_cpus)
         reused = False
         if cached is not None and key is not None and cached.key == key:
             entry, reused = cached, True
         else:
-            entry = planner.make(view, pod, pod_in, running, decision, pod_cgroup, key, be_cpus)
+            entry = planner.make(view, pod, running, decision, pod_cgroup, key, be_cpus)
             if key is not None:
                 planner.plans[sandbox_id] = entry
             else:

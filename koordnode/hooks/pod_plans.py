@@ -47,7 +47,6 @@ class PlanKey(NamedTuple):
     resources are replaced, never changed, so comparing two keys is mostly identity checks)."""
 
     pod: PodRecord
-    pod_in: PodInput | None
     settings: Any
     features: KernelFeatures
     allocator: Any
@@ -202,7 +201,7 @@ class PodPlanner:
                                   config=self.settings.qos.for_class(decision.qos_class), features=self.features,
                                   pod_cgroup=pod_cgroup)
 
-    def key(self, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
+    def key(self, pod: PodRecord, running: list[Any],
             be_cpus: frozenset[int] | None) -> PlanKey | None:
         """What a pod's plan is made from; None: plan every time (a container still asking for
         CPUs changes the allocator)."""
@@ -210,7 +209,7 @@ class PodPlanner:
         if containers is None:
             return None
         allocator = self.pools.allocator
-        return PlanKey(pod, pod_in, self.settings, self.features, allocator, allocator.version, be_cpus,
+        return PlanKey(pod, self.settings, self.features, allocator, allocator.version, be_cpus,
                        self.pod_resources.get(pod.sandbox_id), containers, self.facts_of(pod.uid))
 
     def _containers_key(self, running: list[Any]) -> tuple[Any, ...] | None:
@@ -230,16 +229,16 @@ class PodPlanner:
         if entry is None:
             return False
         key = entry.key
-        return (key is not None and key.pod is pod and key.pod_in is None and key.settings is self.settings
+        return (key is not None and key.pod is pod and key.settings is self.settings
                 and key.features == self.features and key.pod_resources is self.pod_resources.get(pod.sandbox_id)
                 and key.containers == self._containers_key(running) and key.facts is self.facts_of(pod.uid))
 
-    def make(self, view: NodeView, pod: PodRecord, pod_in: PodInput | None, running: list[Any],
+    def make(self, view: NodeView, pod: PodRecord, running: list[Any],
              decision: ClassDecision, pod_cgroup: str, key: PlanKey | None,
              be_cpus: frozenset[int] | None) -> PodPlan:
         """Plan one pod: its pod cgroup, its running containers and its memory protection.
         `be_cpus`: the set the QoS manager confines BE to (None: not confined)."""
-        pod_input = pod_in if pod_in is not None else self.pod_input_from_record(pod)
+        pod_input = self.pod_input_from_record(pod)
         pod_plan = plan_pod_sandbox(pod_input, decision=decision,
                                     config=self.settings.qos.for_class(decision.qos_class),
                                     features=self.features, pod_cgroup=pod_cgroup, node=self.settings.node)

@@ -198,6 +198,11 @@ class QoSEngine:
     def remove_be_pod_cgroup(self, cgroup_parent: str, *, removed: bool = True) -> None:
         self.be_group.remove_pod_cgroup(cgroup_parent, removed=removed)
 
+    def has_kubelet_slice(self, sandbox_id: str) -> bool:
+        """Whether kubelet_slice_after_scope_start has work for this pod (lock-free, on the loop)."""
+        pod = self.state.view().pods.get(sandbox_id)
+        return pod is not None and self.be_group.has_kubelet_slice(pod.cgroup_parent)
+
     def kubelet_slice_after_scope_start(self, sandbox_id: str | None = None, container_id: str | None = None) -> None:
         """After RunPodSandbox and StartContainer: kubelet's pod slice of a pod in the systemd
         BE group checked now (be_group.py: BeGroup.check_kubelet_slice)."""
@@ -205,13 +210,6 @@ class QoSEngine:
         pod = view.pods.get(sandbox_id) if sandbox_id else view.pod_of_container(container_id or "")
         if pod is not None:
             self.be_group.check_kubelet_slice(pod.cgroup_parent)
-
-    def pod_sandbox_started(self, sandbox_id: str, cfg: pb.PodSandboxConfig) -> None:
-        view = self.state.view()
-        with self.lock:
-            self.applier.apply(view, sandbox_id, self.planner.pod_input(cfg), force=False)
-            tiers = self._tier_job(view)
-        self._run_tier_job(tiers)
 
     def container_create_pre(self, req: pb.CreateContainerRequest) -> ContainerPlan:
         """plan_create with the CPUs it reserved committed at once: for callers that forward
@@ -293,7 +291,7 @@ class QoSEngine:
             pod = view.pod_of_container(container_id)
             if pod is None:
                 return
-            self.applier.apply(view, pod.sandbox_id, None, force=False)
+            self.applier.apply(view, pod.sandbox_id, force=False)
             tiers = self._tier_job(view)
         self._run_tier_job(tiers)
 
@@ -316,7 +314,7 @@ class QoSEngine:
             return
         with self.lock:
             for sandbox_id, cids in by_pod.items():
-                self.applier.apply(view, sandbox_id, None, force=False, runtime_rewrote=frozenset(cids))
+                self.applier.apply(view, sandbox_id, force=False, runtime_rewrote=frozenset(cids))
             tiers = self._tier_job(view)
         self._run_tier_job(tiers)
 
@@ -388,7 +386,7 @@ class QoSEngine:
         with self.lock:
             pod = view.pods.get(sandbox_id)
             if pod is not None:
-                self.applier.apply(view, sandbox_id, None, force=False)
+                self.applier.apply(view, sandbox_id, force=False)
                 tiers = self._tier_job(view)
         self._run_tier_job(tiers)
 
@@ -578,7 +576,7 @@ class QoSEngine:
                 if pod.state != POD_READY:
                     continue
                 try:
-                    decision = self.applier.apply(view, pod.sandbox_id, None, force=force, pass_state=pass_state)
+                    decision = self.applier.apply(view, pod.sandbox_id, force=force, pass_state=pass_state)
                 except Exception:  # one pod's trouble must not stop the others' reconcile
                     log.exception("pod_reconcile_failed", sandbox_id=pod.sandbox_id)
                     continue
@@ -617,14 +615,18 @@ class QoSEngine:
             # Values another writer changed and koordnode restored, by resource.
             "overwrites": {"counts": {**self.executor.overwrites, **self.processes.overwrites},
                            "last": {**self.executor.last_overwrites, **self.processes.last_overwrites}},
-            "notes": self.notes + self.be_group.status_notes(),
+            "notes": self.notes,
             # kubelet's cgroups above the pods: the memory protection koordnode keeps there, and why.
             "memory_tiers": self.tiers.status(),
         })
 
     def status(self) -> dict[str, Any]:
-        """Never takes the lock: the event loop calls it while workers may hold it."""
-        return {**self.records.published.engine, "unsupported": dict(self.executor.unsupported)}
+        """Never takes the lock: the event loop calls it while workers may hold it. The BE
+        group's notes as they are now: its systemd worker records them, and nothing may publish
+        after it (a pod with no container started yet)."""
+        engine = self.records.published.engine
+        return {**engine, "notes": [*engine.get("notes", ()), *self.be_group.status_notes()],
+                "unsupported": dict(self.executor.unsupported)}
 
     def decorate(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Add what was applied to the pods of a NodeState snapshot (lock-free, like status)."""

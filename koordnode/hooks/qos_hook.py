@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 from koordnode.hooks.chain import CallContext, Phase, PodClassified, RuntimeHook, Stage
@@ -13,8 +14,9 @@ UNIMPLEMENTED = 12  # grpc status code
 
 class QoSHook:
     """Thread stages: they write cgroup files, and a stuck write must not stall the relay's
-    event loop; the chain's timeout bounds them. Pre stages only for the requests it changes,
-    so a slow node can never fail the other calls under failure_policy = "fail"."""
+    event loop; the chain's timeout bounds them (RunPodSandbox's Post decides on the loop whether
+    it has file work). Pre stages only for the requests it changes, so a slow node can never
+    fail the other calls under failure_policy = "fail"."""
 
     name = "qos"
 
@@ -29,7 +31,7 @@ class QoSHook:
             Stage.in_thread("CreateContainer", pre, self.plan_container),
             Stage.in_thread("UpdateContainerResources", pre, self.resize_container),
             Stage.in_thread("UpdatePodSandboxResources", pre, self.resize_pod),
-            Stage.in_thread("RunPodSandbox", post, self.pod_started),
+            Stage.on_loop("RunPodSandbox", post, self.pod_started),
             Stage.in_thread("CreateContainer", post, self.container_created),
             Stage.in_thread("StartContainer", post, self.container_started),
             Stage.in_thread("UpdateContainerResources", post, self.container_updated),
@@ -68,10 +70,15 @@ class QoSHook:
 
     # ---- Post --------------------------------------------------------------------------
 
-    def pod_started(self, call: CallContext) -> None:
-        if call.succeeded and call.response is not None:
-            self.engine.pod_sandbox_started(call.response.pod_sandbox_id, call.request.config)
-            self.engine.kubelet_slice_after_scope_start(sandbox_id=call.response.pod_sandbox_id)
+    async def pod_started(self, call: CallContext) -> None:
+        """The pod's class values go to its cgroup with its first container's start (the
+        container_started apply covers the pod): the sandbox's pause process needs none, and one
+        apply instead of two is CPU kubelet's next calls on a busy node do not wait for. Here only
+        a pod in the systemd BE group has file work (its kubelet slice), in a thread; the others
+        cost no hop to one."""
+        if call.succeeded and call.response is not None and self.engine.has_kubelet_slice(call.response.pod_sandbox_id):
+            await asyncio.to_thread(self.engine.kubelet_slice_after_scope_start,
+                                    sandbox_id=call.response.pod_sandbox_id)
 
     def container_created(self, call: CallContext) -> None:
         ok = call.succeeded and call.response is not None

@@ -90,6 +90,12 @@ class RelayCore:
         # Intercepted calls whose answer is in the bytes being relayed: handed to the handler
         # once those bytes are on their way to the client (the client does not wait for it).
         self._answered: list[tuple[Any, bytes, int | None, str]] = []
+        # While the bytes of one read are relayed, what goes to each end is held and sent as one
+        # write at the end: a frame answered here (PING) splits the relayed bytes, and every
+        # write is a syscall and a wake-up of the peer, kubelet's or the runtime's.
+        self._corked = False
+        self._held_client: list[bytes] = []
+        self._held_backend: list[bytes] = []
         self._client_handlers = _dispatch_table({
             w.DATA: self._client_data, w.HEADERS: self._client_headers_frame,
             w.CONTINUATION: self._client_continuation, w.RST_STREAM: self._client_reset,
@@ -117,6 +123,8 @@ class RelayCore:
     def close(self) -> None:
         if self.closed:
             return
+        if self._corked:
+            self._uncork()  # what was relayed before (a GOAWAY) still goes out
         self.closed = True
         for st in self.streams.values():
             st.cancelled = True
@@ -138,11 +146,28 @@ class RelayCore:
 
     def _to_backend(self, data: bytes) -> None:
         if data and not self.closed:
-            self._send_backend(data)
+            if self._corked:
+                self._held_backend.append(data)
+            else:
+                self._send_backend(data)
 
     def _to_client(self, data: bytes) -> None:
         if data and not self.closed:
-            self._send_client(data)
+            if self._corked:
+                self._held_client.append(data)
+            else:
+                self._send_client(data)
+
+    def _uncork(self) -> None:
+        """The end of one read's relaying: what it held for each end goes out, one write each."""
+        self._corked = False
+        held_backend, held_client = self._held_backend, self._held_client
+        if held_backend:
+            self._held_backend = []
+            self._to_backend(held_backend[0] if len(held_backend) == 1 else b"".join(held_backend))
+        if held_client:
+            self._held_client = []
+            self._to_client(held_client[0] if len(held_client) == 1 else b"".join(held_client))
 
     # ---- byte streams -------------------------------------------------------------------------
 
@@ -153,6 +178,7 @@ class RelayCore:
         if self.closed:
             return
         self._cbuf += data
+        self._corked = True
         try:
             start = 0 if self._preface_done else self._read_preface()
             if start is not None:
@@ -160,18 +186,22 @@ class RelayCore:
         except Exception:  # a parsing bug must cost one connection, never the daemon
             log.exception("relay_failed_on_client_data", detail="closing the connection")
             self.close()
+        finally:
+            self._uncork()
 
     def backend_data(self, data: bytes) -> None:
         if self._opaque:
             self._to_client(data)
             return
         self._bbuf += data
+        self._corked = True
         try:
             self._walk(self._bbuf, 0, self._backend_handlers, self._to_client, False)
         except Exception:
             log.exception("relay_failed_on_runtime_data", detail="closing the connection")
             self.close()
         finally:
+            self._uncork()  # the answers are on their way before the handler looks at them
             self._hand_over_answers()
 
     def _hand_over_answers(self) -> None:

@@ -1,5 +1,8 @@
 """The pods' networks for the network classes ([net]): a new pod's IPs asked of the runtime
-(kubelet's own status calls are not parsed), and the classes rebuilt when pods come and go."""
+(kubelet's own status calls are not parsed), and the classes rebuilt when pods come and go.
+Only while [net] is on: the IPs serve nothing else, and the question costs the runtime and
+koordnode a round trip inside every pod's start. The pods started while it was off are asked
+when it is turned on."""
 
 from __future__ import annotations
 
@@ -32,12 +35,24 @@ class PodNetworks:
         self._controller = controller
         self._runtime = runtime
         self._spawn = spawn
+        self._not_asked: set[str] = set()  # pods started while [net] was off
 
     def record_pod_network_soon(self, sandbox_id: str) -> None:
         """RunPodSandbox's Post hook: the IPs are asked for beside the hooks, so the pod's
         CreateContainer (whose Pre hooks wait for that Post hook) never waits for the round trip
-        to the runtime; no Pre hook reads them."""
-        self._spawn(self.record_pod_network(sandbox_id))
+        to the runtime; no Pre hook reads them. [net] off: remembered, to ask when it is on."""
+        if self._controller.config.enable:
+            self._spawn(self.record_pod_network(sandbox_id))
+            return
+        self._not_asked.add(sandbox_id)
+        if len(self._not_asked) > 2 * len(self._state.pods) + 64:  # pods gone meanwhile
+            self._not_asked &= self._state.pods.keys()
+
+    def _ask_those_not_asked(self) -> None:
+        """[net] is on: the pods started while it was off, still here, are asked now."""
+        waiting, self._not_asked = self._not_asked & self._state.pods.keys(), set()
+        for sandbox_id in sorted(waiting):
+            self._spawn(self.record_pod_network(sandbox_id))
 
     async def record_pod_network(self, sandbox_id: str) -> None:
         """A new pod's IPs, then the classes with it."""
@@ -50,6 +65,7 @@ class PodNetworks:
 
     def refresh_network_classes(self) -> None:
         if self._controller.config.enable:
+            self._ask_those_not_asked()
             self._spawn(asyncio.to_thread(self._controller.reconcile, self.ready_pods()))
 
     def ready_pods(self) -> list[PodNetwork]:
@@ -61,5 +77,9 @@ class PodNetworks:
 
     def for_reconcile(self) -> list[PodNetwork]:
         """For the reconcile pass (on the loop): the ready pods; none while [net] is off (the
-        pass then only removes what koordnode left)."""
-        return self.ready_pods() if self._controller.config.enable else []
+        pass then only removes what koordnode left). The pods started while it was off are asked
+        for their IPs (after a reload turned it on), and join the classes when they answer."""
+        if not self._controller.config.enable:
+            return []
+        self._ask_those_not_asked()
+        return self.ready_pods()
