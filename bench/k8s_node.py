@@ -81,13 +81,25 @@ def pod_start_latencies(node, count: int, prefix: str) -> list[float]:
     return [pod_start_latency(node, f"{prefix}-{i}") for i in range(count)]
 
 
+def turn_orders(n: int) -> list[list[int]]:
+    """The orders of the turns, cycled (a balanced Latin square, Williams' design): over a
+    cycle every mode starts at every place equally often and right after every other mode equally
+    often. A fixed order (each turn a rotation of one cycle) lets a mode always follow the same
+    one, whose trailing work (kubelet's status updates, the API server's writes) then lands on
+    it alone: that moved a node's ratio by several per cent."""
+    first = [0, *[(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]]  # 0, 1, n-1, 2, n-2, ...
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows if n % 2 == 0 or n == 1 else rows + [row[::-1] for row in rows]
+
+
 def interleaved_start_latencies(nodes: dict[str, Any], count: int) -> dict[str, list[float]]:
-    """``count`` pods per mode, started in turns; turn i begins with mode i mod len(nodes)."""
+    """``count`` pods per mode, started in turns, in the orders of turn_orders."""
     modes = list(nodes)
     latencies: dict[str, list[float]] = {mode: [] for mode in modes}
+    orders = turn_orders(len(modes))
     for i in range(count):
-        for k in range(len(modes)):
-            mode = modes[(i + k) % len(modes)]
+        for k in orders[i % len(orders)]:
+            mode = modes[k]
             latencies[mode].append(pod_start_latency(nodes[mode], f"start-{mode}-{i}"))
     return latencies
 
@@ -182,11 +194,13 @@ def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[st
 
 
 def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], pods: int,
-                     feature_gates: dict[str, bool]) -> dict[str, Any]:
+                     feature_gates: dict[str, bool], run_index: int = 0) -> dict[str, Any]:
     """One run of --runs: fresh API server and nodes, the pods started in turns; p50 by node and
-    its ratio to direct's."""
+    its ratio to direct's. Run r puts mode i on node slot (i + r) mod n: what differs between
+    slots (the node's name, addresses, directories) meets every mode alike over the runs."""
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
-        nodes = {mode: stack.enter_context(_node(workdir, plane, i, mode, builds, feature_gates))
+        nodes = {mode: stack.enter_context(_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
+                                                 feature_gates))
                  for i, mode in enumerate(modes)}
         latencies, timed = timed_interleaved_starts(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
@@ -310,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "start": {}}
     workdir = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
     if args.runs > 1:
-        results["runs"] = [_interleaved_run(workdir / f"run-{run}", modes, builds, args.pods, feature_gates)
+        results["runs"] = [_interleaved_run(workdir / f"run-{run}", modes, builds, args.pods, feature_gates, run)
                            for run in range(args.runs)]
         results["start"] = _over_runs(results["runs"], modes)
         if "direct" in modes:

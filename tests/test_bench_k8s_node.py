@@ -3,11 +3,14 @@ started here; the bench itself runs the real ones)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 
-from bench.k8s_node import _builds, _over_runs, kubelet_added_ms, kubelet_timings, timings_between
+import bench.k8s_node as k8s_bench
+from bench.k8s_node import (_builds, _over_runs, interleaved_start_latencies, kubelet_added_ms, kubelet_timings,
+                             timings_between, turn_orders)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,3 +69,22 @@ def test_what_a_mode_adds_to_each_operation_is_listed_largest_first():
     proxy = {"runtime:start_container": 74.0, "runtime:version": 0.5, "runtime:only_here": 3.0}
     assert list(kubelet_added_ms(proxy, direct).items()) == [("runtime:start_container", 4.0),
                                                              ("runtime:version", -0.5)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_mode_starts_at_every_place_and_after_every_other_mode_equally_often(n):
+    orders = turn_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    places = [[order[place] for order in orders].count(mode) for place in range(n) for mode in range(n)]
+    follows = [sum(1 for order in orders for a, b in itertools.pairwise(order) if (a, b) == (x, y))
+               for x in range(n) for y in range(n) if x != y]
+    assert len(set(places)) == 1 and len(set(follows)) <= 1
+
+
+def test_interleaved_starts_take_the_turns_in_those_orders(monkeypatch):
+    started: list[str] = []
+    monkeypatch.setattr(k8s_bench, "pod_start_latency", lambda node, name: started.append(node) or 0.1)
+    latencies = interleaved_start_latencies({"direct": "direct", "proxy": "proxy", "nri": "nri"}, 7)
+    names = ["direct", "proxy", "nri"]
+    assert started == [names[k] for i in range(7) for k in turn_orders(3)[i % 6]]
+    assert {mode: len(v) for mode, v in latencies.items()} == {"direct": 7, "proxy": 7, "nri": 7}
