@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.background_build import await_outside_tests
 from testbed.fixtures import containerd_bed  # noqa: F401  (the shared real containerd)
 
 from support.cri import Cri
@@ -53,14 +54,30 @@ def _originals_kept_in_the_test(monkeypatch, tmp_path_factory):
 
 
 # Modules that need the real-node bed's builds (scripts/test.sh runs them in the background) run
-# last, in this order, so a fresh machine builds while the others run (testbed/background_build.py).
-_NEEDS_THE_BUILDS = ("test_k8s_", "test_kube_", "test_core_sched_kernel", "test_vm_lane")
+# last, in this order, so a fresh machine builds while the others run (testbed/background_build.py),
+# each with the build steps it waits for.
+_NEEDS_THE_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("test_k8s_", ("k8s",)),
+    ("test_kube_", ("k8s",)),
+    ("test_core_sched_kernel", ("kernel",)),
+    ("test_vm_lane", ("k8s",)),
+)
 
 
 def _build_rank(item: pytest.Item) -> int:
     name = Path(str(item.fspath)).name
-    return next((i + 1 for i, prefix in enumerate(_NEEDS_THE_BUILDS) if name.startswith(prefix)), 0)
+    return next((i + 1 for i, (prefix, _) in enumerate(_NEEDS_THE_BUILDS) if name.startswith(prefix)), 0)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_build_rank)  # stable: the files' own order within each rank
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """The wait for a background build happens here, outside the test: this wrapper is entered
+    before pytest-timeout's, so no test's timeout counts a cold machine's build."""
+    rank = _build_rank(item)
+    if rank:
+        await_outside_tests(_NEEDS_THE_BUILDS[rank - 1][1], item.nodeid)
+    yield

@@ -94,15 +94,31 @@ def bed():
                     time.sleep(0.05)
 
 
+def _budget_follows_its_inputs(inputs: dict) -> None:
+    """The decision's BE budget and target are the formula applied to the usage it measured
+    (cpu_suppress with its threshold; no LS pressure curve points are crossed here unless the
+    ratio says so): what koordnode decides from what it saw, whatever else loads the host."""
+    raw = (inputs["node_cpus"] * inputs["threshold_percent"] / 100.0 - inputs["ls_used_cpus"]
+           - max(inputs["system_used_cpus"], inputs["reserved_cpus"]))
+    assert abs(inputs["budget_before_ratio_cpus"] - raw) < 0.01, inputs
+    budget = max(0.0, raw) * inputs["pressure_ratio"]
+    assert abs(inputs["be_budget_cpus"] - budget) < 0.01, inputs
+    assert abs(inputs["target_quota_us"] - max(FLOOR, budget * inputs["period_us"])) <= 0.01 * inputs["period_us"], inputs
+
+
 @pytest.mark.timeout(90)
 def test_be_tier_quota_follows_a_real_ls_load(bed):
+    """The BE tier's quota follows the decision, and the decision follows the LS load it
+    measured: LS busy shows in `ls_used_cpus` and lowers the budget by what LS uses. Never a
+    fixed figure for the idle budget: CI's own builds run beside this test (a cold run had
+    1.48 of 2 CPUs of system use, so a budget of 0 was right)."""
     kubepods, pods, ls_workers = bed
     quota_file = CGROUP / "cpu" / kubepods.strip("/") / "besteffort" / "cpu.cfs_quota_us"
     state = NodeState()
     state.put_pod(PodRecord("ls", "ls", "test", "uid-ls", {}, {}, pods["ls"], qos_class="LS"))
     state.put_pod(PodRecord("be", "be", "test", "uid-be", {}, {}, pods["be"], qos_class="BE"))
-    # threshold 100 %: the budget left with LS idle stays clear of the floor even when other
-    # work shares this machine; no quiet state (LS idle would lift the quota): the quota's path
+    # threshold 100 %: the largest budget a busy host leaves; no quiet state (LS idle would
+    # lift the quota): the quota's path
     config = ManagerSettings(StrategyConfig(cpu_suppress=CpuSuppressConfig(threshold_percent=100, ls_quiet_percent=0)),
                          QoSManagerConfig(tick_ms=200, kubepods_cgroup=kubepods))
     manager = QoSManager(config, state, CgroupExecutor(CGROUP))
@@ -110,53 +126,47 @@ def test_be_tier_quota_follows_a_real_ls_load(bed):
     def quota() -> int:
         return int(quota_file.read_text())
 
-    async def until(condition, timeout: float) -> float:
+    def decision_inputs() -> dict:
+        return dict((manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {}))
+
+    async def until(condition, timeout: float) -> dict:
+        """The decision inputs once `condition(inputs)` holds."""
         started = time.monotonic()
-        while not condition():
+        while True:
+            inputs = decision_inputs()
+            if inputs.get("target_quota_us") is not None and condition(inputs):
+                return inputs
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"timed out; quota {quota()}, status {manager.status()['strategies']['cpu_suppress']}")
             await asyncio.sleep(0.02)
-        return time.monotonic() - started
+
+    def at_target(inputs: dict) -> bool:
+        # the quota grows by at most 10 % of the node per tick and shrinks at once; a change
+        # under min_change_percent (5 %) is not written
+        return abs(quota() - inputs["target_quota_us"]) <= 0.06 * max(quota(), inputs["target_quota_us"])
 
     async def scenario() -> dict:
         stop = asyncio.Event()
         task = asyncio.create_task(manager.run(stop))
         try:
-            def decision_inputs() -> dict:
-                return (manager.status()["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
-
-            def target() -> int:
-                return int(decision_inputs().get("target_quota_us") or 0)
-
-            # LS idle: BE gets a budget; the quota grows by at most 10% of the node per tick, so
-            # the idle quota is read once it has reached the decision's target
-            await until(lambda: quota() > 5 * FLOOR and quota() >= 0.95 * target(), 15)
-            idle_quota = quota()
+            idle = await until(lambda inputs: inputs["ls_used_cpus"] < 0.3 and at_target(inputs), 15)
             for worker in ls_workers:
                 os.kill(worker.pid, signal.SIGUSR1)
-            # The quota follows the LS load: down to what the decision allows with LS's measured
-            # use (the floor when LS gets both CPUs; on a shared machine the kernel may leave BE
-            # some CPU and LS less, so the target is read from the decision, not assumed). LS using
-            # at least 0.8 CPUs must take at least half a CPU off the quota it had while idle.
-            def follows_ls() -> bool:
-                inputs = decision_inputs()
-                target = max(FLOOR, inputs.get("target_quota_us") or FLOOR)
-                half_cpu = (inputs.get("period_us") or 100_000) // 2
-                return inputs.get("ls_used_cpus", 0) >= 0.8 and quota() <= target and quota() <= idle_quota - half_cpu
-
-            busy_after = await until(follows_ls, 10)
+            # LS busy on every CPU (one worker more than CPUs): at least 0.8 CPU of it measured,
+            # and the quota at the lower target that follows from it
+            busy = await until(lambda inputs: inputs["ls_used_cpus"] >= 0.8 and quota() <= inputs["target_quota_us"]
+                               and at_target(inputs), 10)
             for worker in ls_workers:
                 os.kill(worker.pid, signal.SIGUSR2)
-            recovered_after = await until(lambda: quota() > 5 * FLOOR, 10)
-            return {"idle_quota": idle_quota, "busy_after": busy_after, "recovered_after": recovered_after,
-                    "status": manager.status()}
+            recovered = await until(lambda inputs: inputs["ls_used_cpus"] < 0.3 and at_target(inputs), 10)
+            return {"idle": idle, "busy": busy, "recovered": recovered, "status": manager.status()}
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
 
     result = asyncio.run(scenario())
-    assert result["idle_quota"] > 5 * FLOOR
-    assert result["busy_after"] < 10
+    for phase in ("idle", "busy", "recovered"):
+        _budget_follows_its_inputs(result[phase])
     status = result["status"]
     assert status["trigger_mode"].startswith(("psi-trigger", "polling"))
     assert status["strategies"]["cpu_suppress"]["last_write"]["status"] == "written"

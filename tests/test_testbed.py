@@ -380,6 +380,56 @@ def test_a_background_build_is_waited_for_and_its_failure_reported_with_its_log(
         component_bin("etcd")
 
 
+def test_a_build_wait_happens_before_the_test_and_an_overdue_build_is_waited_for_once(
+        tmp_path, monkeypatch, capsys) -> None:
+    """tests/conftest.py waits outside the test (no test's timeout counts a cold build); once
+    the whole bound ran out, each test that needs the step fails at once with the same error."""
+    from testbed import background_build
+
+    monkeypatch.setenv(background_build.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(background_build, "_GAVE_UP", {})
+    monkeypatch.setattr(background_build, "WAIT_S", 0.5)
+    (tmp_path / "build.log").write_text("k8s-bed: building kubernetes\n")
+    background_build.await_outside_tests(("kernel",), "tests/test_x.py::test_y")  # reports, never raises
+    assert "kernel step has not ended after 0 s" in capsys.readouterr().err
+    monkeypatch.setattr(background_build, "WAIT_S", 60)
+    began = time.monotonic()
+    with pytest.raises(background_build.BackgroundBuildError, match="building kubernetes"):
+        background_build.require("kernel", "a fixture")
+    assert time.monotonic() - began < 1
+    (tmp_path / "kernel.rc").write_text("0\n")  # it did end after all
+    assert background_build.wait_for("kernel", "a fixture") == 0
+
+
+def test_the_tests_that_need_a_build_wait_for_it_outside_their_timeout(tmp_path) -> None:
+    """A real-node test with a 2 s timeout behind a build that takes 4 s more: the wait is not
+    the test's (this suite's conftest hook runs before pytest-timeout's), so it passes."""
+    suite, build = tmp_path / "suite", tmp_path / "build"
+    suite.mkdir()
+    build.mkdir()
+    tests = Path(__file__).resolve().parent
+    (suite / "conftest.py").write_text(
+        f"import importlib.util, sys\nsys.path.insert(0, {str(tests)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('project_conftest', {str(tests / 'conftest.py')!r})\n"
+        "project = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(project)\n"
+        "pytest_collection_modifyitems = project.pytest_collection_modifyitems\n"
+        "pytest_runtest_protocol = project.pytest_runtest_protocol\n")
+    (suite / "test_k8s_fake.py").write_text(
+        "import pytest\nfrom testbed.background_build import require\n\n"
+        "@pytest.mark.timeout(2)\ndef test_needs_kubelet():\n    require('k8s', 'a fixture')\n")
+    writer = subprocess.Popen(["sh", "-c", f"sleep 4; echo 0 > {build}/k8s.rc"])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(suite), str(suite)],
+            cwd=suite, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "KOORDNODE_BED_BUILD_DIR": str(build)})
+    finally:
+        writer.wait()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "waiting for the background build (k8s" in result.stderr, result.stderr
+
+
+
 def test_kubelet_not_ready_lines_compare_by_reason() -> None:
     """Which readiness reasons kubelet's sync loop still lists at a given tick after a restart
     is timing (a loaded machine splits one line into two): each reason compares on its own, and
@@ -395,3 +445,42 @@ def test_kubelet_not_ready_lines_compare_by_reason() -> None:
                                      klog("container runtime is down")]))
     assert [e for e in node if e not in direct] == [
         "kubelet.go:2697] Skipping pod synchronization: container runtime is down"]
+
+
+@pytest.mark.parametrize("server", ["silent", "trickle"])
+def test_the_test_clients_api_call_is_bounded_whole_tls_handshake_included(server: str) -> None:
+    """A server that accepts and never finishes the TLS handshake, or trickles a byte at a time
+    (each read within the socket timeout): the call ends at its own bound with a clear error."""
+    import socket
+    import threading
+
+    from testbed.kube_client import KubeClient
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while not stop.wait(0.2):
+                if server == "trickle":
+                    try:
+                        conn.send(b"\x16")
+                    except OSError:
+                        return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = KubeClient("127.0.0.1", listener.getsockname()[1], "t", "/etc/ssl/certs/ca-certificates.crt",
+                        timeout=5, call_timeout=1)
+    began = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"GET /readyz: no whole answer within 1 s"):
+            client.raw("GET", "/readyz")
+        assert time.monotonic() - began < 3
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)

@@ -93,6 +93,9 @@ def test_guest_ran_and_reported(vm_lanes: list[LaneResult]) -> None:
     for vm_lane in vm_lanes:
         print(f"{vm_lane.summary}, files {list(vm_lane.files) or 'all'}")
         print(f"guest: {vm_lane.facts}")
+        runs = vm_lane.results_dir / "runs.json"  # more than one: a guest pytest died (supervise.py)
+        if runs.is_file():
+            print(f"guest pytest runs: {runs.read_text()}")
     for vm_lane in vm_lanes:
         which = f"the guest running {list(vm_lane.files) or 'every file'}"
         assert not vm_lane.kernel_panic, f"{which}: the guest kernel crashed:\n{vm_lane.kernel_panic}"

@@ -23,6 +23,11 @@ class BackgroundBuildError(RuntimeError):
     """The background build failed, or did not end in time."""
 
 
+# Steps already waited for in vain: every later caller gets the same error at once instead of
+# waiting the whole bound again.
+_GAVE_UP: dict[str, str] = {}
+
+
 def _tail(log: Path, lines: int = 25) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -30,20 +35,27 @@ def _tail(log: Path, lines: int = 25) -> str:
         return f"(no log: {err})"
 
 
-def wait_for(step: str, who: str, *, wait_s: float = WAIT_S) -> int | None:
+def wait_for(step: str, who: str, *, wait_s: float | None = None) -> int | None:
     """Wait until the background build's `step` ("k8s" or "kernel") ended; its exit code, or
-    None when no background build was started. Raises BackgroundBuildError after `wait_s`."""
+    None when no background build was started. Raises BackgroundBuildError after `wait_s`
+    (default WAIT_S, the whole build's bound: once that ran out, later calls raise at once)."""
+    bound = WAIT_S if wait_s is None else wait_s
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
     rc, log = Path(directory) / f"{step}.rc", Path(directory) / "build.log"
+    if step in _GAVE_UP and not rc.is_file():
+        raise BackgroundBuildError(_GAVE_UP[step])
     started = time.monotonic()
     announced = False
     while not rc.is_file():
         waited = time.monotonic() - started
-        if waited > wait_s:
-            raise BackgroundBuildError(f"the background build's {step} step has not ended after {wait_s:.0f} s; "
-                                       f"the end of {log}:\n{_tail(log)}")
+        if waited > bound:
+            message = (f"the background build's {step} step has not ended after {bound:.0f} s; "
+                       f"the end of {log}:\n{_tail(log)}")
+            if wait_s is None:
+                _GAVE_UP[step] = message
+            raise BackgroundBuildError(message)
         if not announced:
             print(f"{who}: waiting for the background build ({step}; log {log})", file=sys.stderr, flush=True)
             announced = True
@@ -61,3 +73,15 @@ def require(step: str, who: str) -> None:
         log = Path(os.environ[DIR_ENV]) / "build.log"
         raise BackgroundBuildError(f"the background build's {step} step failed (exit {code}); the end of {log}:\n"
                                    f"{_tail(log)}")
+
+
+def await_outside_tests(steps: tuple[str, ...], who: str) -> None:
+    """Wait for `steps` before a test that needs them starts, so that no test's timeout counts
+    the build (tests/conftest.py calls this outside pytest-timeout's bound). A failed or
+    overdue build is not raised here: each test that needs it fails with the build's own error
+    when its fixture calls `require`, which then answers at once."""
+    for step in steps:
+        try:
+            wait_for(step, who)
+        except BackgroundBuildError as err:
+            print(f"{who}: {err}", file=sys.stderr, flush=True)

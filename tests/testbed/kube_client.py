@@ -1,14 +1,20 @@
 """A small Kubernetes REST client for the real-node tests: JSON over HTTPS with a bearer token.
 
 Only what the tests need (get, list, create, patch, delete, a subresource, waiting for a
-condition); every call is bounded by a timeout. Errors carry the API server's own message.
+condition). Every call is bounded twice: each socket operation (connect, the TLS handshake, each
+read) by `timeout`, and the whole call by `call_timeout`, after which its socket is shut down
+(a server that trickles bytes or a handshake that never completes cannot hold a test).
+Errors carry the API server's own message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from typing import Any, Callable
@@ -27,9 +33,24 @@ class ApiError(RuntimeError):
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
 
 
+class _Connection(http.client.HTTPSConnection):
+    """An HTTPS connection that keeps its socket's fd from before the TLS handshake, so that
+    the call's bound can cut the handshake too (the plain socket object gives its fd up to the
+    TLS one while the handshake runs)."""
+
+    fd = -1
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.fd = self.sock.fileno()
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
 class KubeClient:
-    def __init__(self, host: str, port: int, token: str, ca_file: str, timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, token: str, ca_file: str, timeout: float = 30.0,
+                 call_timeout: float | None = None) -> None:
         self.host, self.port, self.token, self.timeout = host, port, token, timeout
+        self.call_timeout = call_timeout if call_timeout is not None else 2 * timeout
         self._tls = ssl.create_default_context(cafile=ca_file)
 
     def request(self, method: str, path: str, body: JSON | list[Any] | None = None,
@@ -42,7 +63,24 @@ class KubeClient:
         """The response body as text (``/readyz``, ``/metrics``, logs); ``ApiError`` on a non-2xx status."""
         if query:
             path = f"{path}?{urllib.parse.urlencode(query)}"
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self._tls, timeout=self.timeout)
+        conn = _Connection(self.host, self.port, context=self._tls, timeout=self.timeout)
+        cut = threading.Event()
+        closing = threading.Lock()  # the fd is shut down only while it is still this call's
+
+        def cut_off() -> None:
+            with closing:
+                cut.set()
+                if conn.fd >= 0:  # shutdown(2) on the socket: safe beside a read blocked on it
+                    with contextlib.suppress(OSError):
+                        sock = socket.socket(fileno=conn.fd)
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        finally:
+                            sock.detach()
+
+        watchdog = threading.Timer(self.call_timeout, cut_off)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
             data = None
@@ -52,8 +90,17 @@ class KubeClient:
             conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()
             text = response.read().decode(errors="replace")
+        except (OSError, http.client.HTTPException) as err:
+            if cut.is_set():
+                raise TimeoutError(f"{method} {path}: no whole answer within {self.call_timeout:.0f} s") from err
+            raise
         finally:
-            conn.close()
+            watchdog.cancel()
+            with closing:
+                conn.fd = -1
+                conn.close()
+        if cut.is_set():
+            raise TimeoutError(f"{method} {path}: no whole answer within {self.call_timeout:.0f} s")
         if response.status >= 300:
             raise ApiError(response.status, method, path, text)
         return text

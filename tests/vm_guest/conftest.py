@@ -5,7 +5,6 @@ Runs only inside the VM lane's guest (KOORDNODE_VM_GUEST=1, set by tests/vm/gues
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -19,27 +18,6 @@ IN_GUEST = os.environ.get("KOORDNODE_VM_GUEST") == "1"
 
 # On the host these files are not collected: tests/test_vm_lane.py reports their guest results.
 collect_ignore_glob = [] if IN_GUEST else ["test_*.py"]
-
-
-PROGRESS = "/results/progress.jsonl"
-
-
-def pytest_runtest_logreport(report):
-    """Each result as soon as it is known, so a guest stopped by the time bound still reports."""
-    if not IN_GUEST or not os.path.isdir("/results"):
-        return
-    if report.when != "call" and not (report.failed or report.skipped):
-        return
-    entry = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-             "seconds": round(report.duration, 1)}
-    if report.failed or report.skipped:
-        entry["message"] = str(report.longrepr)[-4000:]
-    if report.capstdout:
-        entry["stdout"] = report.capstdout[-2000:]
-    with open(PROGRESS, "a") as handle:
-        handle.write(json.dumps(entry) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 # The containerd releases the session bed can run: Debian 13's own 1.7, and 2.1 (Debian forky's

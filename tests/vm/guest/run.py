@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by a host test
+from supervise import supervise  # noqa: E402
+
 RESULTS = Path("/results")
 PROJECT = Path("/project")
 PYCACHE = "/var/cache/koordnode-vm-pyc"
@@ -127,26 +130,22 @@ def main() -> int:
         "KOORDNODE_VM_GUEST": "1",
         "CI": "true",  # a missing prerequisite in the guest is a failure, not a skip
     })
+    env["PYTHONPATH"] += f":{Path(__file__).resolve().parent}"  # progress_plugin
     guest_tests = PROJECT / "tests" / "vm_guest"
     paths = [str(guest_tests / name) for name in request.get("files", [])] or [str(guest_tests)]
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v",
-           f"--junitxml={RESULTS / 'junit.xml'}", "-o", "junit_logging=system-out", "--basetemp=/var/tmp/pytest",
-           "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget
-           # ...but pytest-timeout's signal waits for a blocked system call to return: the Python
-           # stacks of a test still running after 330 s go to the log from faulthandler's own thread.
-           "-o", "faulthandler_timeout=330",
-           *paths, *request.get("pytest_args", [])]
-    print("+ " + " ".join(cmd), file=log)
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "progress_plugin", "-rA", "-v",
+                  "-o", "junit_logging=system-out",
+                  "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget
+                  *request.get("pytest_args", [])]
+    # No faulthandler_timeout: its dump walks the other threads' frames from a watchdog thread
+    # while they run, and CPython 3.13 died of it (SIGSEGV) after dumping a test that was only
+    # slow. A test stuck where pytest-timeout's signal cannot reach it is the supervisor's.
     began = time.monotonic()
-    pytest = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        code = pytest.wait(timeout=request.get("timeout_s", 900))
-    except subprocess.TimeoutExpired:
-        print(f"guest pytest not done after {request.get('timeout_s')} s: stopped", file=log)
-        diagnose_stuck(pytest.pid, log)
-        pytest.kill()
-        code = 124
-    print(f"guest pytest exit {code} after {time.monotonic() - began:.0f} s", file=log)
+    outcome = supervise(pytest_cmd, paths, RESULTS, cwd=PROJECT, env=env, bound_s=request.get("timeout_s", 900),
+                        log=log, diagnose=diagnose_stuck, basetemp=Path("/var/tmp/pytest"))
+    code = outcome.exit_code
+    print(f"guest pytest exit {code} after {time.monotonic() - began:.0f} s "
+          f"({len(outcome.runs)} run(s): {[r.exit_code for r in outcome.runs]})", file=log)
     _collect_logs(log)
     log.close()
     (RESULTS / "exit_code").write_text(f"{code}\n")
