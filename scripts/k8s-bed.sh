@@ -4,6 +4,8 @@
 #   etcd                        (go.etcd.io/etcd/server/v3, a wrapper calling etcdmain.Main)
 #   containerd, ctr, the runc shim (github.com/containerd/containerd/v2, build tag no_btrfs)
 #   critest and crictl          (sigs.k8s.io/cri-tools)
+#   koord-manager               (github.com/koordinator-sh/koordinator, built as the main module, with
+#                                its CRDs and RBAC role from config/; only when named: "koordinator")
 # Each lands in $KOORDNODE_TESTBED_CACHE (default /var/cache/koordnode-testbed)/<name>-<version>-<go version>/bin,
 # built in a scratch directory and moved into place only when complete, so a second run costs
 # nothing and an interrupted one leaves no half-built tree. Needs only `go` and the Go module proxy.
@@ -32,6 +34,7 @@ if [ "${1:-}" = "--print" ]; then
     echo "containerd=$(dir_of containerd "$CONTAINERD_VERSION")"
     echo "etcd=$(dir_of etcd "$ETCD_VERSION")"
     echo "cri-tools=$(dir_of cri-tools "$CRI_TOOLS_VERSION")"
+    echo "koordinator=$(dir_of koordinator "$KOORDINATOR_VERSION")"
     exit 0
 fi
 
@@ -110,12 +113,28 @@ build_cri_tools() {
     go test -c -trimpath -ldflags "$ldflags" -o "$out/bin/critest" "$module/cmd/critest"
 }
 
+# Koordinator's go.mod has replace directives, so `go install ...@version` refuses it: its module
+# source (read-only in the module cache) is copied and built as the main module.
+build_koordinator() {
+    local version=$1 dir
+    dir=$(go mod download -json "github.com/koordinator-sh/koordinator@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    [ -d "$dir" ] || { echo "no module source downloaded for koordinator@$version"; return 1; }
+    cp -r "$dir/." . && chmod -R u+w .
+    go build -trimpath -ldflags "-s -w" -o "$out/bin/koord-manager" ./cmd/koord-manager
+    mkdir -p "$out/crd" "$out/rbac" "$out/manager"
+    cp config/crd/bases/*.yaml "$out/crd/"
+    cp config/rbac/role.yaml "$out/rbac/koord-manager-role.yaml"
+    cp config/manager/koord-prod.yaml config/manager/koord-mid.yaml config/manager/koord-batch.yaml \
+        config/manager/koord-free.yaml "$out/manager/"
+}
+
 for component in ${1:-containerd etcd cri-tools kubernetes}; do
     case $component in
         kubernetes) build kubernetes "$KUBERNETES_VERSION" build_kubernetes ;;
         containerd) build containerd "$CONTAINERD_VERSION" build_containerd ;;
         etcd) build etcd "$ETCD_VERSION" build_etcd ;;
         cri-tools) build cri-tools "$CRI_TOOLS_VERSION" build_cri_tools ;;
+        koordinator) build koordinator "$KOORDINATOR_VERSION" build_koordinator ;;
         *) echo "k8s-bed: unknown component $component" >&2; exit 2 ;;
     esac
 done

@@ -12,21 +12,23 @@ fi
 
 bash scripts/install-deps.sh
 # The real-node test bed (kubelet, kube-apiserver, etcd, containerd 2.x, critest) from Go modules,
-# then the core-scheduling test kernel; cached in /var/cache/koordnode-testbed by version, so only
+# then Koordinator's koord-manager, then the core-scheduling test kernel; cached in /var/cache/koordnode-testbed by version, so only
 # a machine's first run builds (~17 min on a quiet 2-core machine). Built in the background (nice)
 # while the tests that need neither run; those that need them run last and wait for it
 # (tests/testbed/background_build.py, tests/conftest.py).
 KOORDNODE_BED_BUILD_DIR=$(mktemp -d /tmp/koordnode-bed-build-XXXXXX)
 export KOORDNODE_BED_BUILD_DIR
-# build_step NAME SCRIPT: runs SCRIPT, then writes its exit code to $KOORDNODE_BED_BUILD_DIR/NAME.rc
+# build_step NAME SCRIPT [ARGS]: runs SCRIPT, then writes its exit code to $KOORDNODE_BED_BUILD_DIR/NAME.rc
 # (renamed into place, so a reader never sees half a file).
 build_step() {
-    local rc=0
-    nice -n 10 bash "$2" || rc=$?
-    echo "$rc" > "$KOORDNODE_BED_BUILD_DIR/$1.rc.tmp" && mv "$KOORDNODE_BED_BUILD_DIR/$1.rc.tmp" "$KOORDNODE_BED_BUILD_DIR/$1.rc"
+    local rc=0 name=$1
+    shift
+    nice -n 10 bash "$@" || rc=$?
+    echo "$rc" > "$KOORDNODE_BED_BUILD_DIR/$name.rc.tmp" && mv "$KOORDNODE_BED_BUILD_DIR/$name.rc.tmp" "$KOORDNODE_BED_BUILD_DIR/$name.rc"
 }
 (
     build_step k8s scripts/k8s-bed.sh
+    build_step koord scripts/k8s-bed.sh koordinator
     build_step kernel scripts/core-sched-kernel.sh
 ) > "$KOORDNODE_BED_BUILD_DIR/build.log" 2>&1 < /dev/null &
 

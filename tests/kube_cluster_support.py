@@ -7,8 +7,10 @@ double (cluster strategy, then the first node strategy whose selector matches th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from testbed.kube_client import KubeClient as AdminClient
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
-from koordnode.kube.agent import NODESLOS
+from koordnode.config import Config, parse_config, with_nodeslo
+from koordnode.config.kubernetes import KubernetesConfig
+from koordnode.kube.agent import NODESLOS, ClusterLink
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS = Path(__file__).with_name("data") / "koordinator_crds"
@@ -55,23 +59,28 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
                            for c in (crd_now.get("status") or {}).get("conditions") or [])
             admin.wait_for(f"CRD {name} established", established, timeout=60)
         admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-        for doc in yaml.safe_load_all(RBAC.read_text()):
-            kind = doc["kind"]
-            collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
-                          "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                          "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
-            admin.create(collection, doc)
-        # The bed's plain user "koordnode" gets exactly the shipped ClusterRole.
-        admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "metadata": {"name": "koordnode-user"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
-            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
+        install_koordnode_rbac(admin)
         for node in NODES:
             admin.create("/api/v1/nodes", {"metadata": {"name": node, "labels": {"pool": node[-1]}}})
         admin.wait_for("RBAC for koordnode", lambda: _can_list_nodeslos(cp), timeout=30)
         yield cp
     finally:
         cp.stop()
+
+
+def install_koordnode_rbac(admin: AdminClient) -> None:
+    """The shipped RBAC manifest (its namespace must exist), and the bed's plain user
+    "koordnode" bound to exactly the shipped ClusterRole."""
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        kind = doc["kind"]
+        collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
+                      "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                      "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
+        admin.create(collection, doc)
+    admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "koordnode-user"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
 
 
 def _can_list_nodeslos(cp: ControlPlane) -> bool:
@@ -158,3 +167,53 @@ def set_configmap(admin: AdminClient, cm: dict[str, Any]) -> None:
     else:
         admin.create(f"/api/v1/namespaces/{NS}/configmaps", cm)
     render_nodeslos(admin)
+
+
+# ---------------------------------------------------------------------------------------------
+# a node's koordnode side, without the daemon
+
+
+class Node:
+    """One node's koordnode side: a ClusterLink applying NodeSLOs below a local file."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, name: str, *, local_toml: str = "",
+                 token: str | None = None, **config: Any) -> None:
+        self.kubeconfig = kubeconfig_for(cp, workdir / name, token or cp.tokens["koordnode"])
+        self.config: Config = parse_config(local_toml)
+        self.applied: list[tuple[float, Config]] = []
+        self.facts_changes = 0
+        self.observed: list[tuple[str, str]] = []
+        settings = dict(dict(enable=True, kubeconfig=str(self.kubeconfig), node_name=name, watch_timeout_s=30,
+                             backoff_max_s=2.0, node_metric=False), **config)
+        self.link = ClusterLink(KubernetesConfig(**settings), apply_nodeslo=self._apply,
+                                on_pod_facts=self._facts, node_metric_status=lambda interval: None,
+                                observe=lambda kind, result: self.observed.append((kind, result)))
+
+    async def _apply(self, values: dict[str, Any] | None) -> None:
+        new = with_nodeslo(self.config, values)  # ConfigError: refused, the running config kept
+        self.config = new
+        self.applied.append((time.monotonic(), new))
+
+    def _facts(self) -> None:
+        self.facts_changes += 1
+
+    async def wait(self, what: str, predicate: Any, timeout: float = 20.0) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if predicate():
+                return time.monotonic() - started
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{self.link.node_name}: {what} not within {timeout} s; status: "
+                             f"{json.dumps(self.link.status(), default=str)[:1500]}")
+
+
+async def _start(*nodes: Node) -> tuple[asyncio.Event, list[asyncio.Task[Any]]]:
+    stop = asyncio.Event()
+    return stop, [asyncio.create_task(n.link.run(stop)) for n in nodes]
+
+
+async def _stop(stop: asyncio.Event, tasks: list[asyncio.Task[Any]]) -> None:
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

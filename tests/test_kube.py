@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from koordnode.config import ConfigError, key_sources, parse_config, to_dict, with_nodeslo
+from koordnode.config import key_sources, parse_config, to_dict, with_nodeslo
 from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.kube import http
 from koordnode.kube.agent import ClusterLink, EvictionRefused, EvictTarget
@@ -361,14 +361,41 @@ def test_an_invalid_nodeslo_is_refused_with_reasons(spec: dict[str, Any], error:
     assert map_nodeslo(spec).errors == [error]
 
 
-def test_a_nodeslo_out_of_koordnode_ranges_is_refused_whole() -> None:
-    spec = {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 150},
-            "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"minLimitPercent": 30}}}}
-    mapping = map_nodeslo(spec)
-    assert mapping.errors == []
-    with pytest.raises(ConfigError) as info:
-        with_nodeslo(parse_config(""), mapping.values)
-    assert info.value.errors == ["strategy.cpu_suppress.threshold_percent: expected a number in [1, 100], got 150.0"]
+def test_a_nodeslo_field_out_of_koordnode_ranges_is_left_out_and_the_rest_applied() -> None:
+    """Valid for Koordinator, not for koordnode: that field is named in status and the log, the
+    others apply; only a spec that is not an object (or an error no field explains) is refused."""
+    applied: list[Any] = []
+
+    async def apply(values: Any) -> None:
+        applied.append(with_nodeslo(parse_config(""), values))
+
+    link = ClusterLink(KubernetesConfig(enable=True, node_name="n1"), apply_nodeslo=apply,
+                       on_pod_facts=lambda: None, node_metric_status=lambda interval: None, client=FakeApi({}))  # type: ignore[arg-type]
+    spec = {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 150, "cpuEvictPolicy": "evictByRealLimit",
+                                            "cpuSuppressPolicy": "quota"},
+            "cpuBurstStrategy": {"policy": "auto", "cfsQuotaBurstPercent": 50},
+            "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"minLimitPercent": 30}},
+                                    "lsrClass": {"memoryQOS": {"throttlingPercent": 120}}}}
+    run(link._take_nodeslo({"metadata": {"name": "n1", "resourceVersion": "7"}, "spec": spec}, "7"))
+    status = link.nodeslo_status
+    assert status["state"] == "applied in part" and "last_refused" not in status
+    assert sorted(status["not_applied"]) == [
+        "spec.cpuBurstStrategy.cfsQuotaBurstPercent (strategy.cpu_burst.max_quota_percent): "
+        "expected a number in [100, 10000], got 50.0",
+        'spec.resourceUsedThresholdWithBE.cpuSuppressPolicy: expected one of "cfsQuota", "cpuset", got \'quota\'',
+        "spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent (strategy.cpu_suppress.threshold_percent): "
+        "expected a number in [1, 100], got 150.0"]
+    config = applied[-1]
+    assert config.qos.LS.memory_min_percent == 30 and config.strategy.cpu_burst.enable  # the rest applied
+    assert config.strategy.cpu_suppress.threshold_percent == 65.0  # the default, not 150
+    # Koordinator's example value above 100: memory.high above the limit, i.e. koordnode's 100
+    assert config.qos.LSR.memory_high_percent == 100 and config.qos.LSE.memory_high_percent == 100
+    assert any("throttlingPercent: 120 puts memory.high above the limit" in line for line in status["ignored"])
+    assert any("cpuEvictPolicy" in line for line in status["ignored"])
+
+    run(link._take_nodeslo({"metadata": {"name": "n1", "resourceVersion": "8"}, "spec": "junk"}, "8"))
+    assert link.nodeslo_status["last_refused"]["errors"] == ["spec: expected an object"]
+    assert len(applied) == 1 and link.nodeslo_status["state"] == "applied in part"  # the last good one stays
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,15 +143,14 @@ class ClusterLink:
             else:
                 mapping = map_nodeslo(obj.get("spec"), self._memory_total())
                 values = mapping.values
-            errors = list(mapping.errors)
+            # A field koordnode cannot take (a wrong type, out of its range, a contradiction) is
+            # left out and named; the rest applies. Only a spec that is not an object, or an
+            # error no NodeSLO field explains, refuses the version whole.
+            not_applied = list(mapping.errors)
+            errors = [e for e in mapping.errors if not e.startswith("spec.")]
             if not errors:
-                try:
-                    await self._apply_nodeslo(values)
-                except ConfigError as exc:
-                    errors = [_name_spec_field(e, mapping) for e in exc.errors]
-                except Exception as exc:  # applying failed midway: report it like a refusal
-                    log.exception("nodeslo_apply_failed", node=self.node_name)
-                    errors = [f"applying failed: {exc!r}"]
+                not_applied_now, errors = await self._apply_in_part(values, mapping)
+                not_applied += not_applied_now
             if errors:
                 log.error("nodeslo_refused", detail="keeping the last good NodeSLO", node=self.node_name,
                           resource_version=version, errors=errors)
@@ -161,15 +160,43 @@ class ClusterLink:
                 self._observe("nodeslo", "refused")
                 return
             self._observe("nodeslo", "applied")
-            log.info("nodeslo_applied", node=self.node_name, resource_version=version,
-                     keys=len(mapping.fields), ignored=len(mapping.ignored))
+            if not_applied:
+                log.warning("nodeslo_applied_in_part", node=self.node_name, resource_version=version,
+                            keys=len(mapping.fields), not_applied=not_applied)
+            else:
+                log.info("nodeslo_applied", node=self.node_name, resource_version=version,
+                         keys=len(mapping.fields), ignored=len(mapping.ignored))
+            state = "applied in part" if not_applied else "applied"
             self.nodeslo_status = {
-                "state": "applied" if obj is not None else "no NodeSLO for this node: local file and defaults",
+                "state": state if obj is not None else "no NodeSLO for this node: local file and defaults",
                 "resource_version": version, "applied_at": now, "keys": dict(mapping.fields),
-                "ignored": list(mapping.ignored), "refused_total": self.nodeslo_status.get("refused_total", 0),
+                "not_applied": not_applied, "ignored": list(mapping.ignored),
+                "refused_total": self.nodeslo_status.get("refused_total", 0),
                 **({"last_refused": self.nodeslo_status["last_refused"]} if "last_refused" in self.nodeslo_status
                    else {}),
             }
+
+    async def _apply_in_part(self, values: dict[str, Any] | None,
+                             mapping: NodeSloMapping) -> tuple[list[str], list[str]]:
+        """Apply `values`, leaving out each key the config refuses that came from the NodeSLO:
+        (what was left out, with why; the errors that refuse it whole, empty when applied)."""
+        left_out: list[str] = []
+        for _ in range(_MAX_APPLY_ROUNDS):
+            try:
+                await self._apply_nodeslo(values)
+                return left_out, []
+            except ConfigError as exc:
+                named = [_name_spec_field(e, mapping) for e in exc.errors]
+                keys = [e.partition(": ")[0] for e in exc.errors]
+                if values is None or not all(key in mapping.fields for key in keys):
+                    return left_out, named
+                for key in keys:
+                    _drop_key(values, key)
+                left_out += named
+            except Exception as exc:  # applying failed midway: report it like a refusal
+                log.exception("nodeslo_apply_failed", node=self.node_name)
+                return left_out, [f"applying failed: {exc!r}"]
+        return left_out, ["the NodeSLO's values still did not validate after leaving out: " + "; ".join(left_out)]
 
     # ---- pod facts -----------------------------------------------------------------------------
 
@@ -341,6 +368,19 @@ class ClusterLink:
                           "per_window": self.config.evictions_per_window, "window_s": self.config.eviction_window_s},
             "node_metric": self.node_metric,
         }
+
+
+_MAX_APPLY_ROUNDS = 8  # each round leaves out what the last one refused
+
+
+def _drop_key(values: dict[str, Any], key: str) -> None:
+    """Remove a dotted key ("qos.LSR.memory_high_percent") from the nested table."""
+    *tables, last = key.split(".")
+    table: Any = values
+    for part in tables:
+        table = table.get(part) if isinstance(table, dict) else None
+    if isinstance(table, dict):
+        table.pop(last, None)
 
 
 def _name_spec_field(error: str, mapping: NodeSloMapping) -> str:

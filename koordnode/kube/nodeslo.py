@@ -2,7 +2,7 @@
 
 `map_nodeslo(spec)` turns a NodeSLO's spec into a table in the TOML file's shape (the values
 the loader then validates below the local file), with where each key came from, the fields
-koordnode ignores and why, and the errors that make the NodeSLO unusable. The table is the
+koordnode ignores and why, and the fields it cannot take (left out; the rest applies). The table is the
 documentation's (docs/operations.md, "NodeSLO fields"); the two are kept in step by
 tests/test_kube_nodeslo.py.
 """
@@ -95,7 +95,8 @@ class NodeSloMapping:
     values: dict[str, Any] = field(default_factory=dict)  # nested, as the TOML file's tables
     fields: dict[str, str] = field(default_factory=dict)  # TOML key -> spec path it came from
     ignored: list[str] = field(default_factory=list)  # "spec path: why"
-    errors: list[str] = field(default_factory=list)  # "spec.path: why"; any makes the NodeSLO unusable
+    # "spec.path: why": that field is not applied (the rest is); "spec: why": the spec is unusable
+    errors: list[str] = field(default_factory=list)
 
     def put(self, key: str, value: Any, source: str) -> None:
         table = self.values
@@ -249,6 +250,12 @@ def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key
         typed = _boolean(mapping, path, value) if key == "memory_qos" else _integer(mapping, path, value)
         if typed is None:
             continue
+        if key == "memory_high_percent" and typed > 100:
+            # Koordinator's memory.high = request + percent x (limit - request): above 100 it is
+            # above the limit, where it never throttles; koordnode's highest value means the same.
+            mapping.ignored.append(f"spec.{path}: {typed} puts memory.high above the limit, so it never throttles "
+                                   "before the limit; applied as 100 (memory.high = the limit)")
+            typed = 100
         for qos_class in classes:
             mapping.put(f"qos.{qos_class}.{key}", typed, path)
     path = f"{prefix}.cpuQOS.coreExpeller"

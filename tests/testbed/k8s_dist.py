@@ -3,7 +3,8 @@
 ``component_bin("kubernetes")`` is the directory holding ``kubelet`` and ``kube-apiserver``;
 ``"containerd"`` holds ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` (hand it to
 ``ContainerdBed(bin_dir=...)``); ``"etcd"`` holds ``etcd``; ``"cri-tools"`` ``critest`` and
-``crictl``. The script is the one authority on the cache layout (``--print``), so this module
+``crictl``; ``"koordinator"`` ``koord-manager``, with Koordinator's CRDs in ``../crd`` and
+koord-manager's ClusterRole in ``../rbac``. The script is the one authority on the cache layout (``--print``), so this module
 asks it rather than recomputing the paths; the versions are in ``k8s-versions.env``.
 """
 
@@ -25,7 +26,10 @@ _BINARIES = {
     "containerd": ("containerd", "ctr", "containerd-shim-runc-v2"),
     "etcd": ("etcd",),
     "cri-tools": ("critest", "crictl"),
+    "koordinator": ("koord-manager",),  # and crd/, rbac/ beside bin/
 }
+# The background build step (scripts/test.sh) that makes each component.
+_STEPS = {"koordinator": "koord"}
 
 
 class K8sDistError(RuntimeError):
@@ -44,7 +48,7 @@ def versions() -> dict[str, str]:
 
 
 _VERSION_KEYS = {"kubernetes": "KUBERNETES_VERSION", "containerd": "CONTAINERD_VERSION", "etcd": "ETCD_VERSION",
-                 "cri-tools": "CRI_TOOLS_VERSION"}
+                 "cri-tools": "CRI_TOOLS_VERSION", "koordinator": "KOORDINATOR_VERSION"}
 
 
 def _built_without_go() -> dict[str, Path]:
@@ -80,7 +84,7 @@ def component_bin(name: str) -> Path:
     if name not in _BINARIES:
         raise ValueError(f"unknown component {name!r}; expected one of {sorted(_BINARIES)}")
     try:
-        require("k8s", "k8s_dist")  # scripts/test.sh builds in the background: wait for it
+        require(_STEPS.get(name, "k8s"), "k8s_dist")  # scripts/test.sh builds in the background: wait for it
     except BackgroundBuildError as err:
         raise K8sDistError(str(err)) from err
     top = _component_dirs()[name]

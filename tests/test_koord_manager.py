@@ -1,0 +1,185 @@
+"""koordnode against Koordinator's own control plane: the real koord-manager v1.8.0 (built from its
+Go module, tests/testbed/koord_bed.py) renders the NodeSLO from ``slo-controller-config`` and
+koordnode's ClusterLink takes it, as the daemon does (koordnode.config.with_nodeslo below a local
+file). Every CRD, the namespace, the priority classes and koord-manager's RBAC come from the module.
+
+The NodeSLO koord-manager renders holds every field of Koordinator's defaults besides what the
+ConfigMap sets, so these tests see exactly what a Koordinator cluster sends a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k8s_support import require_component
+from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
+from testbed.koord_bed import NAMESPACE, KoordManager, install_koordinator
+from testbed.kube_bed import ControlPlane
+from testbed.real_node import NODE_NAMES
+
+from koordnode.kube.agent import NODEMETRICS, NODESLOS
+from koordnode.kube.nodemetric import PodUsage, node_metric_status
+
+NODE = NODE_NAMES[0]
+CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/slo-controller-config"
+RENDER_BOUND_S = 60.0
+DEGRADE_MINUTES = 1
+CPU_RECLAIM_PERCENT, MEMORY_RECLAIM_PERCENT = 60, 65  # colocation-config's defaults in v1.8.0
+NODE_CPUS, NODE_MEMORY = 2, 8 << 30  # koord-manager's first rendering after its start, on a loaded CI machine
+
+# Shaped like the examples of Koordinator's QoS guide: CPU suppress by threshold, memory QoS for
+# LS and LSR (LSR's throttlingPercent 120, above the limit), group identity per class.
+THRESHOLD = {"clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 60, "cpuSuppressPolicy": "cfsQuota",
+                                 "memoryEvictThresholdPercent": 70}}
+QOS = {"clusterStrategy": {
+    "lsrClass": {"cpuQOS": {"enable": True, "groupIdentity": 2},
+                 "memoryQOS": {"enable": True, "minLimitPercent": 100, "lowLimitPercent": 0, "throttlingPercent": 120,
+                               "wmarkRatio": 95, "wmarkScalePermill": 20, "wmarkMinAdj": -25}},
+    "lsClass": {"cpuQOS": {"enable": True, "groupIdentity": 2},
+                "memoryQOS": {"enable": True, "minLimitPercent": 0, "lowLimitPercent": 80, "throttlingPercent": 90,
+                              "wmarkRatio": 95, "wmarkScalePermill": 20, "wmarkMinAdj": -25}},
+    "beClass": {"cpuQOS": {"enable": True, "groupIdentity": -1},
+                "memoryQOS": {"enable": True, "minLimitPercent": 0, "lowLimitPercent": 0, "throttlingPercent": 80,
+                              "wmarkRatio": 95, "wmarkScalePermill": 20, "wmarkMinAdj": 50}}}}
+
+
+def slo_configmap(threshold: dict[str, Any], qos: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "slo-controller-config", "namespace": NAMESPACE}, "data": {
+        # degradeTimeMinutes 1: how long a NodeMetric may go without an update before koord-manager
+        # takes the node's batch resources away (15 by default), so the test can see it happen.
+        "colocation-config": json.dumps({"enable": True, "degradeTimeMinutes": DEGRADE_MINUTES}),
+        "resource-threshold-config": json.dumps(threshold),
+        "resource-qos-config": json.dumps(qos)}}
+
+
+@pytest.fixture(scope="module")
+def koordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, KoordManager]]:
+    require_component("kubernetes")
+    require_component("etcd")
+    require_component("koordinator")
+    workdir = tmp_path_factory.mktemp("koordinator")
+    cp = ControlPlane(workdir / "plane", node_names=(NODE,)).start()
+    manager: KoordManager | None = None
+    try:
+        admin = cp.client()
+        install_koordinator(cp)
+        install_koordnode_rbac(admin)
+        admin.create("/api/v1/nodes", {"metadata": {"name": NODE}})
+        resources = {"cpu": str(NODE_CPUS), "memory": str(NODE_MEMORY), "pods": "110"}
+        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": resources, "allocatable": resources}})
+        admin.create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", slo_configmap(THRESHOLD, QOS))
+        manager = KoordManager(cp, workdir / "koord-manager").start()
+        yield cp, manager
+    finally:
+        if manager is not None:
+            print(f"koord-manager log tail:{manager.tail()}")
+            manager.stop()
+        cp.stop()
+
+
+def _rendered(cp: ControlPlane, predicate: Any) -> dict[str, Any] | None:
+    admin = cp.client()
+    path = f"{NODESLOS}/{NODE}"
+    if not admin.exists(path):
+        return None
+    nodeslo = admin.get(path)
+    return nodeslo if predicate(nodeslo.get("spec", {})) else None
+
+
+def test_koord_manager_renders_the_guides_nodeslo_and_koordnode_applies_all_of_it(
+        koordinator: tuple[ControlPlane, KoordManager], tmp_path: Path) -> None:
+    cp, manager = koordinator
+    admin = cp.client()
+    nodeslo = admin.wait_for("koord-manager's NodeSLO", lambda: _rendered(cp, lambda spec: (
+        spec.get("resourceQOSStrategy", {}).get("lsrClass", {}).get("memoryQOS", {}).get("throttlingPercent") == 120)),
+        timeout=RENDER_BOUND_S)
+    print(f"koord-manager rendered: {json.dumps(nodeslo['spec'])[:3000]}")
+    node = Node(cp, tmp_path, NODE)
+    latency: list[float] = []
+
+    async def scenario() -> None:
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("the rendered NodeSLO", lambda: node.link.nodeslo_status.get("state", "").startswith(
+                "applied"), timeout=30)
+            # The edit of the ConfigMap to the value in koordnode's config: koord-manager's watch and
+            # rendering, the NodeSLO watch, the mapping and the config's validation.
+            edited = admin.get(CONFIGMAP)
+            edited["data"]["resource-threshold-config"] = json.dumps(
+                {"clusterStrategy": {**THRESHOLD["clusterStrategy"], "cpuSuppressThresholdPercent": 55}})
+            started = time.monotonic()
+            await asyncio.to_thread(admin.request, "PUT", CONFIGMAP, edited)
+            await node.wait("the ConfigMap edit", lambda: node.config.strategy.cpu_suppress.threshold_percent == 55,
+                            timeout=RENDER_BOUND_S)
+            latency.append(time.monotonic() - started)
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    print(f"ConfigMap edit -> koord-manager's NodeSLO -> koordnode's config: {latency[0] * 1000:.0f} ms")
+    status = node.link.nodeslo_status
+    print(f"koordnode: {json.dumps({k: status[k] for k in ('state', 'not_applied', 'ignored')}, indent=1)}")
+    assert "last_refused" not in status, status
+    assert status["state"] == "applied" and status["not_applied"] == [], status["not_applied"]
+    config = node.config
+    assert config.qos.LSR.memory_qos and config.qos.LSR.memory_min_percent == 100
+    assert config.qos.LSR.memory_high_percent == 100  # 120: above the limit, koordnode's 100 (see ignored)
+    assert config.qos.LSE.memory_min_percent == 100  # Koordinator's LSE pods take lsrClass
+    assert config.qos.LS.memory_low_percent == 80 and config.qos.LS.memory_high_percent == 90
+    assert config.qos.BE.memory_high_percent == 80 and config.qos.BE.memory_wmark_min_adj == 50
+    assert config.strategy.be_evict.memory_threshold_percent == 70
+    assert any("throttlingPercent: 120" in line for line in status["ignored"])
+    assert manager.running, manager.tail()
+
+
+def _batch(cp: ControlPlane) -> dict[str, str]:
+    allocatable = cp.client().get(f"/api/v1/nodes/{NODE}")["status"].get("allocatable", {})
+    return {k: v for k, v in allocatable.items() if k.startswith("kubernetes.io/batch-")}
+
+
+def test_koord_manager_puts_batch_resources_on_the_node_from_koordnodes_node_metric_and_takes_them_away(
+        koordinator: tuple[ControlPlane, KoordManager], tmp_path: Path) -> None:
+    """Koordinator's default policy ("usage"), as koord-manager v1.8.0 computes it:
+    batch = capacity - capacity x (100 - reclaim %) / 100 - max(system used, kubelet reserved)
+    - used by high-priority pods (here a prod pod koordnode reports and the API does not list).
+    A NodeMetric not updated for degradeTimeMinutes takes them away at koord-manager's next look."""
+    import datetime
+
+    cp, manager = koordinator
+    admin = cp.client()
+    node = Node(cp, tmp_path, NODE, nodeslo=False, pod_facts=False, node_metric=True)
+    system_cpu, system_memory = 0.5, 1 << 30
+    prod_cpu, prod_memory = 0.3, 512 << 20
+
+    def measured(interval: float) -> dict[str, Any]:
+        return node_metric_status(node_cpu_cores=1.2, node_memory_bytes=3 << 30, system_cpu_cores=system_cpu,
+                                  system_memory_bytes=system_memory,
+                                  pods=[PodUsage("default", "web", "LS", 9100, prod_cpu, prod_memory),
+                                        PodUsage("batch", "job", "BE", 5100, 0.4, 1 << 30)],
+                                  now=datetime.datetime.now(datetime.UTC))
+
+    node.link._node_metric_status = measured  # type: ignore[method-assign]
+    admin.wait_for("koord-manager's NodeMetric for the node", lambda: admin.exists(f"{NODEMETRICS}/{NODE}"),
+                   timeout=RENDER_BOUND_S)
+    assert asyncio.run(node.link.report_once()) > 0
+    batch = admin.wait_for("batch resources on the node", lambda: _batch(cp), timeout=RENDER_BOUND_S)
+    cpu_milli = NODE_CPUS * 1000
+    want_cpu = cpu_milli - cpu_milli * (100 - CPU_RECLAIM_PERCENT) // 100 - round(system_cpu * 1000) - round(prod_cpu * 1000)
+    want_memory = NODE_MEMORY - NODE_MEMORY * (100 - MEMORY_RECLAIM_PERCENT) // 100 - system_memory - prod_memory
+    print(f"koord-manager: {batch}; the formula: batch-cpu {want_cpu}, batch-memory {want_memory}")
+    assert abs(int(batch["kubernetes.io/batch-cpu"]) - want_cpu) <= 1, (batch, want_cpu)
+    assert abs(int(batch["kubernetes.io/batch-memory"]) - want_memory) <= 4096, (batch, want_memory)
+    # koordnode stops reporting: after degradeTimeMinutes the next reconcile (kubelet's node
+    # status updates trigger it on a real node; a label here) resets them
+    time.sleep(DEGRADE_MINUTES * 60 + 5)
+    admin.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"koordnode-test/touch": str(int(time.time()))}}})
+    admin.wait_for("batch resources taken away", lambda: _batch(cp) in ({}, {
+        "kubernetes.io/batch-cpu": "0", "kubernetes.io/batch-memory": "0"}), timeout=RENDER_BOUND_S)
+    assert manager.running, manager.tail()

@@ -1,0 +1,137 @@
+"""Koordinator's control plane in the test bed: the real koord-manager v1.8 (built from its Go
+module by ``scripts/k8s-bed.sh koordinator``) against a ``ControlPlane``, with what Koordinator's
+own manifests install: every CRD of the module's ``config/crd/bases``, the ``koordinator-system``
+namespace, the priority classes ``koord-prod``, ``koord-mid``, ``koord-batch``, ``koord-free``,
+and koord-manager's ClusterRole (``config/rbac/role.yaml``) bound to the bed's ``koord-manager``
+user, so it runs with exactly the rights its chart gives it.
+
+koord-manager runs as the issue that brought it describes Koordinator without its webhooks:
+``--feature-gates=WebhookFramework=false --enable-leader-election=false`` and only the
+controllers a node agent deals with (``nodemetric``, ``noderesource``, ``nodeslo``); metrics and
+health on free loopback ports, no pprof.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .k8s_dist import component_bin
+from .kube_bed import BedError, ControlPlane, _stop_process, _tail, _wait, free_port
+
+NAMESPACE = "koordinator-system"
+CONTROLLERS = ("nodemetric", "noderesource", "nodeslo")
+
+
+def koordinator_dir() -> Path:
+    """The built component: bin/koord-manager, crd/, rbac/, manager/ (priority classes)."""
+    return component_bin("koordinator").parent
+
+
+def _established(admin: Any, name: str) -> bool:
+    crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    return any(c["type"] == "Established" and c["status"] == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
+
+
+def install_koordinator(plane: ControlPlane, *, skip_crds: tuple[str, ...] = ()) -> None:
+    """CRDs, namespace, priority classes and koord-manager's RBAC, as Koordinator installs them.
+    Idempotent: what exists already is left as it is."""
+    from .kube_client import ApiError
+
+    admin = plane.client()
+    top = koordinator_dir()
+
+    def create(collection: str, obj: dict[str, Any]) -> None:
+        try:
+            admin.create(collection, obj)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+    crds = [yaml.safe_load(path.read_text()) for path in sorted((top / "crd").glob("*.yaml"))]
+    for crd in crds:
+        if crd["metadata"]["name"] not in skip_crds:
+            create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        if name not in skip_crds:
+            admin.wait_for(f"CRD {name} established", lambda name=name: _established(admin, name), timeout=60)
+    create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    for path in sorted((top / "manager").glob("koord-*.yaml")):
+        priority_class = yaml.safe_load(path.read_text())
+        name = priority_class["metadata"]["name"]  # kustomize prefixes "koord-" in the chart
+        priority_class["metadata"]["name"] = name if name.startswith("koord-") else f"koord-{name}"
+        create("/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
+    for role in yaml.safe_load_all((top / "rbac" / "koord-manager-role.yaml").read_text()):
+        if role:
+            create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+            create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                "metadata": {"name": f"koord-manager-{role['metadata']['name']}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role["metadata"]["name"]},
+                "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koord-manager"}]})
+
+
+class KoordManager:
+    """koord-manager as a process of the test, logging to ``workdir/koord-manager.log``."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path, *, controllers: tuple[str, ...] = CONTROLLERS,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.plane = plane
+        self.workdir = Path(workdir)
+        self.controllers = controllers
+        self.extra_args = extra_args
+        self.log_path = self.workdir / "koord-manager.log"
+        self.health_port = 0
+        self._process: subprocess.Popen | None = None
+        self._log: Any = None
+
+    def start(self, timeout: float = 120.0) -> KoordManager:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koord-manager"])
+        self.health_port = free_port()
+        cmd = [str(koordinator_dir() / "bin" / "koord-manager"), f"--kubeconfig={kubeconfig}",
+               "--feature-gates=WebhookFramework=false", "--enable-leader-election=false",
+               f"--controllers={','.join(self.controllers)}", f"--config-namespace={NAMESPACE}",
+               f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-addr=127.0.0.1:{self.health_port}",
+               "--enable-pprof=false", "--v=4", *self.extra_args]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _wait("koord-manager healthy", self._healthy, timeout, self._process, self.log_path)
+        return self
+
+    def _healthy(self) -> bool:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
+            return bool(answer.status == 200)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self) -> str:
+        return _tail(self.log_path, 40)
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+        self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> KoordManager:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["BedError", "CONTROLLERS", "KoordManager", "NAMESPACE", "install_koordinator", "koordinator_dir"]
