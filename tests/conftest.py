@@ -61,7 +61,7 @@ _NEEDS_THE_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test_kube_", ("k8s",)),
     ("test_koord_", ("koord",)),
     ("test_core_sched_kernel", ("kernel",)),
-    ("test_vm_lane", ("k8s",)),
+    ("test_vm_lane", ("k8s", "vmimage")),
 )
 
 

@@ -101,14 +101,14 @@ class KoordManager:
                "--enable-pprof=false", "--v=4", *self.extra_args]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _wait("koord-manager healthy", self._healthy, timeout, self._process, self.log_path)
+        _wait("koord-manager's controllers started", self._started, timeout, self._process, self.log_path)
         return self
 
-    def _healthy(self) -> bool:
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
-            return bool(answer.status == 200)
+    def _started(self) -> bool:
+        """Each controller's workers started (its log says so). Its health endpoint has no check
+        without the webhooks (only the webhook's readiness is registered), so it answers 404."""
+        started = [line for line in self.log_text().splitlines() if '"msg"="Starting workers"' in line]
+        return all(any(f'"controller"="{name}"' in line for line in started) for name in self.controllers)
 
     @property
     def running(self) -> bool:

@@ -551,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached image first")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only build what the lane caches (image, guest dependencies), then exit: "
+                             "scripts/test.sh runs this in the background while the other tests run")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=3000)
     parser.add_argument("--accel", choices=("kvm", "tcg"), default=None)
@@ -560,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rebuild:
         build_image(force=True)
+    if args.prepare:
+        if problems := missing_tools():
+            print(f"VM lane: missing {', '.join(problems)}", file=sys.stderr)
+            return 2
+        build_image()
+        deps_disk()
+        return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="koordnode-vm-"))
     try:
         lanes = run_lane(workdir, pytest_args=args.pytest_args, timeout_s=args.timeout, accel=args.accel,
