@@ -186,7 +186,7 @@ class Node:
         settings = dict(dict(enable=True, kubeconfig=str(self.kubeconfig), node_name=name, watch_timeout_s=30,
                              backoff_max_s=2.0, node_metric=False), **config)
         self.link = ClusterLink(KubernetesConfig(**settings), apply_nodeslo=self._apply,
-                                on_pod_facts=self._facts, node_metric_status=lambda interval: None,
+                                on_pod_facts=self._facts, node_metric_status=lambda request: None,
                                 observe=lambda kind, result: self.observed.append((kind, result)))
 
     async def _apply(self, values: dict[str, Any] | None) -> None:

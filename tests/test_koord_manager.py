@@ -25,7 +25,7 @@ from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
 from koordnode.kube.agent import NODEMETRICS, NODESLOS
-from koordnode.kube.nodemetric import PodUsage, node_metric_status
+from koordnode.kube.nodemetric import MetricRequest, PodUsage, aggregated_usages, node_metric_status
 
 NODE = NODE_NAMES[0]
 CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/slo-controller-config"
@@ -158,17 +158,32 @@ def test_koord_manager_puts_batch_resources_on_the_node_from_koordnodes_node_met
     system_cpu, system_memory = 0.5, 1 << 30
     prod_cpu, prod_memory = 0.3, 512 << 20
 
-    def measured(interval: float) -> dict[str, Any]:
+    requests: list[MetricRequest] = []
+    samples = [(float(t), 1.0 + (t % 10) / 10) for t in range(1800)]  # half an hour, a sample a second
+
+    def measured(request: MetricRequest) -> dict[str, Any]:
+        requests.append(request)
         return node_metric_status(node_cpu_cores=1.2, node_memory_bytes=3 << 30, system_cpu_cores=system_cpu,
                                   system_memory_bytes=system_memory,
                                   pods=[PodUsage("default", "web", "LS", 9100, prod_cpu, prod_memory),
                                         PodUsage("batch", "job", "BE", 5100, 0.4, 1 << 30)],
-                                  now=datetime.datetime.now(datetime.UTC))
+                                  now=datetime.datetime.now(datetime.UTC),
+                                  aggregated_node=aggregated_usages(samples, samples, 1800.0,
+                                                                    request.aggregate_durations_s),
+                                  aggregated_system=aggregated_usages(samples, None, 1800.0,
+                                                                      request.aggregate_durations_s))
 
     node.link._node_metric_status = measured  # type: ignore[method-assign]
     admin.wait_for("koord-manager's NodeMetric for the node", lambda: admin.exists(f"{NODEMETRICS}/{NODE}"),
                    timeout=RENDER_BOUND_S)
     assert asyncio.run(node.link.report_once()) > 0
+    # koord-manager's NodeMetric asks for percentiles over 5, 10 and 30 minutes; the API server's
+    # schema for them keeps every field koordnode sends
+    assert requests[-1].aggregate_durations_s == (300, 600, 1800)
+    stored = admin.get(f"{NODEMETRICS}/{NODE}")["status"]["nodeMetric"]
+    assert [u["duration"] for u in stored["aggregatedNodeUsages"]] == ["5m0s", "10m0s", "30m0s"]
+    assert stored["aggregatedNodeUsages"][2]["usage"]["p90"] == {"resources": {"cpu": "1800m", "memory": "1"}}
+    assert stored["aggregatedSystemUsages"][0]["usage"]["avg"] == {"resources": {"cpu": "1450m"}}
     batch = admin.wait_for("batch resources on the node", lambda: _batch(cp), timeout=RENDER_BOUND_S)
     cpu_milli = NODE_CPUS * 1000
     want_cpu = cpu_milli - cpu_milli * (100 - CPU_RECLAIM_PERCENT) // 100 - round(system_cpu * 1000) - round(prod_cpu * 1000)

@@ -22,7 +22,9 @@ from koordnode.kube import http
 from koordnode.kube.agent import ClusterLink, EvictionRefused, EvictTarget
 from koordnode.kube.client import ApiError, Gone, KubeClient, Unreachable
 from koordnode.kube.credentials import Credentials, CredentialsError, parse_kubeconfig_text
-from koordnode.kube.nodemetric import PodUsage, koord_priority_class, node_metric_status, report_interval_s
+from koordnode.kube.nodemetric import (
+    PodUsage, aggregated_usages, format_duration, koord_priority_class, metric_request, new_node_metric,
+    node_metric_status, parse_duration, report_interval_s)
 from koordnode.kube.nodeslo import CLASS_FIELDS, DERIVED_FIELDS, IGNORED, SCALAR_FIELDS, map_nodeslo
 from koordnode.kube.pods import parse_quantity, pod_facts_of
 from koordnode.kube.reflector import Reflector
@@ -370,7 +372,7 @@ def test_a_nodeslo_field_out_of_koordnode_ranges_is_left_out_and_the_rest_applie
         applied.append(with_nodeslo(parse_config(""), values))
 
     link = ClusterLink(KubernetesConfig(enable=True, node_name="n1"), apply_nodeslo=apply,
-                       on_pod_facts=lambda: None, node_metric_status=lambda interval: None, client=FakeApi({}))  # type: ignore[arg-type]
+                       on_pod_facts=lambda: None, node_metric_status=lambda request: None, client=FakeApi({}))  # type: ignore[arg-type]
     spec = {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 150, "cpuEvictPolicy": "evictByRealLimit",
                                             "cpuSuppressPolicy": "quota"},
             "cpuBurstStrategy": {"policy": "auto", "cfsQuotaBurstPercent": 50},
@@ -466,7 +468,7 @@ def _link(api: FakeApi, **config: Any) -> ClusterLink:
         return None
 
     return ClusterLink(KubernetesConfig(enable=True, node_name="n1", **config), apply_nodeslo=apply,
-                       on_pod_facts=lambda: None, node_metric_status=lambda interval: None, client=api)  # type: ignore[arg-type]
+                       on_pod_facts=lambda: None, node_metric_status=lambda request: None, client=api)  # type: ignore[arg-type]
 
 
 def test_pdb_refusal_is_reported_and_the_next_candidate_tried() -> None:
@@ -573,6 +575,38 @@ def test_node_metric_status_in_koordinators_shape() -> None:
         ["koord-prod", "koord-mid", "koord-batch", "koord-free", "", ""]
     assert report_interval_s({"spec": {"metricCollectPolicy": {"reportIntervalSeconds": 30}}}, 60) == 30
     assert report_interval_s({"spec": {"metricCollectPolicy": {"reportIntervalSeconds": "x"}}}, 60) == 60
+
+
+def test_usage_percentiles_as_koordlet_reports_them() -> None:
+    """avg and p50/p90/p95/p99 of the samples in each window (koordlet's index: int(n x p) - 1),
+    CPU in milli-cores and memory in bytes; a window the samples span less than half of gets
+    empty maps, as koordlet sends them after a start; system usage CPU only."""
+    cpu = [(float(t), t / 100) for t in range(1, 601)]  # one a second for 10 minutes: 0.01 .. 6.00 cores
+    memory = [(float(t), float(t << 20)) for t in range(1, 601)]
+    five, ten, thirty = aggregated_usages(cpu, memory, end=600.0, durations_s=(300, 600, 1800))
+    assert five["duration"] == "5m0s" and thirty["duration"] == "30m0s"
+    # the last 5 minutes: samples 300..600 (301 of them); p90 index int(301 x 0.9) - 1 = 269 -> 569
+    assert five["usage"]["p90"] == {"resources": {"cpu": "5690m", "memory": str(569 << 20)}}
+    assert five["usage"]["p50"]["resources"]["cpu"] == "4490m"  # index 149 -> 449
+    assert five["usage"]["avg"]["resources"]["cpu"] == "4500m"
+    assert ten["usage"]["p99"]["resources"]["cpu"] == "5940m"  # 600 samples: index int(594.0) - 1 = 593 -> 5.94
+    assert thirty["usage"] == {name: {} for name in ("avg", "p50", "p90", "p95", "p99")}  # 10 of 30 minutes: cold
+    [system] = aggregated_usages(cpu, None, end=600.0, durations_s=(300,))
+    assert system["usage"]["p95"] == {"resources": {"cpu": "5840m"}}
+    assert aggregated_usages([], None, end=600.0, durations_s=(300,))[0]["usage"]["avg"] == {}
+
+
+def test_go_durations_and_the_metric_request_of_a_nodemetric() -> None:
+    assert [parse_duration(d) for d in ("5m0s", "10m", "1h0m0s", "1m30s", "90s", "500ms")] == [
+        300, 600, 3600, 90, 90, 0.5]
+    assert [parse_duration(d) for d in ("", "5", "m", "5x", 5, "1.2.3s", "x" * 100)] == [None] * 7
+    assert [format_duration(s) for s in (300, 600, 1800, 3600, 30, 5400)] == [
+        "5m0s", "10m0s", "30m0s", "1h0m0s", "30s", "1h30m0s"]
+    request = metric_request(new_node_metric("n1"), 60)
+    assert (request.interval_s, request.aggregate_durations_s) == (60, (300, 600, 1800))
+    odd = {"spec": {"metricCollectPolicy": {"reportIntervalSeconds": 20,
+                                            "nodeAggregatePolicy": {"durations": ["5s", "junk", "2m0s", 7]}}}}
+    assert (metric_request(odd, 60).interval_s, metric_request(odd, 60).aggregate_durations_s) == (20, (120,))
 
 
 def test_batch_allocatable_formula() -> None:

@@ -32,7 +32,7 @@ from testbed.kube_bed import ControlPlane
 from koordnode.config import Config, ConfigError, key_sources, parse_config, with_nodeslo
 from koordnode.kube.agent import NODEMETRICS, NODESLOS, EvictTarget
 from koordnode.kube.client import Unreachable
-from koordnode.kube.nodemetric import PodUsage, node_metric_status
+from koordnode.kube.nodemetric import MetricRequest, PodUsage, node_metric_status
 from koordnode.model.qos_class import ClassDecision, KubeQoS, QoSClass
 from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures
 from koordnode.policy.container_policy import plan_container
@@ -208,7 +208,7 @@ def test_rotated_token_is_used_without_a_restart(plane: ControlPlane, tmp_path: 
                 "kind": "Secret", "apiVersion": "v1", "name": f"rotation-{index}", "uid": secret["metadata"]["uid"]}}})
         tokens.append(answer["status"]["token"])
     node = Node(plane, tmp_path, NODES[1], token=tokens[0], node_metric=True, pod_facts=False)
-    node.link._node_metric_status = lambda interval: node_metric_status(  # type: ignore[method-assign]
+    node.link._node_metric_status = lambda request: node_metric_status(  # type: ignore[method-assign]
         node_cpu_cores=1.0, node_memory_bytes=1 << 30, system_cpu_cores=0.1, system_memory_bytes=1 << 28, pods=[],
         now=__import__("datetime").datetime.now(__import__("datetime").UTC))
 
@@ -333,7 +333,7 @@ def test_node_metric_accepted_by_the_api_and_consistent_with_status(plane: Contr
     node = Node(plane, tmp_path, NODES[1], nodeslo=False, pod_facts=False, node_metric=True)
     sent: list[dict[str, Any]] = []
 
-    def measured(interval: float) -> dict[str, Any]:
+    def measured(request: MetricRequest) -> dict[str, Any]:
         status = node_metric_status(node_cpu_cores=3.25, node_memory_bytes=6 << 30, system_cpu_cores=0.5,
                                     system_memory_bytes=1 << 30,
                                     pods=[PodUsage("default", "web", "LS", 9100, 1.5, 2 << 30),
@@ -407,7 +407,7 @@ async def main():
     settle, idle = float(sys.argv[4]), float(sys.argv[5])
     link = ClusterLink(KubernetesConfig(enable=True, kubeconfig=sys.argv[2], node_name=sys.argv[3],
                                         node_metric=False), apply_nodeslo=apply, on_pod_facts=lambda: None,
-                       node_metric_status=lambda interval: None)
+                       node_metric_status=lambda request: None)
     await asyncio.sleep(0.5)
     before = rss_kib()
     stop = asyncio.Event()

@@ -739,3 +739,21 @@ def test_an_unchanged_node_state_reuses_the_inventory_and_forgets_nothing(node):
     node.advance(1.0, {node.ls: 0.5, node.be: 0.5})
     manager.tick()
     assert len(calls) == 2
+
+
+def test_the_node_usage_window_keeps_one_sample_a_second_for_nodemetrics_percentiles(node):
+    """kube/nodemetric.py's percentiles read `usage_window`: ticks woken early (PSI, LS usage)
+    must not weigh more than regular ones, so it keeps at most one sample a second."""
+    manager = make_manager(node)
+    manager.tick()
+    for _ in range(6):
+        node.advance(0.5, {node.ls: 0.5})
+        manager.tick()
+    cpu = manager.usage_window.get("node/cpu_cores")
+    assert cpu is not None
+    times = [at for at, _ in cpu.items()]
+    assert len(times) == 3 and all(later - earlier >= 1.0 for earlier, later in zip(times, times[1:], strict=False))
+    assert all(value >= 0.5 for _, value in cpu.items())  # the LS pod's half CPU at least
+    memory = manager.usage_window.get("node/memory_bytes")
+    assert memory is not None and len(memory) == 3 and all(value > 0 for _, value in memory.items())
+    assert manager.usage_window.capacity >= 30 * 60  # the longest window koord-manager asks for

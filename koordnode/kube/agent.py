@@ -23,7 +23,7 @@ from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.loader import ConfigError
 from koordnode.kube.client import ApiError, KubeClient, Unreachable
 from koordnode.kube.credentials import Credentials, CredentialsError
-from koordnode.kube.nodemetric import new_node_metric, report_interval_s
+from koordnode.kube.nodemetric import MetricRequest, metric_request, new_node_metric
 from koordnode.kube.nodeslo import NodeSloMapping, map_nodeslo
 from koordnode.kube.pods import pod_facts_of
 from koordnode.kube.reflector import Backoff, Reflector
@@ -69,7 +69,7 @@ ApplyNodeSlo = Callable[[dict[str, Any] | None], Awaitable[None]]
 class ClusterLink:
     def __init__(self, config: KubernetesConfig, *, apply_nodeslo: ApplyNodeSlo,
                  on_pod_facts: Callable[[], None],
-                 node_metric_status: Callable[[float], dict[str, Any] | None],
+                 node_metric_status: Callable[[MetricRequest], dict[str, Any] | None],
                  memory_total_bytes: Callable[[], int | None] = lambda: None,
                  observe: Callable[[str, str], None] = lambda kind, result: None,
                  client: KubeClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -313,8 +313,9 @@ class ClusterLink:
             if exc.status != 404:
                 raise
             obj = await self.client.create(NODEMETRICS, new_node_metric(self.node_name))
-        interval = report_interval_s(obj, self.config.node_metric_interval_s)
-        status = await asyncio.to_thread(self._node_metric_status, float(interval))
+        request = metric_request(obj, self.config.node_metric_interval_s)
+        interval = int(request.interval_s)
+        status = await asyncio.to_thread(self._node_metric_status, request)
         if status is None:
             self.node_metric = {**self.node_metric, "state": "waiting for the first measurements"}
             return min(interval, 10)

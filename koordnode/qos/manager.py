@@ -157,6 +157,11 @@ class QoSManager:
         return self._measure.history
 
     @property
+    def usage_window(self) -> History:
+        """The node's usage, a sample a second over the last half hour (NodeMetric's percentiles)."""
+        return self._measure.usage_window
+
+    @property
     def be_tier(self) -> str:
         """The cgroup holding the BE pods: koordnode's idle BE group once it exists (the hooks
         create it with the first BE pod), else kubelet's besteffort tier."""

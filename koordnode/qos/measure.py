@@ -36,6 +36,10 @@ MIN_RATE_INTERVAL_S = 0.005
 # System usage (node minus pods) is measured over at least this long: /proc/stat counts in
 # 10 ms ticks, too coarse for the short intervals of pressure-woken ticks.
 SYSTEM_WINDOW_S = 1.0
+# The node's usage over NodeMetric's aggregation windows (koord-manager asks for 5, 10 and 30
+# minutes): one sample a second at most, 31 minutes of them (~90 KiB for the three series).
+USAGE_WINDOW_SAMPLES = 31 * 60
+USAGE_WINDOW_SPACING_S = 1.0
 
 
 def woken_early(woken_by: str | None) -> bool:
@@ -127,6 +131,10 @@ class Measurer:
         self._layout = layout if layout is not None else KubeletLayout(
             settings.cgroup.driver, settings.qos_manager.kubepods_cgroup, self._cgroup_exists)
         self.history = History(settings.qos_manager.history_length)
+        # Longer than `history`: NodeMetric's usage percentiles (kube/nodemetric.py). Series
+        # "node/cpu_cores", "node/memory_bytes", "system/cpu_cores".
+        self.usage_window = History(USAGE_WINDOW_SAMPLES)
+        self._usage_window_at = float("-inf")
         self.probe = CollectorProbe(collector, memory_plan)
         self._reserved_cpus = reserved_cpus
         self._topology = topology
@@ -413,6 +421,13 @@ class Measurer:
                 history.append(f"node/{resource}_some_avg10", now, pressure.some.avg10)
         if ls_pressure is not None:
             history.append("node/ls_cpu_pressure_percent", now, ls_pressure)
+        if now - self._usage_window_at >= USAGE_WINDOW_SPACING_S and self.node_used_cpus is not None:
+            self._usage_window_at = now
+            self.usage_window.append("node/cpu_cores", now, self.node_used_cpus)
+            if node.memory is not None:
+                self.usage_window.append("node/memory_bytes", now, float(node.memory.used_bytes))
+            if self.system_used_cpus is not None:
+                self.usage_window.append("system/cpu_cores", now, self.system_used_cpus)
 
     def forget_gone(self, inventory: Inventory) -> None:
         """Drop every per-pod series and counter of pods and containers no longer running.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from koordnode.kube.nodemetric import PodUsage, node_metric_status
+from koordnode.kube.nodemetric import MetricRequest, PodUsage, aggregated_usages, node_metric_status
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
 from koordnode.qos.collect import Collector
@@ -36,10 +36,12 @@ class NodeUsage:
     batch_memory_bytes: int
     inputs: dict[str, Any]
 
-    def node_metric_status(self) -> dict[str, Any]:
+    def node_metric_status(self, aggregated_node: list[dict[str, Any]] | None = None,
+                           aggregated_system: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         return node_metric_status(node_cpu_cores=self.node_cpu_cores, node_memory_bytes=self.node_memory_bytes,
                                   system_cpu_cores=self.system_cpu_cores,
-                                  system_memory_bytes=self.system_memory_bytes, pods=self.pods, now=self.at)
+                                  system_memory_bytes=self.system_memory_bytes, pods=self.pods, now=self.at,
+                                  aggregated_node=aggregated_node or (), aggregated_system=aggregated_system or ())
 
     def batch_status(self) -> dict[str, Any]:
         return {"formula": "Node.Alloc - Node.Reserved - System.Used - Pod(LS).Used; "
@@ -121,10 +123,24 @@ class NodeUsageReporter:
         self._metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
         return usage
 
-    def node_metric_status(self, interval_s: float = 60.0) -> dict[str, Any] | None:
-        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval."""
-        usage = self.refresh(interval_s)
-        return usage.node_metric_status() if usage is not None else None
+    def node_metric_status(self, request: MetricRequest) -> dict[str, Any] | None:
+        """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval,
+        with the usage percentiles over the windows the NodeMetric asks for (node CPU and
+        memory; system CPU only: the pods' memory is read at report time, not every second)."""
+        usage = self.refresh(request.interval_s)
+        snap = self._manager.last_snapshot
+        if usage is None or snap is None:
+            return None
+        window = self._manager.usage_window
+
+        def samples(name: str) -> list[tuple[float, float]]:
+            ring = window.get(name)
+            return ring.items() if ring is not None else []
+
+        durations = request.aggregate_durations_s
+        node = aggregated_usages(samples("node/cpu_cores"), samples("node/memory_bytes"), snap.now, durations)
+        system = aggregated_usages(samples("system/cpu_cores"), None, snap.now, durations)
+        return usage.node_metric_status(node, system)
 
     def memory_total_bytes(self) -> int | None:
         snap = self._manager.last_snapshot
