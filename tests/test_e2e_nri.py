@@ -345,9 +345,12 @@ def test_be_suppress_works_in_nri_mode(nri_bed, cri, pods, tmp_path):
         def decision_inputs() -> dict:
             return (kn.status()["qos_manager"]["strategies"]["cpu_suppress"]["decision"] or {}).get("inputs", {})
 
-        # LS quiet ([strategy.cpu_suppress] ls_quiet_percent): BE runs unthrottled.
-        wait_for(lambda: decision_inputs().get("ls_quiet") is True, 10, "a decision with LS quiet")
-        assert int(cg_read("cpu", be_tier, "cpu.cfs_quota_us")) == -1
+        # LS quiet ([strategy.cpu_suppress] ls_quiet_percent): BE runs unthrottled. Not at the
+        # first quiet decision: a decision before it may have throttled BE (a busy host, LS's
+        # start), and the quota grows back by at most 10 % of the node a tick before it is lifted
+        # (a cold CI run read 18333 right after the first quiet decision).
+        wait_for(lambda: decision_inputs().get("ls_quiet") is True
+                 and int(cg_read("cpu", be_tier, "cpu.cfs_quota_us")) == -1, 20, "BE unthrottled while LS is quiet")
         busy = "timeout 8 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"
         cri.rt.ExecSync(pb.ExecSyncRequest(container_id=ls_cid, cmd=["sh", "-c", f"{busy} {busy} exit 0"],
                                            timeout=5), timeout=10)
