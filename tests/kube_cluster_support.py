@@ -21,6 +21,7 @@ import yaml
 from k8s_support import require_component
 from testbed.kube_client import ApiError as AdminApiError
 from testbed.kube_client import KubeClient as AdminClient
+from testbed.koord_bed import crd_established
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
@@ -52,12 +53,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
             doc = yaml.safe_load(crd.read_text())
             admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
             name = doc["metadata"]["name"]
-
-            def established(name: str = name) -> bool:
-                crd_now = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                return any(c["type"] == "Established" and c["status"] == "True"
-                           for c in (crd_now.get("status") or {}).get("conditions") or [])
-            admin.wait_for(f"CRD {name} established", established, timeout=60)
+            admin.wait_for(f"CRD {name} established", lambda name=name: crd_established(admin, name), timeout=60)
         admin.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         install_koordnode_rbac(admin)
         for node in NODES:

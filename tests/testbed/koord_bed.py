@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from .k8s_dist import component_bin
-from .kube_bed import BedError, ControlPlane, _stop_process, _tail, _wait, free_port
+from .kube_bed import ControlPlane, _stop_process, _tail, _wait, free_port
 
 NAMESPACE = "koordinator-system"
 CONTROLLERS = ("nodemetric", "noderesource", "nodeslo")
@@ -31,13 +31,14 @@ def koordinator_dir() -> Path:
     return component_bin("koordinator").parent
 
 
-def _established(admin: Any, name: str) -> bool:
+def crd_established(admin: Any, name: str) -> bool:
+    """The API server serves the CRD `name` (its Established condition is True)."""
     crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
     return any(c["type"] == "Established" and c["status"] == "True"
                for c in (crd.get("status") or {}).get("conditions") or [])
 
 
-def install_koordinator(plane: ControlPlane, *, skip_crds: tuple[str, ...] = ()) -> None:
+def install_koordinator(plane: ControlPlane) -> None:
     """CRDs, namespace, priority classes and koord-manager's RBAC, as Koordinator installs them.
     Idempotent: what exists already is left as it is."""
     from .kube_client import ApiError
@@ -54,12 +55,10 @@ def install_koordinator(plane: ControlPlane, *, skip_crds: tuple[str, ...] = ())
 
     crds = [yaml.safe_load(path.read_text()) for path in sorted((top / "crd").glob("*.yaml"))]
     for crd in crds:
-        if crd["metadata"]["name"] not in skip_crds:
-            create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     for crd in crds:
         name = crd["metadata"]["name"]
-        if name not in skip_crds:
-            admin.wait_for(f"CRD {name} established", lambda name=name: _established(admin, name), timeout=60)
+        admin.wait_for(f"CRD {name} established", lambda name=name: crd_established(admin, name), timeout=60)
     create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     for path in sorted((top / "manager").glob("koord-*.yaml")):
         priority_class = yaml.safe_load(path.read_text())
@@ -86,18 +85,16 @@ class KoordManager:
         self.controllers = controllers
         self.extra_args = extra_args
         self.log_path = self.workdir / "koord-manager.log"
-        self.health_port = 0
         self._process: subprocess.Popen | None = None
         self._log: Any = None
 
     def start(self, timeout: float = 120.0) -> KoordManager:
         self.workdir.mkdir(parents=True, exist_ok=True)
         kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koord-manager"])
-        self.health_port = free_port()
         cmd = [str(koordinator_dir() / "bin" / "koord-manager"), f"--kubeconfig={kubeconfig}",
                "--feature-gates=WebhookFramework=false", "--enable-leader-election=false",
                f"--controllers={','.join(self.controllers)}", f"--config-namespace={NAMESPACE}",
-               f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-addr=127.0.0.1:{self.health_port}",
+               f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-addr=127.0.0.1:{free_port()}",
                "--enable-pprof=false", "--v=4", *self.extra_args]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -134,4 +131,4 @@ class KoordManager:
         self.stop()
 
 
-__all__ = ["BedError", "CONTROLLERS", "KoordManager", "NAMESPACE", "install_koordinator", "koordinator_dir"]
+__all__ = ["CONTROLLERS", "KoordManager", "NAMESPACE", "crd_established", "install_koordinator", "koordinator_dir"]

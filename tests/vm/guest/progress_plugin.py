@@ -20,6 +20,7 @@ import pytest
 _RESULTS = os.environ.get("KOORDNODE_GUEST_RESULTS", "")
 _RUN = int(os.environ.get("KOORDNODE_GUEST_RUN", "1"))  # which of the supervisor's pytest runs
 _stacks = None
+_TIMEOUTS: dict[str, float] = {}  # test id -> its pytest-timeout bound, from collection
 
 
 def _results() -> Path | None:
@@ -63,9 +64,6 @@ def _timeout_s(item: pytest.Item) -> float:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     _write({"nodeid": nodeid, "when": "start", "at": time.time(), "timeout_s": _TIMEOUTS.get(nodeid, 0.0)})
-
-
-_TIMEOUTS: dict[str, float] = {}
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,7 +1,7 @@
 """Runs the guest's pytest so that one test cannot take its shard down (VM lane guest side).
 
 pytest writes each test's start and result to ``progress.jsonl`` as they happen
-(tests/vm_guest/conftest.py) and the collected test ids to ``collected.json``. This module
+(progress_plugin.py, loaded with `-p progress_plugin`) and the collected test ids to ``collected.json``. This module
 watches that log:
 
 - a test still running `HANG_GRACE_S` after its own pytest-timeout bound (blocked where the
@@ -72,7 +72,7 @@ def _append(path: Path, entry: dict) -> None:
 
 def running_test(entries: list[dict]) -> dict | None:
     """The start entry of the test running now: the last one started, when it has not reached
-    its teardown report (conftest logs every teardown, passed or not)."""
+    its teardown report (progress_plugin logs every teardown, passed or not)."""
     starts = [e for e in entries if e.get("when") == "start"]
     if not starts:
         return None
@@ -114,7 +114,7 @@ def _watch(proc: subprocess.Popen, progress: Path, run_number: int, deadline: fl
             print(f"supervisor: {current['nodeid']} {cause}", file=log, flush=True)
             diagnose(proc.pid, log)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: the Python stacks (conftest)
+                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: the Python stacks (progress_plugin)
             time.sleep(3)
             proc.kill()
             proc.wait(timeout=60)
@@ -130,7 +130,8 @@ def _case(nodeid: str) -> ET.Element:
 def _cases_from_progress(entries: list[dict], nodeids: set[str]) -> list[ET.Element]:
     """junit test cases for the tests of a run that wrote no junit, from what it logged."""
     cases = []
-    for nodeid in sorted(nodeids, key=lambda n: next(i for i, e in enumerate(entries) if e["nodeid"] == n)):
+    in_order = dict.fromkeys(e["nodeid"] for e in entries if e["nodeid"] in nodeids)  # first seen first
+    for nodeid in in_order:
         mine = [e for e in entries if e["nodeid"] == nodeid and e.get("when") != "start"]
         case = _case(nodeid)
         case.set("time", str(sum(float(e.get("seconds", 0)) for e in mine)))
