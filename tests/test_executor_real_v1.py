@@ -19,7 +19,8 @@ from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.paths import CgroupVersion, detect_cgroup_version
 from koordnode.policy.plan import CgroupWrite
-from koordnode.executor.resources import PAGE_SIZE, parse_cpu_list
+from koordnode.executor.resources import parse_cpu_list
+from koordnode.model.kernel import PAGE_SIZE
 
 ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpu", "cpuset", "memory", "blkio")

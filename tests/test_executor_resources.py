@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from koordnode.model.kernel import PAGE_SIZE
 from koordnode.executor.resources import (
-    PAGE_SIZE,
     RESOURCES,
     UNLIMITED,
     CpuMaxField,

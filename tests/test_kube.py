@@ -377,7 +377,8 @@ def test_a_nodeslo_field_out_of_koordnode_ranges_is_left_out_and_the_rest_applie
                                             "cpuSuppressPolicy": "quota"},
             "cpuBurstStrategy": {"policy": "auto", "cfsQuotaBurstPercent": 50},
             "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"minLimitPercent": 30}},
-                                    "lsrClass": {"memoryQOS": {"throttlingPercent": 120}}}}
+                                    "lsrClass": {"memoryQOS": {"throttlingPercent": 120}},
+                                    "beClass": {"memoryQOS": {"throttlingPercent": 5000}}}}
     run(link._take_nodeslo({"metadata": {"name": "n1", "resourceVersion": "7"}, "spec": spec}, "7"))
     status = link.nodeslo_status
     assert status["state"] == "applied in part" and "last_refused" not in status
@@ -390,9 +391,11 @@ def test_a_nodeslo_field_out_of_koordnode_ranges_is_left_out_and_the_rest_applie
     config = applied[-1]
     assert config.qos.LS.memory_min_percent == 30 and config.strategy.cpu_burst.enable  # the rest applied
     assert config.strategy.cpu_suppress.threshold_percent == 65.0  # the default, not 150
-    # Koordinator's example value above 100: memory.high above the limit, i.e. koordnode's 100
-    assert config.qos.LSR.memory_high_percent == 100 and config.qos.LSE.memory_high_percent == 100
-    assert any("throttlingPercent: 120 puts memory.high above the limit" in line for line in status["ignored"])
+    # Koordinator's example value above 100 is taken as it is (memory.high above the limit); one
+    # beyond koordnode's 1000 is applied as 1000 and named.
+    assert config.qos.LSR.memory_high_percent == 120 and config.qos.LSE.memory_high_percent == 120
+    assert config.qos.BE.memory_high_percent == 1000
+    assert any("beClass.memoryQOS.throttlingPercent: 5000 is above 1000" in line for line in status["ignored"])
     assert any("cpuEvictPolicy" in line for line in status["ignored"])
 
     run(link._take_nodeslo({"metadata": {"name": "n1", "resourceVersion": "8"}, "spec": "junk"}, "8"))

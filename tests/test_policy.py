@@ -15,7 +15,15 @@ from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOUR
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.policy.cpuset import CpusetAllocator
 from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures, PodInput
-from koordnode.policy.class_values import CriOverrides, MemoryProtection, batch_cpu_quota, cpu_shares_for
+from koordnode.policy.class_values import (
+    MEMORY_HIGH_MAX,
+    CriOverrides,
+    MemoryProtection,
+    batch_cpu_quota,
+    cpu_shares_for,
+)
+from koordnode.model.kernel import PAGE_SIZE
+from support.koordinator_formulas import koordinator_memory_high
 from koordnode.policy.container_policy import REPORTED_BY_RUNTIME, allocate_cpuset, plan_container, requested_cpus
 from koordnode.policy.pod_policy import (
     plan_besteffort_tier,
@@ -109,12 +117,13 @@ EXPECTED = {
         -900,
         GIB,
         GIB,
-        GIB * 90 // 100,
-    ),  # 2 x 262144 clamped; low 1.2x capped at the limit
-    QoSClass.LSR: (131072, -700, GIB * 80 // 100, GIB, GIB * 90 // 100),
-    QoSClass.LS: (2048, -300, GIB // 2, GIB * 80 // 100, GIB * 90 // 100),
-    QoSClass.BE: (2, 1000, 0, 0, GIB * 70 // 100),
+        GIB,
+    ),  # 2 x 262144 clamped; low 1.2x capped at the limit; memory.high: request = limit
+    QoSClass.LSR: (131072, -700, GIB * 80 // 100, GIB, GIB),
+    QoSClass.LS: (2048, -300, GIB // 2, GIB * 80 // 100, GIB),
+    QoSClass.BE: (2, 1000, 0, 0, GIB),
 }
+
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -283,7 +292,7 @@ def test_be_batch_container(version: str) -> None:
     assert result.qos_class is QoSClass.BE
     assert file_values(result) == {"cpu.shares": 1500 * 1024 // 1000, "cpu.cfs_quota_us": 200000,
                                    "cpu.cfs_period_us": 100000, "memory.limit_in_bytes": 2 * GIB}
-    assert result.memory.high_bytes == 2 * GIB * 70 // 100
+    assert result.memory.high_bytes == koordinator_memory_high(GIB, 2 * GIB, 70)  # the batch request and limit
     periods = [w.resource for w in result.writes if w.resource.startswith("cpu.cfs_")]
     assert periods == ["cpu.cfs_period_us", "cpu.cfs_quota_us"]  # the period the quota is for first
 
@@ -439,7 +448,7 @@ def test_memory_request_from_kubelet_unified_memory_min() -> None:
     assert result.memory.request_bytes == GIB
     assert result.cri.unified["memory.min"] == str(GIB // 2)
     assert result.cri.unified["memory.low"] == str(GIB * 80 // 100)
-    assert result.cri.unified["memory.high"] == str(2 * GIB * 90 // 100)
+    assert result.cri.unified["memory.high"] == str(koordinator_memory_high(GIB, 2 * GIB, 90))
     # Merged over kubelet's map.
     assert CriOverrides(unified=result.cri.unified).apply(resources).unified["memory.min"] == str(GIB // 2)
 
@@ -468,9 +477,9 @@ def test_memory_request_unknown_means_zero_protection_with_reason() -> None:
     result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT), ContainerResources(cpu_shares=1024), "v2")
     assert result.memory.request_bytes is None
     assert result.cri.unified["memory.min"] == "0" and result.cri.unified["memory.low"] == "0"
-    assert "memory.high" not in result.cri.unified  # no limit: stays "max"
+    assert "memory.high" not in result.cri.unified  # no limit, the node's memory not known
     assert any(note.startswith("memory protection 0: no memory request known") for note in result.notes)
-    assert any("no memory limit" in note for note in result.notes)
+    assert any("no memory limit and the node's memory not known" in note for note in result.notes)
 
 
 def test_unparseable_kubelet_memory_min_is_ignored() -> None:
@@ -495,16 +504,58 @@ def test_memory_qos_annotation_overrides_percentages() -> None:
     writes = by_resource(result.writes)
     assert writes[(CONTAINER_CGROUP, "memory.min")] == GIB // 10
     assert writes[(CONTAINER_CGROUP, "memory.low")] == GIB // 5
-    assert writes[(CONTAINER_CGROUP, "memory.high")] == GIB // 2
+    assert writes[(CONTAINER_CGROUP, "memory.high")] == GIB  # request = limit (Guaranteed)
     assert writes[(CONTAINER_CGROUP, "memory.wmark_ratio")] == 80
     assert writes[(CONTAINER_CGROUP, "memory.wmark_scale_factor")] == 40
     assert writes[(CONTAINER_CGROUP, "memory.wmark_min_adj")] == 10
 
 
-def test_throttling_percent_zero_leaves_memory_high_unset() -> None:
+def test_throttling_percent_zero_resets_memory_high_to_max() -> None:
+    """Koordinator writes "max" for 0, so a percent taken back undoes what it set."""
     override = {MEMORY_QOS: json.dumps({"throttlingPercent": 0})}
     result = plan(pod_of(QoSClass.LS, annotations=override), TWO_CPUS_1G, "v2")
-    assert "memory.high" not in result.cri.unified and result.memory.high_bytes is None
+    assert result.cri.unified["memory.high"] == "max" and result.memory.high_bytes == MEMORY_HIGH_MAX
+    v1 = plan(pod_of(QoSClass.LS, annotations=override), TWO_CPUS_1G, "v1")
+    assert by_resource(v1.writes)[(CONTAINER_CGROUP, "memory.high")] == MEMORY_HIGH_MAX
+    pod = by_resource(plan_pod_memory("/pod", QoSClass.LS, [result.memory, result.memory]))
+    assert pod[("/pod", "memory.high")] == MEMORY_HIGH_MAX
+
+
+BURSTABLE_1G_2G = ContainerResources(cpu_shares=1024, memory_limit_in_bytes=2 * GIB + 12345,
+                                     unified={"memory.low": str(GIB)})
+
+
+@pytest.mark.parametrize("percent", [1, 50, 90, 120, 1000])
+def test_memory_high_is_koordinators_request_plus_percent_of_the_headroom(percent: int) -> None:
+    """request + percent x (limit - request), rounded down to a page; above 100 it is above the limit."""
+    override = {MEMORY_QOS: json.dumps({"throttlingPercent": percent})}
+    result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT, override), BURSTABLE_1G_2G, "v2")
+    expected = koordinator_memory_high(GIB, 2 * GIB + 12345, percent)
+    assert result.memory.high_bytes == expected and result.cri.unified["memory.high"] == str(expected)
+    assert expected % PAGE_SIZE == 0 and (expected > 2 * GIB) == (percent > 100)
+
+
+def test_memory_high_without_a_limit_takes_the_nodes_memory() -> None:
+    node = 8 * GIB + 100
+    resources = ContainerResources(cpu_shares=1024, unified={"memory.low": str(GIB)})
+    result = plan_container(pod_of(QoSClass.LS, BURSTABLE_PARENT), ContainerInput("main", resources),
+                            decision=resolve_qos_class({}, BURSTABLE_PARENT), config=QOS.LS,
+                            features=KernelFeatures("v2", node_memory_bytes=node), container_cgroup=CONTAINER_CGROUP)
+    assert result.memory.high_bytes == koordinator_memory_high(GIB, node, 90)
+    assert any(f"node memory {node} (no limit)" in w.reason for w in result.cri_mirror if w.resource == "memory.high")
+    # The pod is left to the BE memory strategy, which bounds pods without a limit.
+    assert ("/pod", "memory.high") not in by_resource(plan_pod_memory("/pod", QoSClass.LS, [result.memory]))
+
+
+def test_memory_high_is_never_below_memory_min() -> None:
+    """Koordinator raises memory.high to memory.min: a protected amount is never throttled."""
+    override = {MEMORY_QOS: json.dumps({"throttlingPercent": 1, "minLimitPercent": 100})}
+    resources = ContainerResources(cpu_shares=1024, memory_limit_in_bytes=2 * GIB, unified={"memory.low": str(GIB)})
+    result = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT, override), resources, "v2")
+    assert result.memory.min_bytes == GIB + 0 and result.memory.high_bytes == koordinator_memory_high(GIB, 2 * GIB, 1)
+    small = ContainerResources(cpu_shares=1024, memory_limit_in_bytes=GIB + 1, unified={"memory.low": str(GIB + 1)})
+    raised = plan(pod_of(QoSClass.LS, BURSTABLE_PARENT, override), small, "v2")
+    assert raised.memory.high_bytes == raised.memory.min_bytes == GIB + 1  # not rounded below memory.min
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -605,6 +656,8 @@ def test_plan_pod_memory_sums_containers() -> None:
     assert writes == {("/pod", "memory.min"): 110, ("/pod", "memory.low"): 220, ("/pod", "memory.high"): 990}
     unlimited = containers + [MemoryProtection(True, None, 0, 0, 0, None)]
     assert ("/pod", "memory.high") not in by_resource(plan_pod_memory("/pod", QoSClass.LS, unlimited))
+    node_bound = containers + [MemoryProtection(True, None, 0, 0, 0, 5 * GIB)]  # of the node's memory
+    assert ("/pod", "memory.high") not in by_resource(plan_pod_memory("/pod", QoSClass.LS, node_bound))
     assert plan_pod_memory("/pod", QoSClass.LS, [MemoryProtection(False)]) == ()
 
 

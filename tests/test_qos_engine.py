@@ -39,6 +39,7 @@ from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.model.state import NodeState
 from koordnode.executor.core_sched import CoreScheduling
 from support.fake_core_sched import FakeCoreKernel
+from support.koordinator_formulas import koordinator_memory_high
 
 MIB = 1 << 20
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -386,18 +387,21 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     lsr = parse_cpu_list(fwd("LSR").cpuset_cpus)
     assert len(lse) == 2 and lse == node.topology.siblings(min(lse))  # one whole core
     assert len(lsr) == 1 and not lse & lsr
-    # unified memory keys (v2): min/low from the request, high from the limit.
+    # unified memory keys (v2): min/low from the request, high request + 90 % of (limit - request)
+    # (Guaranteed: request = limit).
     lse_unified = {"memory.min": str(256 * MIB), "memory.low": str(256 * MIB),  # low capped at limit
-                   "memory.high": str(256 * MIB * 90 // 100)}
+                   "memory.high": str(256 * MIB)}
     assert dict(fwd("LSE").unified) == lse_unified
     assert dict(fwd("LSR").unified) == {"memory.min": str(256 * MIB * 80 // 100),
-                                        "memory.low": str(256 * MIB), "memory.high": str(256 * MIB * 90 // 100)}
-    ls_app = {"memory.min": 64 * MIB, "memory.low": 128 * MIB * 80 // 100, "memory.high": 512 * MIB * 90 // 100}
-    ls_side = {"memory.min": 32 * MIB, "memory.low": 64 * MIB * 80 // 100, "memory.high": 128 * MIB * 90 // 100}
+                                        "memory.low": str(256 * MIB), "memory.high": str(256 * MIB)}
+    ls_app = {"memory.min": 64 * MIB, "memory.low": 128 * MIB * 80 // 100,
+              "memory.high": koordinator_memory_high(128 * MIB, 512 * MIB, 90)}
+    ls_side = {"memory.min": 32 * MIB, "memory.low": 64 * MIB * 80 // 100,
+               "memory.high": koordinator_memory_high(64 * MIB, 128 * MIB, 90)}
     assert {k: int(v) for k, v in fwd("LS", 0).unified.items()} == ls_app
     assert {k: int(v) for k, v in fwd("LS", 1).unified.items()} == ls_side
-    assert dict(fwd("BE").unified) == {"memory.min": "0", "memory.low": "0",
-                                       "memory.high": str((1 << 30) * 70 // 100)}
+    be_high = koordinator_memory_high(256 * MIB, 1 << 30, 70)  # the batch-memory request and limit
+    assert dict(fwd("BE").unified) == {"memory.min": "0", "memory.low": "0", "memory.high": str(be_high)}
     assert dict(fwd("SYSTEM").unified) == {}  # SYSTEM: no memory QoS by default
     # kubelet's own values travel along for a restart.
     kubelet = json.loads(node.created[pods["LS"][1][0]].config.annotations[KUBELET_RESOURCES_ANNOTATION])
@@ -438,7 +442,7 @@ def test_v2_each_class_request_rewritten_and_files_hold_the_values(make_node, dr
     assert mem(node.ccg(ls_cids[1])) == ls_side
     assert mem(ls_pod.cgroup) == {k: ls_app[k] + ls_side[k] for k in ls_app}
     assert mem(pods["LSE"][0].cgroup) == {k: int(v) for k, v in lse_unified.items()}
-    assert mem(be_pod.cgroup) == {"memory.min": 0, "memory.low": 0, "memory.high": (1 << 30) * 70 // 100}
+    assert mem(be_pod.cgroup) == {"memory.min": 0, "memory.low": 0, "memory.high": be_high}
     sys_pod, sys_cids, _ = pods["SYSTEM"]
     assert node.read(sys_pod.cgroup, "memory.min") == "0" and node.read(sys_pod.cgroup, "memory.high") == "max"
 
@@ -545,7 +549,7 @@ def test_anolis_v1_group_identity_and_watermarks(make_node):
     # Memory protection exists on Anolis v1: written directly (CRI cannot carry it on v1).
     assert node.read(node.ccg(ls_cid), "memory.min") == str(64 * MIB)
     assert node.read(ls.cgroup, "memory.min") == str(64 * MIB)
-    assert node.read(ls.cgroup, "memory.high") == str(512 * MIB * 90 // 100)
+    assert node.read(ls.cgroup, "memory.high") == str(koordinator_memory_high(128 * MIB, 512 * MIB, 90))
     assert node.read(ls.cgroup, "blkio.bfq.weight") == "500"
     assert node.status_pod(be)["skipped"] == []
     assert node.engine.status()["unsupported"] == {}

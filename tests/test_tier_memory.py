@@ -16,7 +16,7 @@ import pytest
 from faketree import add_cgroup, write_cgroup_file
 from koordnode.cri import api_pb2 as pb
 from koordnode.executor.originals import OriginalsJournal
-from koordnode.executor.resources import PAGE_SIZE
+from koordnode.model.kernel import PAGE_SIZE
 from koordnode.policy.tier_memory import ChildProtection, TierFile, decide_tier_file, plan_tier_memory
 from test_qos_engine import MIB, Node
 

@@ -19,6 +19,7 @@ from koordnode.model.qos_class import KubeQoS, QoSClass
 from koordnode.config.resctrl import ResctrlClassConfig
 from koordnode.model.kernel import CPU_SHARES_MAX as MAX_SHARES
 from koordnode.model.kernel import CPU_SHARES_MIN as MIN_SHARES
+from koordnode.model.kernel import MEMORY_HIGH_PERCENT_MAX
 
 MIB = 1024 * 1024
 _INT64_MAX = 2**63 - 1
@@ -31,7 +32,8 @@ _CLASS_FIELDS: dict[str, tuple[int, int, str]] = {
     "oom_score_adj": (-1000, 1000, "oom_score_adj of the container processes (kept by the reconcile pass)"),
     "memory_min_percent": (0, 100, "memory.min as percent of the memory request"),
     "memory_low_percent": (0, 200, "memory.low as percent of the memory request"),
-    "memory_high_percent": (0, 100, "memory.high as percent of the memory limit; 0 = leave unset"),
+    "memory_high_percent": (0, MEMORY_HIGH_PERCENT_MAX, "memory.high = request + this percent of (limit - request), whole pages, as "
+                            "Koordinator's throttlingPercent; no limit: of the node's memory; 0 = max"),
     "memory_wmark_ratio": (0, 100, "memory.wmark_ratio (Anolis async reclaim); 0 disables it"),
     "memory_wmark_scale_permill": (1, 1000, "memory.wmark_scale_factor in permill"),
     "memory_wmark_min_adj": (-25, 50, "memory.wmark_min_adj (Anolis)"),

@@ -19,7 +19,6 @@ This module is pure: no I/O.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from koordnode.model.kernel import (
     CFS_RUNTIME_MAX_US,
     CPU_SHARES_MAX,
     CPU_SHARES_MIN,
+    PAGE_SIZE,
     shares_to_weight,
 )
 
@@ -60,7 +60,6 @@ INT64_MAX = (1 << 63) - 1
 # v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on x86_64);
 # anything this large is unlimited for comparison purposes.
 MEMORY_UNLIMITED_THRESHOLD = 1 << 62
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MAX_VALUE_LENGTH = 4096
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")

@@ -28,7 +28,6 @@ from koordnode.hooks.pod_plans import PassState, PodPlan, PodPlanner
 from koordnode.metrics.recorder import METRICS
 from koordnode.model.qos_class import ClassDecision
 from koordnode.model.state import CONTAINER_RUNNING, NodeView, PodRecord
-from koordnode.policy.class_inputs import KernelFeatures
 from koordnode.policy.container_policy import REPORTED_BY_RUNTIME
 
 log = structlog.get_logger("koordnode.qos")
@@ -104,7 +103,7 @@ class PodApplier:
                 log.warning("unsafe_cgroup_parent_refused", sandbox_id=sandbox_id, error=str(exc))
                 return decision
         if not planner.features.group_identity and self._probe_group_identity(pod_cgroup):
-            planner.features = KernelFeatures(cgroup_version=planner.features.cgroup_version, group_identity=True)
+            planner.features = dataclasses.replace(planner.features, group_identity=True)
             log.info("group_identity_kernel_detected", detail="BE pods get cpu.bvt_warp_ns instead of cpu.idle")
         if pass_state is not None:
             containers = pass_state.containers.get(sandbox_id, [])

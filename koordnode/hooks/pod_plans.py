@@ -174,6 +174,11 @@ class PodPlanner:
         self.kubelet_resources[container_id] = restored
         return restored
 
+    def set_node_memory(self, memory_bytes: int) -> None:
+        """The pods' memory (hooks/node_memory.py) as the plans' input; a change plans again."""
+        if memory_bytes != self.features.node_memory_bytes:
+            self.features = dataclasses.replace(self.features, node_memory_bytes=memory_bytes)
+
     # ---- plans ----------------------------------------------------------------------------
 
     def plan(self, pod: PodRecord, name: str, container_id: str, kubelet: ContainerResources,

@@ -46,6 +46,7 @@ from koordnode.hooks.be_group import BeGroup
 from koordnode.hooks.chain import skip_requested
 from koordnode.hooks.cpu_pools import CpuPools, CpuReservation, kubelet_cpuset_only, owner_id
 from koordnode.hooks.engine_status import EngineStatus
+from koordnode.hooks.node_memory import node_memory_bytes
 from koordnode.hooks.pod_apply import PodApplier
 from koordnode.hooks.pod_plans import PassState, PodPlanner
 from koordnode.hooks.pool_updates import PoolUpdates
@@ -100,7 +101,8 @@ class QoSEngine:
         self.be_group = BeGroup(settings, self.executor, state, self.layout,
                                 memory_nodes=format_cpu_list(topology.numa_nodes.keys()) or "0")
         self.records = EngineStatus()
-        features = KernelFeatures(cgroup_version=self.executor.version.value, group_identity=False)
+        features = KernelFeatures(cgroup_version=self.executor.version.value, group_identity=False,
+                                  node_memory_bytes=self._node_memory())
         self.planner = PodPlanner(settings, features, self.pools, self.layout, self.resized)
         # Core-scheduling cookies of the pods of classes with core_sched.
         self.applier = PodApplier(self.planner, self.be_group, self.records, self.executor, self.processes,
@@ -119,6 +121,9 @@ class QoSEngine:
         self.memory_fallback = MemoryFallback(self)
         with self.lock:
             self._publish_status()
+
+    def _node_memory(self) -> int:
+        return node_memory_bytes(self.executor, self.layout.paths().kubepods, self.settings.procfs.root)
 
     def reconfigure(self, settings: EngineSettings) -> None:
         """A reloaded configuration, applied to the next call and the next reconcile pass."""
@@ -567,6 +572,7 @@ class QoSEngine:
         with self.lock:
             # First, before this pass re-asserts cpu.idle itself: whether systemd still has it.
             self.be_group.sweep_systemd(view)
+            self.planner.set_node_memory(self._node_memory())
             containers: dict[str, list[Any]] = {}
             for c in view.containers.values():
                 containers.setdefault(c.sandbox_id, []).append(c)

@@ -14,7 +14,7 @@ from typing import Any
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.originals import OriginalsError
 from koordnode.executor.paths import UnsafePathError
-from koordnode.executor.resources import PAGE_SIZE
+from koordnode.model.kernel import PAGE_SIZE
 from koordnode.executor.write_result import WriteResult
 from koordnode.model.cgroup_scope import outlives_pods
 from koordnode.model.kubelet_layout import KubeletLayout

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordnode.model.kernel import MEMORY_HIGH_PERCENT_MAX
+
 __all__ = ["CLASS_FIELDS", "IGNORED", "NodeSloMapping", "SCALAR_FIELDS", "map_nodeslo"]
 
 # spec path -> (TOML key, unit note). Integers in the NodeSLO, numbers (percent, seconds) in koordnode.
@@ -250,12 +252,11 @@ def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key
         typed = _boolean(mapping, path, value) if key == "memory_qos" else _integer(mapping, path, value)
         if typed is None:
             continue
-        if key == "memory_high_percent" and typed > 100:
-            # Koordinator's memory.high = request + percent x (limit - request): above 100 it is
-            # above the limit, where it never throttles; koordnode's highest value means the same.
-            mapping.ignored.append(f"spec.{path}: {typed} puts memory.high above the limit, so it never throttles "
-                                   "before the limit; applied as 100 (memory.high = the limit)")
-            typed = 100
+        if key == "memory_high_percent" and typed > MEMORY_HIGH_PERCENT_MAX:
+            # request + percent x (limit - request): this far above the limit it never throttles.
+            mapping.ignored.append(f"spec.{path}: {typed} is above {MEMORY_HIGH_PERCENT_MAX}; applied as "
+                                   f"{MEMORY_HIGH_PERCENT_MAX} (memory.high far above the limit either way)")
+            typed = MEMORY_HIGH_PERCENT_MAX
         for qos_class in classes:
             mapping.put(f"qos.{qos_class}.{key}", typed, path)
     path = f"{prefix}.cpuQOS.coreExpeller"

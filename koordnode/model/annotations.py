@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from koordnode.model.cpulist import CpuListError, format_cpu_list, parse_cpu_list
+from koordnode.model.kernel import MEMORY_HIGH_PERCENT_MAX
 
 EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
 MEMORY_QOS = "koordinator.sh/memoryQOS"
@@ -204,7 +205,7 @@ MEMORY_QOS_POLICIES = ("auto", "none")
 _MEMORY_QOS_FIELDS: dict[str, tuple[str, int, int]] = {
     "minLimitPercent": ("min_limit_percent", 0, 100),
     "lowLimitPercent": ("low_limit_percent", 0, 200),
-    "throttlingPercent": ("throttling_percent", 0, 100),
+    "throttlingPercent": ("throttling_percent", 0, MEMORY_HIGH_PERCENT_MAX),
     "wmarkRatio": ("wmark_ratio", 0, 100),
     "wmarkScalePermill": ("wmark_scale_permill", 1, 1000),
     "wmarkMinAdj": ("wmark_min_adj", -25, 50),

@@ -3,6 +3,8 @@ and cpu.weight ranges and the conversion between them. The one place these numbe
 
 from __future__ import annotations
 
+import os
+
 # cpu.shares (cgroup v1) and cpu.weight (cgroup v2) ranges the kernel accepts.
 CPU_SHARES_MIN = 2
 CPU_SHARES_MAX = 262144
@@ -18,6 +20,12 @@ CFS_PERIOD_MAX_US = 1_000_000
 CFS_QUOTA_MIN_US = 1000
 CFS_RUNTIME_MAX_US = (1 << 44) - 1
 DEFAULT_CFS_PERIOD_US = 100_000
+
+# Memory counters count pages: memory.high and the like are kept to whole pages.
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# memory.high = request + percent x (limit - request) (Koordinator's throttlingPercent, which has
+# no maximum): the largest percent taken; that far above the limit it never throttles anyway.
+MEMORY_HIGH_PERCENT_MAX = 1000
 
 
 def is_lowest_cpu_weight(text: str | None, v2: bool) -> bool | None:

@@ -49,6 +49,9 @@ class KernelFeatures:
     cgroup_version: str = "v1"  # "v1" or "v2"
     # Alibaba/Anolis group identity (cpu.bvt_warp_ns) instead of upstream cpu.idle.
     group_identity: bool = False
+    # Memory the pods may use together (kubelet's kubepods limit, i.e. the node's allocatable,
+    # else MemTotal); 0 = not known. Stands in for the limit of a container without one.
+    node_memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.cgroup_version not in CGROUP_VERSIONS:

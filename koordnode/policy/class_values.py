@@ -25,6 +25,7 @@ from koordnode.model.kernel import (
     CFS_RUNTIME_MAX_US,
     DEFAULT_CFS_PERIOD_US,
     KUBELET_SHARES_PER_CPU,
+    PAGE_SIZE,
 )
 
 MIN_CFS_QUOTA_US = CFS_QUOTA_MIN_US
@@ -74,7 +75,7 @@ class MemoryProtection:
     limit_bytes: int = 0  # 0 = unlimited
     min_bytes: int = 0
     low_bytes: int = 0
-    high_bytes: int | None = None  # None = not set (memory.high stays "max")
+    high_bytes: int | None = None  # None = not written; MEMORY_HIGH_MAX (-1) = "max"
 
 
 # --- CPU weight and CFS bandwidth ----------------------------------------------------------
@@ -199,17 +200,41 @@ def memory_request(
     return None, "no memory request known (" + ", ".join(sources) + ")"
 
 
-def memory_protection(numbers: MemoryNumbers, request: int | None, limit: int) -> MemoryProtection:
+MEMORY_HIGH_MAX = -1  # memory.high "max": no throttling below memory.max
+
+
+def memory_high(request: int | None, limit: int, percent: int, node_memory: int) -> tuple[int | None, str]:
+    """Koordinator's memory.high: request + percent x (limit - request), whole pages, with the
+    node's memory standing in for a missing limit; percent 0 resets it to "max". None: not set
+    (no limit and the node's memory not known)."""
+    if percent == 0:
+        return MEMORY_HIGH_MAX, "memory.high max (throttling percent 0)"
+    base = request or 0
+    if limit > 0:
+        bound, of = limit, f"limit {limit}"
+    elif node_memory > 0:
+        bound, of = node_memory, f"node memory {node_memory} (no limit)"
+    else:
+        return None, "memory.high not set: no memory limit and the node's memory not known"
+    high = (base + (bound - base) * percent // 100) // PAGE_SIZE * PAGE_SIZE
+    return high, f"memory.high = request {base} + {percent}% of ({of} - request)"
+
+
+def memory_protection(numbers: MemoryNumbers, request: int | None, limit: int,
+                      node_memory: int = 0) -> MemoryProtection:
     def cap(value: int) -> int:
         return min(value, limit) if limit > 0 else value
 
     base = request or 0
-    high = limit * numbers.high_percent // 100 if limit > 0 and numbers.high_percent > 0 else None
+    min_bytes = cap(base * numbers.min_percent // 100)
+    high, _ = memory_high(request, limit, numbers.high_percent, node_memory)
+    if high is not None and high != MEMORY_HIGH_MAX:
+        high = max(high, min_bytes)  # never throttled below what is protected
     return MemoryProtection(
         enabled=numbers.enabled,
         request_bytes=request,
         limit_bytes=limit,
-        min_bytes=cap(base * numbers.min_percent // 100),
+        min_bytes=min_bytes,
         low_bytes=cap(base * numbers.low_percent // 100),
         high_bytes=high,
     )

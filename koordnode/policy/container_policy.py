@@ -24,11 +24,13 @@ from typing import Any
 from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures, PodInput
 from koordnode.policy.class_values import (
+    MEMORY_HIGH_MAX,
     CriOverrides,
     MemoryProtection,
     batch_cpu_quota,
     cfs_period,
     cpu_shares_for,
+    memory_high,
     memory_numbers,
     memory_protection,
     memory_request,
@@ -180,26 +182,27 @@ def plan_container(
     else:
         api_request = pod.memory_requests.get(container.name, 0) if pod.memory_requests is not None else None
         request, request_source = memory_request(decision, resources, limit, batch, api_request)
-        memory = memory_protection(numbers, request, limit)
+        memory = memory_protection(numbers, request, limit, features.node_memory_bytes)
         if request is None and (numbers.min_percent or numbers.low_percent):
             notes.append(f"memory protection 0: {request_source}")
         protect_reason = (
             f"{qos_class.value}: memory.min {numbers.min_percent}% / memory.low {numbers.low_percent}%"
             f" of request {request} ({request_source})"
         )
-        high_reason = f"{qos_class.value}: memory.high {numbers.high_percent}% of limit {limit}"
+        high_reason = f"{qos_class.value}: " + memory_high(request, limit, numbers.high_percent,
+                                                          features.node_memory_bytes)[1]
         memory_values: list[tuple[str, int, str]] = [
             ("memory.min", memory.min_bytes, protect_reason),
             ("memory.low", memory.low_bytes, protect_reason),
         ]
         if memory.high_bytes is not None:
             memory_values.append(("memory.high", memory.high_bytes, high_reason))
-        elif limit <= 0:
-            notes.append("memory.high not set: the container has no memory limit")
+        else:
+            notes.append(high_reason)
         for resource, value, reason in memory_values:
             if features.cgroup_version == "v2":
                 # The runtime writes unified keys when it creates the cgroup.
-                unified[resource] = str(value)
+                unified[resource] = "max" if value == MEMORY_HIGH_MAX else str(value)
                 mirrored(resource, value, reason)
             elif container_cgroup is not None:
                 # v1 has these only on Anolis kernels; the executor skips them elsewhere.

@@ -10,11 +10,12 @@ converts for v2.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from koordnode.policy.plan import CgroupWrite
 from koordnode.policy.class_inputs import ContainerResources, KernelFeatures, PodInput
 from koordnode.policy.class_values import (
+    MEMORY_HIGH_MAX,
     CriOverrides,
     MemoryProtection,
     batch_cpu_quota,
@@ -208,7 +209,9 @@ def plan_pod_memory(
     """Pod-cgroup memory.min/low/high from its containers' plans.
 
     A child's protection only counts up to its parent's, so the pod needs the sum. memory.high
-    is set only when every container has one (one unlimited container leaves the pod unlimited).
+    (which Koordinator leaves alone on pods) is the sum of the containers' when each has a memory
+    limit, "max" when one of them is "max"; a pod with a container without a limit is left to
+    the BE memory strategy, which bounds such BE pods.
     """
     members = [memory for memory in containers if memory.enabled]
     if not members:
@@ -220,9 +223,10 @@ def plan_pod_memory(
         CgroupWrite(pod_cgroup, "memory.min", total_min, reason),
         CgroupWrite(pod_cgroup, "memory.low", total_low, reason),
     ]
-    highs = [memory.high_bytes for memory in members]
-    if all(high is not None for high in highs):
-        writes.append(CgroupWrite(pod_cgroup, "memory.high", sum(h for h in highs if h is not None), reason))
+    if all(memory.limit_bytes > 0 and memory.high_bytes is not None for memory in members):
+        highs = [memory.high_bytes or 0 for memory in members]
+        total = MEMORY_HIGH_MAX if MEMORY_HIGH_MAX in highs else sum(highs)
+        writes.append(CgroupWrite(pod_cgroup, "memory.high", total, reason))
     return tuple(writes)
 
 
@@ -276,7 +280,10 @@ def plan_pod_resources(
     numbers = memory_numbers(qos_class, config, annotations)
     limit = max(resources.memory_limit_in_bytes, 0)
     request, request_why = memory_request(decision, resources, limit, None)
+    # A pod without a limit keeps memory.high as plan_pod_memory leaves it (the BE strategy's).
     memory = memory_protection(numbers, request, limit)
+    if limit <= 0:
+        memory = replace(memory, high_bytes=None)
     unified: dict[str, str] = {}
     if numbers.enabled:
         reason = f"{qos_class.value} pod-level resize: {request_why}"
@@ -287,7 +294,7 @@ def plan_pod_resources(
         if features.cgroup_version == "v2":
             unified = {"memory.min": str(memory.min_bytes), "memory.low": str(memory.low_bytes)}
             if memory.high_bytes is not None:
-                unified["memory.high"] = str(memory.high_bytes)
+                unified["memory.high"] = "max" if memory.high_bytes == MEMORY_HIGH_MAX else str(memory.high_bytes)
         notes.append(f"pod memory protection from {request_why}")
     else:
         notes.append(numbers.why_disabled)

@@ -24,6 +24,7 @@ from koordnode.cri import api_pb2 as pb
 from koordnode.executor.process import oom_score_adj_floor
 from koordnode.model.kernel import shares_to_weight
 from support.cri import Cri, remove_pod
+from support.koordinator_formulas import koordinator_memory_high
 from testbed.systemd_bed import set_properties
 
 MIB = 1 << 20
@@ -102,7 +103,7 @@ def test_ls_and_be_values_in_the_v2_files(systemd_bed, guest_koordnode, cri):
     assert ls.read("cpu.weight") == str(shares_to_weight(1024))
     assert near(ls.read("memory.min"), request * 50 // 100)
     assert near(ls.read("memory.low"), request * 80 // 100)
-    assert near(ls.read("memory.high"), limit * 90 // 100)
+    assert near(ls.read("memory.high"), koordinator_memory_high(request, limit, 90))
     pod_value(ls, "memory.min", lambda v: near(v, request * 50 // 100), "pod memory.min = sum of its containers")
     assert ls.read("cpu.idle", "pod") == "0"
     pod_value(ls, "io.weight", lambda v: v.split()[:2] == ["default", "500"], "LS pod io.weight 500")

@@ -34,6 +34,7 @@ from guestlib import CG, GuestKoordnode, free_port, wait_for
 from k8s_support import example_pods
 from koordnode.admin.client import fetch_status
 from koordnode.model.kernel import shares_to_weight
+from support.koordinator_formulas import koordinator_memory_high
 from kubelet_v2 import (
     BE_GROUP,
     BURSTABLE_LS,
@@ -381,13 +382,13 @@ def test_example_pods_created_through_the_api_run_with_their_class_values(api_no
     ls, lse, burstable = pods["LS"], pods["LSE"], pods["LS-burstable"]
     assert near(read(ls.container_dir, "memory.min"), 160 * MIB * 50 // 100)
     assert near(read(ls.container_dir, "memory.low"), 160 * MIB * 80 // 100)
-    assert near(read(ls.container_dir, "memory.high"), 160 * MIB * 90 // 100)
+    assert near(read(ls.container_dir, "memory.high"), 160 * MIB)  # Guaranteed: request = limit
     assert near(read(lse.container_dir, "memory.min"), 256 * MIB * 50 // 100)
     assert near(read(lse.container_dir, "memory.low"), 256 * MIB)
     # The Burstable LS pod's request comes from kubelet's unified memory.low (Memory QoS).
     assert near(read(burstable.container_dir, "memory.min"), 64 * MIB * 50 // 100)
     assert near(read(burstable.container_dir, "memory.low"), 64 * MIB * 80 // 100)
-    assert near(read(burstable.container_dir, "memory.high"), 128 * MIB * 90 // 100)
+    assert near(read(burstable.container_dir, "memory.high"), koordinator_memory_high(64 * MIB, 128 * MIB, 90))
     lse_cpus = cpus(read(lse.container_dir, "cpuset.cpus"))
     assert len(lse_cpus) == 1, lse_cpus
     for key in set(pods) - {"LSE"}:
@@ -442,7 +443,7 @@ def test_in_place_resize_of_a_burstable_ls_container_through_the_api_recomputes_
     protection = {  # koordnode's, from the new request and limit
         (ctr, "memory.min"): request * 50 // 100,
         (ctr, "memory.low"): request * 80 // 100,
-        (ctr, "memory.high"): limit * 90 // 100,
+        (ctr, "memory.high"): koordinator_memory_high(request, limit, 90),
         (pod_dir, "memory.min"): request * 50 // 100,
     }
 

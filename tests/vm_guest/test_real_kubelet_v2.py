@@ -44,6 +44,7 @@ from guestlib import CG, GuestKoordnode, free_port, wait_for
 from k8s_support import example_pods
 from koordnode.admin.client import fetch_status
 from koordnode.model.kernel import shares_to_weight
+from support.koordinator_formulas import koordinator_memory_high
 from kubelet_v2 import (
     BE_GROUP,
     BURSTABLE_LS,
@@ -357,11 +358,12 @@ def test_example_pods_run_with_their_class_values_in_kubelets_systemd_slices(nod
     assert read(be.container_dir, "cpu.weight") == "1" and read(be.pod_dir, "cpu.weight") == "1"
     assert read(be.pod_dir, "cpu.idle") == "0"
     # ... memory protection from the request (Guaranteed: request = limit): LS 50 % / 80 %, LSE its
-    # annotation's minLimitPercent 50 and low 120 % capped at the limit; memory.high 90 % of the limit.
+    # annotation's minLimitPercent 50 and low 120 % capped at the limit; memory.high request + 90 % of
+    # (limit - request), the limit itself here.
     ls = pods["LS"]
     assert near(read(ls.container_dir, "memory.min"), 160 * MIB * 50 // 100)
     assert near(read(ls.container_dir, "memory.low"), 160 * MIB * 80 // 100)
-    assert near(read(ls.container_dir, "memory.high"), 160 * MIB * 90 // 100)
+    assert near(read(ls.container_dir, "memory.high"), 160 * MIB)
     lse = pods["LSE"]
     assert near(read(lse.container_dir, "memory.min"), 256 * MIB * 50 // 100)
     assert near(read(lse.container_dir, "memory.low"), 256 * MIB)
@@ -479,7 +481,7 @@ def test_lsr_in_lses_place_and_kubelets_memory_qos_request_for_burstable_ls(node
     request, limit = 64 * MIB, 128 * MIB
     assert near(read(burstable.container_dir, "memory.min"), request * 50 // 100)
     assert near(read(burstable.container_dir, "memory.low"), request * 80 // 100)
-    assert near(read(burstable.container_dir, "memory.high"), limit * 90 // 100)
+    assert near(read(burstable.container_dir, "memory.high"), koordinator_memory_high(request, limit, 90))
     assert near(read(burstable.pod_dir, "memory.min"), request * 50 // 100)
     print("burstable LS pod slice:", {n: read(burstable.pod_dir, n) for n in ("memory.min", "memory.low", "memory.high")})
     print("kubepods.slice:", {n: read(KUBEPODS, n) for n in ("memory.min", "memory.low")},
