@@ -135,6 +135,8 @@ def test_koord_manager_renders_the_guides_nodeslo_and_koordnode_applies_all_of_i
     assert config.qos.LS.memory_low_percent == 80 and config.qos.LS.memory_high_percent == 90
     assert config.qos.BE.memory_high_percent == 80 and config.qos.BE.memory_wmark_min_adj == 50
     assert config.strategy.be_evict.memory_threshold_percent == 70
+    # The rendered threshold holds in koordnode's idle BE group too (Koordinator's meaning).
+    assert config.strategy.cpu_suppress.idle_group_threshold_percent == 55
     assert not any("throttlingPercent" in line for line in status["ignored"])
     assert manager.running, manager.tail()
 

@@ -291,6 +291,8 @@ def test_nodeslo_maps_onto_koordnode_keys_with_units() -> None:
     assert mapping.errors == []
     config = with_nodeslo(parse_config(""), mapping.values)
     assert config.strategy.cpu_suppress.threshold_percent == 55.0
+    # Koordinator's threshold whether or not BE is in koordnode's idle group (its 95 % replaced).
+    assert config.strategy.cpu_suppress.idle_group_threshold_percent == 55.0
     assert config.strategy.cpu_suppress.policy == "cfs_quota"
     assert (config.strategy.be_evict.memory_threshold_percent, config.strategy.be_evict.memory_margin_percent) == (80, 5)
     assert (config.qos.LS.memory_min_percent, config.qos.LS.memory_low_percent) == (40, 70)
@@ -386,11 +388,14 @@ def test_a_nodeslo_field_out_of_koordnode_ranges_is_left_out_and_the_rest_applie
         "spec.cpuBurstStrategy.cfsQuotaBurstPercent (strategy.cpu_burst.max_quota_percent): "
         "expected a number in [100, 10000], got 50.0",
         'spec.resourceUsedThresholdWithBE.cpuSuppressPolicy: expected one of "cfsQuota", "cpuset", got \'quota\'',
+        "spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent (strategy.cpu_suppress.idle_group_threshold_percent): "
+        "expected a number in [1, 100], got 150.0",
         "spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent (strategy.cpu_suppress.threshold_percent): "
         "expected a number in [1, 100], got 150.0"]
     config = applied[-1]
     assert config.qos.LS.memory_min_percent == 30 and config.strategy.cpu_burst.enable  # the rest applied
     assert config.strategy.cpu_suppress.threshold_percent == 65.0  # the default, not 150
+    assert config.strategy.cpu_suppress.idle_group_threshold_percent == 95.0
     # Koordinator's example value above 100 is taken as it is (memory.high above the limit); one
     # beyond koordnode's 1000 is applied as 1000 and named.
     assert config.qos.LSR.memory_high_percent == 120 and config.qos.LSE.memory_high_percent == 120

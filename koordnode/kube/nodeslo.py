@@ -44,6 +44,8 @@ DERIVED_FIELDS: dict[str, tuple[str, str]] = {
     "systemStrategy.minFreeKbytesFactor":
         ("strategy.memory_qos.min_free_kbytes", "factor / 10000 x MemTotal in kB, as koordlet computes it"),
 }
+# Also set by cpuSuppressThresholdPercent: the NodeSLO's threshold applies in the idle BE group too.
+IDLE_GROUP_THRESHOLD = "strategy.cpu_suppress.idle_group_threshold_percent"
 # resourceQOSStrategy.<classKey> -> koordnode classes (Koordinator's LSE pods take lsrClass).
 CLASS_KEYS: dict[str, tuple[str, ...]] = {
     "systemClass": ("SYSTEM",), "lsrClass": ("LSR", "LSE"), "lsClass": ("LS",), "beClass": ("BE",),
@@ -172,6 +174,11 @@ def map_nodeslo(spec: Any, memory_total_bytes: int | None = None) -> NodeSloMapp
             number = _integer(mapping, path, value)
             if number is not None:
                 mapping.put(key, float(number) if unit in ("percent", "seconds") else number, path)
+
+    if "strategy.cpu_suppress.threshold_percent" in mapping.fields:
+        # Koordinator's threshold holds whether or not BE runs in koordnode's idle group.
+        threshold = mapping.values["strategy"]["cpu_suppress"]["threshold_percent"]
+        mapping.put(IDLE_GROUP_THRESHOLD, threshold, "resourceUsedThresholdWithBE.cpuSuppressThresholdPercent")
 
     path = "resourceUsedThresholdWithBE.cpuSuppressPolicy"
     if (policy := _get(spec, path)) is not None:
