@@ -361,10 +361,51 @@ def test_the_shipped_rbac_is_enough_and_no_more(plane: ControlPlane) -> None:
     koordnode = plane.client("koordnode")
     koordnode.get(NODESLOS)
     koordnode.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODES[0]}")
-    for forbidden in ("/api/v1/nodes", f"/api/v1/namespaces/{NS}/secrets", "/api/v1/configmaps"):
+    koordnode.get("/api/v1/nodes", fieldSelector=f"metadata.name={NODES[0]}")  # its reservation
+    for forbidden in (f"/api/v1/namespaces/{NS}/secrets", "/api/v1/configmaps"):
         with pytest.raises(AdminApiError) as info:
             koordnode.get(forbidden)
         assert info.value.status == 403, forbidden
+    with pytest.raises(AdminApiError) as info:  # read, never written
+        koordnode.patch(f"/api/v1/nodes/{NODES[0]}", {"metadata": {"labels": {"x": "y"}}})
+    assert info.value.status == 403
+
+
+def test_node_reservation_annotation_reaches_the_config_and_goes_away(plane: ControlPlane,
+                                                                      tmp_path: Path) -> None:
+    """Koordinator's node.koordinator.sh/reservation on the Node: reserved CPUs and memory in
+    koordnode's config beside the NodeSLO's values; removed, the file's values again."""
+    admin = plane.client()
+    node = Node(plane, tmp_path, NODES[1])
+    path = f"/api/v1/nodes/{NODES[1]}"
+    reservation = json.dumps({"resources": {"cpu": "2", "memory": "1536Mi"}, "applyPolicy": "Default"})
+
+    async def scenario() -> None:
+        await asyncio.to_thread(set_configmap, admin, configmap(61, 61, 35))  # pool b: 61 too
+        stop, tasks = await _start(node)
+        try:
+            await node.wait("NodeSLO", lambda: node.config.strategy.cpu_suppress.threshold_percent == 61)
+            await asyncio.to_thread(admin.patch, path, {"metadata": {"annotations": {
+                "node.koordinator.sh/reservation": reservation}}})
+            await node.wait("the reservation", lambda: node.config.node.reserved_cpus == 2)
+            assert node.config.strategy.be_memory.reserved_mib == 1536
+            assert node.config.strategy.cpu_suppress.threshold_percent == 61  # the NodeSLO's stay
+            assert key_sources(node.config)["node.reserved_cpus"] == "nodeslo"
+            status = node.link.status()["node_reservation"]
+            assert status["values"] == {"node.reserved_cpus": 2, "strategy.be_memory.reserved_mib": 1536}
+            await asyncio.to_thread(admin.patch, path, {"metadata": {"annotations": {
+                "node.koordinator.sh/reservation": "{broken"}}})
+            await node.wait("the broken one named", lambda: bool(node.link.reservation.problems))
+            await node.wait("nothing of it applied", lambda: node.config.node.reserved_cpus == "",
+                            )
+            await asyncio.to_thread(admin.patch, path, {"metadata": {"annotations": {
+                "node.koordinator.sh/reservation": None}}})
+            await node.wait("gone", lambda: node.link.reservation.annotation is None)
+        finally:
+            await _stop(stop, tasks)
+
+    asyncio.run(scenario())
+    assert node.config.node.reserved_cpus == "" and node.config.strategy.cpu_suppress.threshold_percent == 61
 
 
 def test_bad_credentials_are_clear_errors(plane: ControlPlane, tmp_path: Path) -> None:

@@ -79,6 +79,11 @@ class KubernetesConfig:
     pod_facts: bool = setting(
         True, doc="watch the pods bound to this node for memory requests, priority and owners",
     )
+    node_reservation: bool = setting(
+        True, doc="watch this node's Node for Koordinator's node.koordinator.sh/reservation annotation and apply "
+        "its reserved CPUs ([node] reserved_cpus) and memory ([strategy.be_memory] reserved_mib) with the "
+        "NodeSLO's values, below the local file",
+    )
     evictions_per_window: int = setting(
         3, min=1, max=1000,
         doc="most evictions requested through the Eviction API per eviction_window_s (a pod already "

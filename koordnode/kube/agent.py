@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +27,7 @@ from koordnode.kube.nodemetric import MetricRequest, metric_request, new_node_me
 from koordnode.kube.nodeslo import NodeSloMapping, map_nodeslo
 from koordnode.kube.pods import pod_facts_of
 from koordnode.kube.reflector import Backoff, Reflector
+from koordnode.kube.reservation import RESERVATION_ANNOTATION, NodeReservation, reservation_of
 from koordnode.model.pod_facts import PodFacts
 
 __all__ = ["ClusterLink", "EvictTarget", "EvictionRefused", "NODEMETRICS", "NODESLOS", "node_name_of"]
@@ -36,6 +37,8 @@ log = structlog.get_logger("koordnode.kube")
 NODESLOS = "/apis/slo.koordinator.sh/v1alpha1/nodeslos"
 NODEMETRICS = "/apis/slo.koordinator.sh/v1alpha1/nodemetrics"
 PODS = "/api/v1/pods"
+NODES = "/api/v1/nodes"
+RESERVATION_SOURCE = f"Node annotation {RESERVATION_ANNOTATION}"
 # An accepted eviction's pod counts as terminating this long even before the watch shows it.
 EVICTED_MEMORY_S = 600.0
 
@@ -88,6 +91,8 @@ class ClusterLink:
         self.facts: dict[str, PodFacts] = {}  # pod UID -> facts
         self.fact_problems: list[str] = []
         self.nodeslo_status: dict[str, Any] = {"state": "none seen yet"}
+        self._nodeslo_obj: dict[str, Any] | None = None
+        self.reservation = NodeReservation()  # the Node's node.koordinator.sh/reservation
         self._nodeslo_lock = asyncio.Lock()
         self._nodeslo_rv: str | None = None
         self._evictions: list[float] = []  # when each counted eviction was accepted
@@ -108,6 +113,10 @@ class ClusterLink:
             self.client, PODS, field_selector=f"spec.nodeName={selector}", on_change=self._pods_changed,
             name="pods", watch_timeout_s=config.watch_timeout_s, backoff_max_s=config.backoff_max_s,
             transform=self._pod_transform)
+        self.node_watch = Reflector(
+            self.client, NODES, field_selector=f"metadata.name={selector}", on_change=self._node_changed,
+            name="node", watch_timeout_s=config.watch_timeout_s, backoff_max_s=config.backoff_max_s, max_objects=1,
+            transform=reservation_of)
 
     # ---- loops ---------------------------------------------------------------------------------
 
@@ -117,6 +126,8 @@ class ClusterLink:
             loops.append(self.nodeslo_watch.run(stop))
         if self.config.pod_facts:
             loops.append(self.pod_watch.run(stop))
+        if self.config.node_reservation:
+            loops.append(self.node_watch.run(stop))
         if self.config.node_metric:
             loops.append(self._report_loop(stop))
         await asyncio.gather(*loops)
@@ -130,19 +141,35 @@ class ClusterLink:
         if obj is not None and version == self._nodeslo_rv:
             return  # a relist of the same object
         self._nodeslo_rv = version
-        task = asyncio.get_running_loop().create_task(self._take_nodeslo(obj, version))
+        self._nodeslo_obj = obj
+        self._spawn(self._take_nodeslo(obj, version))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _node_changed(self, store: Mapping[str, Any]) -> None:
+        """The Node's reservation changed: the NodeSLO's values are applied again with it."""
+        reservation = store.get(self.node_name) or NodeReservation()
+        if reservation == self.reservation:
+            return  # the Node changed elsewhere (its status, other annotations)
+        self.reservation = reservation
+        if reservation.problems:
+            log.warning("node_reservation_in_part", node=self.node_name, problems=list(reservation.problems))
+        self._spawn(self._take_nodeslo(self._nodeslo_obj, self._nodeslo_rv))
 
     async def _take_nodeslo(self, obj: dict[str, Any] | None, version: str | None) -> None:
         async with self._nodeslo_lock:  # in the order they were seen
             now = time.time()
             if obj is None:
                 mapping = NodeSloMapping()
-                values: dict[str, Any] | None = None
             else:
                 mapping = map_nodeslo(obj.get("spec"), self._memory_total())
-                values = mapping.values
+            reservation = self.reservation
+            for key, value in reservation.values.items():
+                mapping.put(key, value, RESERVATION_SOURCE)
+            values: dict[str, Any] | None = mapping.values if obj is not None or reservation.values else None
             # A field koordnode cannot take (a wrong type, out of its range, a contradiction) is
             # left out and named; the rest applies. Only a spec that is not an object, or an
             # error no NodeSLO field explains, refuses the version whole.
@@ -363,7 +390,10 @@ class ClusterLink:
             "identity": self.client.credentials.source,
             "api_server": "ok" if ok else f"unreachable: {detail} (last good values kept)",
             "nodeslo": self.nodeslo_status,
-            "watches": {"nodeslo": self.nodeslo_watch.health.to_dict(), "pods": self.pod_watch.health.to_dict()},
+            "watches": {"nodeslo": self.nodeslo_watch.health.to_dict(), "pods": self.pod_watch.health.to_dict(),
+                        "node": self.node_watch.health.to_dict()},
+            "node_reservation": {"annotation": self.reservation.annotation, "values": dict(self.reservation.values),
+                                 "problems": list(self.reservation.problems)},
             "pod_facts": {"pods": len(self.facts), "problems": list(self.fact_problems)},
             "evictions": {"counts": dict(self.eviction_counts), "recent": list(self.recent_evictions),
                           "per_window": self.config.evictions_per_window, "window_s": self.config.eviction_window_s},
@@ -388,4 +418,6 @@ def _name_spec_field(error: str, mapping: NodeSloMapping) -> str:
     """"strategy.x.y: msg" -> "spec.<field> (strategy.x.y): msg" where the key came from the NodeSLO."""
     key, sep, message = error.partition(": ")
     source = mapping.fields.get(key)
+    if source == RESERVATION_SOURCE:
+        return f"{source} ({key}): {message}"
     return f"spec.{source} ({key}): {message}" if sep and source else error
