@@ -23,6 +23,7 @@ from koordnode.daemon_status import StatusReport
 from koordnode.executor.netqos import NetQoSExecutor
 from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.restore import RestoreRoots, restore
+from koordnode.hooks.cpu_pools import CPUS_OWNER_KOORDNODE
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
@@ -33,6 +34,7 @@ from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.metrics.recorder import METRICS, Metrics
 from koordnode.metrics.server import MetricsServer, MetricsStartError, start as start_metrics
+from koordnode.model.cpu_topology import read_numa_memory
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState
 from koordnode.nodelock import NodeLock, NodeLockError, lock_path, refuse_if_proxy_serves
@@ -216,6 +218,7 @@ class Daemon:
                                        on_pod_facts=self._facts_changed.set,
                                        node_metric_status=usage.node_metric_status if usage else _not_measured,
                                        memory_total_bytes=usage.memory_total_bytes if usage else _not_measured,
+                                       node_topology=self._node_topology,
                                        observe=self.metrics.observe_cluster)
         except (CredentialsError, ValueError) as exc:
             # The node keeps working from its file: say why the cluster part is off.
@@ -234,6 +237,23 @@ class Daemon:
             await self.cluster.run(self._stop)
         except Exception:
             log.exception("kubernetes_link_failed")
+
+    def _node_topology(self) -> Any:
+        """The NodeResourceTopology's facts (kube/topology.py): the engine's topology and pools."""
+        from koordnode.kube.topology import TopologyFacts
+
+        engine = self.qos
+        if engine is None:
+            return None
+        with engine.lock:
+            pools = engine.pools.status()
+        topology = engine.topology
+        memory = read_numa_memory(self.config.sysfs.root, topology.numa_nodes.keys())
+        if pools.get("owner") != CPUS_OWNER_KOORDNODE:  # kubelet's static CPU manager places containers
+            return TopologyFacts(topology, share_pool=topology.online, be_pool=topology.online,
+                                 reserved=frozenset(), numa_memory_bytes=memory, kubelet_static=True)
+        return TopologyFacts(topology, share_pool=frozenset(pools["share_pool"]), be_pool=frozenset(pools["be_pool"]),
+                             reserved=frozenset(pools["reserved"]), numa_memory_bytes=memory)
 
     def _be_cpuset(self) -> frozenset[int] | None:
         """The QoS manager's BE cpuset for the engine (built after the engine, which it uses)."""

@@ -79,6 +79,10 @@ class KubernetesConfig:
     pod_facts: bool = setting(
         True, doc="watch the pods bound to this node for memory requests, priority and owners",
     )
+    node_topology: bool = setting(
+        True, doc="report this node's NodeResourceTopology (CPU topology and koordnode's CPU pools, as koordlet "
+        "does) so that koord-scheduler can bind LSE/LSR pods to CPUs here",
+    )
     node_reservation: bool = setting(
         True, doc="watch this node's Node for Koordinator's node.koordinator.sh/reservation annotation and apply "
         "its reserved CPUs ([node] reserved_cpus) and memory ([strategy.be_memory] reserved_mib) with the "

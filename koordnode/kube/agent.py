@@ -28,6 +28,8 @@ from koordnode.kube.nodeslo import NodeSloMapping, map_nodeslo
 from koordnode.kube.pods import pod_facts_of
 from koordnode.kube.reflector import Backoff, Reflector
 from koordnode.kube.reservation import RESERVATION_ANNOTATION, NodeReservation, reservation_of
+from koordnode.kube.topology import TopologyFacts
+from koordnode.kube.topology_report import TopologyReporter
 from koordnode.model.pod_facts import PodFacts
 
 __all__ = ["ClusterLink", "EvictTarget", "EvictionRefused", "NODEMETRICS", "NODESLOS", "node_name_of"]
@@ -74,6 +76,7 @@ class ClusterLink:
                  on_pod_facts: Callable[[], None],
                  node_metric_status: Callable[[MetricRequest], dict[str, Any] | None],
                  memory_total_bytes: Callable[[], int | None] = lambda: None,
+                 node_topology: Callable[[], TopologyFacts | None] = lambda: None,
                  observe: Callable[[str, str], None] = lambda kind, result: None,
                  client: KubeClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """`observe(kind, result)`: ("nodeslo", "applied" | "refused") and ("eviction", result),
@@ -104,6 +107,7 @@ class ClusterLink:
         self.eviction_counts: dict[str, int] = {}
         self.recent_evictions: list[dict[str, Any]] = []
         self.node_metric: dict[str, Any] = {"state": "not reported yet"}
+        self.topology = TopologyReporter(self.client, self.node_name, node_topology, config.backoff_max_s)
         self._tasks: set[asyncio.Task[Any]] = set()
         selector = quote(self.node_name, safe="")
         self.nodeslo_watch = Reflector(
@@ -130,6 +134,8 @@ class ClusterLink:
             loops.append(self.node_watch.run(stop))
         if self.config.node_metric:
             loops.append(self._report_loop(stop))
+        if self.config.node_topology:
+            loops.append(self.topology.run(stop))
         await asyncio.gather(*loops)
 
     # ---- NodeSLO -------------------------------------------------------------------------------
@@ -398,6 +404,7 @@ class ClusterLink:
             "evictions": {"counts": dict(self.eviction_counts), "recent": list(self.recent_evictions),
                           "per_window": self.config.evictions_per_window, "window_s": self.config.eviction_window_s},
             "node_metric": self.node_metric,
+            "node_resource_topology": self.topology.status,
         }
 
 

@@ -226,3 +226,17 @@ def _online_cpus(cpu_root: str) -> frozenset[int]:
         if match and _read_text(os.path.join(cpu_root, entry, "online")) != "0":
             cpus.add(int(match.group(1)))
     return frozenset(cpus)
+
+
+def read_numa_memory(sysfs_root: str, nodes: Iterable[int]) -> dict[int, int]:
+    """Each NUMA node's MemTotal in bytes (<sysfs_root>/devices/system/node/node<N>/meminfo,
+    "Node N MemTotal: X kB"); a node without the file is left out."""
+    found: dict[int, int] = {}
+    for node in nodes:
+        text = _read_text(os.path.join(sysfs_root, "devices", "system", "node", f"node{node}", "meminfo"))
+        for line in (text or "").splitlines():
+            words = line.split()
+            if len(words) >= 4 and words[2] == "MemTotal:" and words[3].isdigit():
+                found[node] = int(words[3]) * (1024 if words[4:5] == ["kB"] else 1)
+                break
+    return found
