@@ -4,7 +4,7 @@
 #   etcd                        (go.etcd.io/etcd/server/v3, a wrapper calling etcdmain.Main)
 #   containerd, ctr, the runc shim (github.com/containerd/containerd/v2, build tag no_btrfs)
 #   critest and crictl          (sigs.k8s.io/cri-tools)
-#   koord-manager               (github.com/koordinator-sh/koordinator, built as the main module, with
+#   koord-manager, koord-scheduler (github.com/koordinator-sh/koordinator, built as the main module, with
 #                                its CRDs and RBAC role from config/; only when named: "koordinator")
 # Each lands in $KOORDNODE_TESTBED_CACHE (default /var/cache/koordnode-testbed)/<name>-<version>-<go version>/bin,
 # built in a scratch directory and moved into place only when complete, so a second run costs
@@ -42,11 +42,12 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9   # one build at a time (parallel test runs)
 
-# build NAME VERSION FUNCTION: runs FUNCTION in a scratch module dir with $out/bin to fill.
+# build NAME VERSION FUNCTION [FILE]: runs FUNCTION in a scratch module dir with $out/bin to fill;
+# a cached build without FILE (made before the recipe added it) is built again.
 build() {
-    local name=$1 version=$2 fn=$3 dest work started
+    local name=$1 version=$2 fn=$3 requires=${4:-} dest work started
     dest=$(dir_of "$name" "$version")
-    if [ -f "$dest/.complete" ]; then return 0; fi
+    if [ -f "$dest/.complete" ] && { [ -z "$requires" ] || [ -e "$dest/$requires" ]; }; then return 0; fi
     work=$(mktemp -d "$CACHE/.build-$name-XXXXXX")
     started=$(date +%s)
     echo "k8s-bed: building $name $version with $GO_VERSION (cached in $dest)"
@@ -121,9 +122,11 @@ build_koordinator() {
     [ -d "$dir" ] || { echo "no module source downloaded for koordinator@$version"; return 1; }
     cp -r "$dir/." . && chmod -R u+w .
     go build -trimpath -ldflags "-s -w" -o "$out/bin/koord-manager" ./cmd/koord-manager
+    go build -trimpath -ldflags "-s -w" -o "$out/bin/koord-scheduler" ./cmd/koord-scheduler
     mkdir -p "$out/crd" "$out/rbac" "$out/manager"
     cp config/crd/bases/*.yaml "$out/crd/"
     cp config/rbac/role.yaml "$out/rbac/koord-manager-role.yaml"
+    cp config/rbac/scheduler_role.yaml "$out/rbac/koord-scheduler-role.yaml"
     cp config/manager/koord-prod.yaml config/manager/koord-mid.yaml config/manager/koord-batch.yaml \
         config/manager/koord-free.yaml "$out/manager/"
 }
@@ -134,7 +137,7 @@ for component in ${1:-containerd etcd cri-tools kubernetes}; do
         containerd) build containerd "$CONTAINERD_VERSION" build_containerd ;;
         etcd) build etcd "$ETCD_VERSION" build_etcd ;;
         cri-tools) build cri-tools "$CRI_TOOLS_VERSION" build_cri_tools ;;
-        koordinator) build koordinator "$KOORDINATOR_VERSION" build_koordinator ;;
+        koordinator) build koordinator "$KOORDINATOR_VERSION" build_koordinator bin/koord-scheduler ;;
         *) echo "k8s-bed: unknown component $component" >&2; exit 2 ;;
     esac
 done

@@ -173,7 +173,7 @@ class Node:
     """One node's koordnode side: a ClusterLink applying NodeSLOs below a local file."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, name: str, *, local_toml: str = "",
-                 token: str | None = None, **config: Any) -> None:
+                 token: str | None = None, topology: Any = None, **config: Any) -> None:
         self.kubeconfig = kubeconfig_for(cp, workdir / name, token or cp.tokens["koordnode"])
         self.config: Config = parse_config(local_toml)
         self.applied: list[tuple[float, Config]] = []
@@ -183,6 +183,7 @@ class Node:
                              backoff_max_s=2.0, node_metric=False), **config)
         self.link = ClusterLink(KubernetesConfig(**settings), apply_nodeslo=self._apply,
                                 on_pod_facts=self._facts, node_metric_status=lambda request: None,
+                                node_topology=lambda: topology,
                                 observe=lambda kind, result: self.observed.append((kind, result)))
 
     async def _apply(self, values: dict[str, Any] | None) -> None:

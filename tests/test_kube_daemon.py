@@ -12,6 +12,7 @@ from __future__ import annotations
 # ruff: noqa: F811  (the `plane` fixture is imported, then requested by name)
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,8 @@ from kube_cluster_support import NODES, configmap, kubeconfig_for, plane, set_co
 from testbed.kube_bed import ControlPlane
 
 from koordnode.kube.agent import NODEMETRICS, NODESLOS
+from koordnode.kube.topology import NODE_RESOURCE_TOPOLOGIES
+from koordnode.model.cpulist import parse_cpu_list
 
 NODE = NODES[0]
 
@@ -138,6 +141,16 @@ def test_cluster_mode_end_to_end(plane: ControlPlane, containerd_bed, cluster_ko
             stored_now["updateTime"] != stored["updateTime"]
         metrics_text = cluster_koordnode.log_text()
         assert "nodeslo_applied" in metrics_text
+
+        # NodeResourceTopology, made by the daemon from its engine's CPU pools.
+        nrt = _wait("NodeResourceTopology", lambda: admin.get(f"{NODE_RESOURCE_TOPOLOGIES}/{NODE}")
+                    if admin.exists(f"{NODE_RESOURCE_TOPOLOGIES}/{NODE}") else None, 60)
+        cpus = cluster_koordnode.status()["qos"]["cpus"]
+        pools = json.loads(nrt["metadata"]["annotations"]["node.koordinator.sh/cpu-shared-pools"])
+        assert sorted(c for pool in pools for c in parse_cpu_list(pool["cpuset"])) == cpus["share_pool"]
+        detail = json.loads(nrt["metadata"]["annotations"]["node.koordinator.sh/cpu-topology"])["detail"]
+        assert len(detail) == os.cpu_count() and nrt["zones"][0]["name"] == "node-0"
+        assert cluster_koordnode.status()["kubernetes"]["node_resource_topology"]["state"] in ("created", "updated")
     finally:
         if not _api_up(plane):
             plane.start_apiserver()

@@ -26,7 +26,7 @@ _BINARIES = {
     "containerd": ("containerd", "ctr", "containerd-shim-runc-v2"),
     "etcd": ("etcd",),
     "cri-tools": ("critest", "crictl"),
-    "koordinator": ("koord-manager",),  # and crd/, rbac/ beside bin/
+    "koordinator": ("koord-manager", "koord-scheduler"),  # and crd/, rbac/ beside bin/
 }
 # The background build step (scripts/test.sh) that makes each component.
 _STEPS = {"koordinator": "koord"}

@@ -5,6 +5,11 @@ namespace, the priority classes ``koord-prod``, ``koord-mid``, ``koord-batch``, 
 and koord-manager's ClusterRole (``config/rbac/role.yaml``) bound to the bed's ``koord-manager``
 user, so it runs with exactly the rights its chart gives it.
 
+koord-scheduler v1.8 runs beside it under the scheduler name ``koord-scheduler`` with the plugin
+a node agent serves (NodeNUMAResource: CPU binding from the node's NodeResourceTopology) on top of
+kube-scheduler's defaults, with its chart's rights (``config/rbac/scheduler_role.yaml`` plus
+``system:kube-scheduler`` and ``system:volume-scheduler``) as the bed's ``koord-scheduler`` user.
+
 koord-manager runs as the issue that brought it describes Koordinator without its webhooks:
 ``--feature-gates=WebhookFramework=false --enable-leader-election=false`` and only the
 controllers a node agent deals with (``nodemetric``, ``noderesource``, ``nodeslo``); metrics and
@@ -65,47 +70,41 @@ def install_koordinator(plane: ControlPlane) -> None:
         name = priority_class["metadata"]["name"]  # kustomize prefixes "koord-" in the chart
         priority_class["metadata"]["name"] = name if name.startswith("koord-") else f"koord-{name}"
         create("/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
-    for role in yaml.safe_load_all((top / "rbac" / "koord-manager-role.yaml").read_text()):
-        if role:
-            create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-            create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-                "metadata": {"name": f"koord-manager-{role['metadata']['name']}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": role["metadata"]["name"]},
-                "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koord-manager"}]})
+    def bind(user: str, role: str) -> None:
+        create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "metadata": {"name": f"{user}-{role.replace(':', '-')}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": user}]})
+
+    for user in ("koord-manager", "koord-scheduler"):
+        for role in yaml.safe_load_all((top / "rbac" / f"{user}-role.yaml").read_text()):
+            if role:
+                create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+                bind(user, role["metadata"]["name"])
+    for role in ("system:kube-scheduler", "system:volume-scheduler"):
+        bind("koord-scheduler", role)
 
 
-class KoordManager:
-    """koord-manager as a process of the test, logging to ``workdir/koord-manager.log``."""
+class _Component:
+    """A Koordinator component as a process of the test, logging to ``workdir/<name>.log``."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path, *, controllers: tuple[str, ...] = CONTROLLERS,
-                 extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, plane: ControlPlane, workdir: Path, name: str) -> None:
         self.plane = plane
         self.workdir = Path(workdir)
-        self.controllers = controllers
-        self.extra_args = extra_args
-        self.log_path = self.workdir / "koord-manager.log"
+        self.name = name
+        self.log_path = self.workdir / f"{name}.log"
         self._process: subprocess.Popen | None = None
         self._log: Any = None
 
-    def start(self, timeout: float = 120.0) -> KoordManager:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koord-manager"])
-        cmd = [str(koordinator_dir() / "bin" / "koord-manager"), f"--kubeconfig={kubeconfig}",
-               "--feature-gates=WebhookFramework=false", "--enable-leader-election=false",
-               f"--controllers={','.join(self.controllers)}", f"--config-namespace={NAMESPACE}",
-               f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-addr=127.0.0.1:{free_port()}",
-               "--enable-pprof=false", "--v=4", *self.extra_args]
+    def _spawn(self, args: list[str], ready: Any, what: str, timeout: float) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        cmd = [str(koordinator_dir() / "bin" / self.name), *args]
         self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _wait("koord-manager's controllers started", self._started, timeout, self._process, self.log_path)
-        return self
-
-    def _started(self) -> bool:
-        """Each controller's workers started (its log says so). Its health endpoint has no check
-        without the webhooks (only the webhook's readiness is registered), so it answers 404."""
-        started = [line for line in self.log_text().splitlines() if '"msg"="Starting workers"' in line]
-        return all(any(f'"controller"="{name}"' in line for line in started) for name in self.controllers)
+        try:
+            _wait(what, ready, timeout, self._process, self.log_path)
+        except BaseException:
+            self.stop()  # the caller never gets an object to stop
+            raise
 
     @property
     def running(self) -> bool:
@@ -124,6 +123,34 @@ class KoordManager:
             self._log.close()
             self._log = None
 
+
+class KoordManager(_Component):
+    """koord-manager, with the controllers a node agent deals with."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path, *, controllers: tuple[str, ...] = CONTROLLERS,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        super().__init__(plane, workdir, "koord-manager")
+        self.controllers = controllers
+        self.extra_args = extra_args
+
+    def start(self, timeout: float = 120.0) -> KoordManager:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koord-manager"])
+        self._spawn([f"--kubeconfig={kubeconfig}",
+                     "--feature-gates=WebhookFramework=false", "--enable-leader-election=false",
+                     f"--controllers={','.join(self.controllers)}", f"--config-namespace={NAMESPACE}",
+                     f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-addr=127.0.0.1:{free_port()}",
+                     "--enable-pprof=false", "--v=4", *self.extra_args],
+                    self._started, "koord-manager's controllers started", timeout)
+        return self
+
+    def _started(self) -> bool:
+        """Each controller's workers started (its log says so). Its health endpoint has no check
+        without the webhooks (only the webhook's readiness is registered), so it answers 404."""
+        started = [line for line in self.log_text().splitlines() if '"msg"="Starting workers"' in line]
+        return all(any(f'"controller"="{name}"' in line for line in started) for name in self.controllers)
+
+
     def __enter__(self) -> KoordManager:
         return self.start()
 
@@ -131,4 +158,40 @@ class KoordManager:
         self.stop()
 
 
-__all__ = ["CONTROLLERS", "KoordManager", "NAMESPACE", "crd_established", "install_koordinator", "koordinator_dir"]
+SCHEDULER_NAME = "koord-scheduler"
+# kube-scheduler's default plugins plus Koordinator's CPU binding, as its chart's profile enables it.
+_NUMA_POINTS = ("preFilter", "filter", "score", "reserve", "preBind")
+
+
+def scheduler_config(kubeconfig: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "profiles": [{"schedulerName": SCHEDULER_NAME, "plugins": {
+            point: {"enabled": [{"name": "NodeNUMAResource", **({"weight": 1} if point == "score" else {})}]}
+            for point in _NUMA_POINTS}}],
+    }
+
+
+class KoordScheduler(_Component):
+    """koord-scheduler with scheduler_config()'s profile."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        super().__init__(plane, workdir, "koord-scheduler")
+
+    def start(self, timeout: float = 120.0) -> KoordScheduler:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koord-scheduler"])
+        config = self.workdir / "scheduler-config.yaml"
+        config.write_text(yaml.safe_dump(scheduler_config(kubeconfig)))
+        # --port=0: no deprecated insecure port (its default listens on every address).
+        self._spawn([f"--config={config}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--port=0",
+                     "--authentication-skip-lookup=true", "--v=4"],
+                    lambda: '"Handlers synced"' in self.log_text(), "koord-scheduler's informers synced", timeout)
+        return self
+
+
+
+__all__ = ["CONTROLLERS", "KoordManager", "KoordScheduler", "NAMESPACE", "SCHEDULER_NAME", "crd_established",
+           "install_koordinator", "koordinator_dir", "scheduler_config"]
