@@ -20,12 +20,17 @@ import pytest
 
 from k8s_support import require_component
 from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
-from testbed.koord_bed import NAMESPACE, KoordManager, install_koordinator
+from testbed.koord_bed import NAMESPACE, SCHEDULER_NAME, KoordManager, KoordScheduler, install_koordinator
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
 from koordnode.kube.agent import NODEMETRICS, NODESLOS
 from koordnode.kube.nodemetric import MetricRequest, PodUsage, aggregated_usages, node_metric_status
+from koordnode.config.classes import QoSConfig
+from koordnode.model.annotations import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC
+from koordnode.model.qos_class import resolve_qos_class
+from koordnode.policy.class_inputs import ContainerInput, ContainerResources, KernelFeatures, PodInput
+from koordnode.policy.container_policy import plan_container
 
 NODE = NODE_NAMES[0]
 CONFIGMAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/slo-controller-config"
@@ -73,7 +78,10 @@ def koordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cont
         install_koordnode_rbac(admin)
         admin.create("/api/v1/nodes", {"metadata": {"name": NODE}})
         resources = {"cpu": str(NODE_CPUS), "memory": str(NODE_MEMORY), "pods": "110"}
-        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": resources, "allocatable": resources}})
+        ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test's node"}]
+        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": resources, "allocatable": resources,
+                                                                "conditions": ready}})
+        admin.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}})  # admission's not-ready taint
         admin.create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", slo_configmap(THRESHOLD, QOS))
         manager = KoordManager(cp, workdir / "koord-manager").start()
         yield cp, manager
@@ -193,6 +201,7 @@ def test_koord_manager_puts_batch_resources_on_the_node_from_koordnodes_node_met
     print(f"koord-manager: {batch}; the formula: batch-cpu {want_cpu}, batch-memory {want_memory}")
     assert abs(int(batch["kubernetes.io/batch-cpu"]) - want_cpu) <= 1, (batch, want_cpu)
     assert abs(int(batch["kubernetes.io/batch-memory"]) - want_memory) <= 4096, (batch, want_memory)
+    _batch_pod_placed_by_koord_scheduler(cp, tmp_path, int(batch["kubernetes.io/batch-cpu"]))
     # koordnode stops reporting: after degradeTimeMinutes the next reconcile (kubelet's node
     # status updates trigger it on a real node; a label here) resets them
     time.sleep(DEGRADE_MINUTES * 60 + 5)
@@ -200,3 +209,55 @@ def test_koord_manager_puts_batch_resources_on_the_node_from_koordnodes_node_met
     admin.wait_for("batch resources taken away", lambda: _batch(cp) in ({}, {
         "kubernetes.io/batch-cpu": "0", "kubernetes.io/batch-memory": "0"}), timeout=RENDER_BOUND_S)
     assert manager.running, manager.tail()
+
+
+def batch_pod(name: str, cpu_milli: int, memory: str) -> dict[str, Any]:
+    """A BE pod as Koordinator's users write one, what its webhook would add set by hand: batch
+    resources in the spec and in the extended-resource-spec annotation koordnode reads."""
+    amount = {BATCH_CPU: str(cpu_milli), BATCH_MEMORY: memory}
+    spec = {"containers": {"main": {"requests": amount, "limits": amount}}}
+    return {"metadata": {"name": name, "namespace": "default", "labels": {"koordinator.sh/qosClass": "BE"},
+                         "annotations": {EXTENDED_RESOURCE_SPEC: json.dumps(spec)}},
+            "spec": {"schedulerName": SCHEDULER_NAME, "priorityClassName": "koord-batch",
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"requests": amount, "limits": amount}}]}}
+
+
+def _batch_pod_placed_by_koord_scheduler(cp: ControlPlane, tmp_path: Path, batch_cpu_milli: int) -> None:
+    """koord-scheduler places a BE pod on the batch allocatable koord-manager derived from
+    koordnode's NodeMetric, refuses one larger than it, and koordnode's policy gives the placed
+    one BE values from its batch resources."""
+    admin = cp.client()
+    scheduler = KoordScheduler(cp, tmp_path / "koord-scheduler").start()
+    try:
+        pods = "/api/v1/namespaces/default/pods"
+        admin.create(pods, batch_pod("batch-fits", 200, "256Mi"))
+        admin.create(pods, batch_pod("batch-too-big", batch_cpu_milli + 1000, "256Mi"))
+        placed = admin.wait_for("the batch pod bound", lambda: (lambda pod: pod if pod["spec"].get("nodeName") == NODE
+                                                                else None)(admin.get(f"{pods}/batch-fits")),
+                                timeout=RENDER_BOUND_S)
+
+        def refused() -> str | None:
+            conditions = admin.get(f"{pods}/batch-too-big").get("status", {}).get("conditions") or []
+            return next((c.get("message") for c in conditions if c.get("reason") == "Unschedulable"), None)
+
+        message = admin.wait_for("the larger one refused", refused, timeout=RENDER_BOUND_S)
+        print(f"koord-scheduler on the too large batch pod: {message}")
+        assert BATCH_CPU in message and admin.get(f"{pods}/batch-too-big")["spec"].get("nodeName") is None
+    except Exception:
+        print(f"koord-scheduler log tail:{scheduler.tail()}")
+        raise
+    finally:
+        scheduler.stop()
+    meta = placed["metadata"]
+    parent = f"/kubepods/besteffort/pod{meta['uid']}"
+    pod_input = PodInput(uid=meta["uid"], name="batch-fits", namespace="default", labels=meta["labels"],
+                         annotations=meta["annotations"], cgroup_parent=parent)
+    decision = resolve_qos_class(meta["labels"], parent)
+    plan = plan_container(pod_input, ContainerInput("main", ContainerResources(cpu_period=100000, cpu_shares=2)),
+                          decision=decision, config=QoSConfig().for_class(decision.qos_class),
+                          features=KernelFeatures("v1"), container_cgroup="/c")
+    files = {w.resource: w.value for w in plan.writes}
+    assert plan.qos_class.value == "BE"
+    assert files["cpu.shares"] == 200 * 1024 // 1000 and files["cpu.cfs_quota_us"] == 20000  # from batch-cpu 200
+    assert files["memory.limit_in_bytes"] == 256 << 20  # from batch-memory
