@@ -52,3 +52,15 @@ def test_the_readme_is_short_and_keeps_the_two_commands() -> None:
     assert len(readme.splitlines()) <= 200
     assert "./scripts/demo.sh      # the demo:" in readme
     assert "./scripts/test.sh      # the test suite" in readme
+
+
+def test_the_nodeslo_table_in_architecture_md_is_the_codes() -> None:
+    from koordnode.kube.nodeslo import nodeslo_table
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start, end = "<!-- nodeslo-table: generated -->\n", "<!-- nodeslo-table: end -->"
+    assert start in text and end in text
+    documented = text.split(start, 1)[1].split(end, 1)[0]
+    assert documented == nodeslo_table(), (
+        "docs/architecture.md's NodeSLO table is stale: replace it with the output of python3 -c "
+        "'from koordnode.kube.nodeslo import nodeslo_table; print(nodeslo_table(), end=\"\")'")

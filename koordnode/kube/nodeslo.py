@@ -273,3 +273,30 @@ def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key
         if (flag := _boolean(mapping, path, expeller)) is not None:
             for qos_class in classes:
                 mapping.put(f"qos.{qos_class}.core_expeller", flag and not cpu_off, path)
+
+
+# Where a class field's value has more to it than the key (Koordinator's formula, a limit).
+_CLASS_NOTES = {
+    "memoryQOS.throttlingPercent": "memory.high = request + percent x (limit - request), whole pages; above 1000: 1000",
+    "cpuQOS.groupIdentity": "bvt warp ns (Anolis); cpuQOS.enable false: 0",
+    "cpuQOS.schedIdle": "cpu.idle of the pods; cpuQOS.enable false: 0",
+}
+
+
+_IN_PART = ("cpuQOS.enable", "cpuQOS.coreExpeller")  # read under conditions their reason names
+
+
+def nodeslo_table() -> str:
+    """Every NodeSLO field koordnode knows, as a Markdown table: the key it sets and how, or why
+    it is not applied (docs/architecture.md holds this text; tests/test_docs.py compares)."""
+    rows = [(path, f"`{key}`", unit) for path, (key, unit) in SCALAR_FIELDS.items()]
+    rows.append(("resourceUsedThresholdWithBE.cpuSuppressThresholdPercent", f"`{IDLE_GROUP_THRESHOLD}`",
+                 "the same threshold in koordnode's idle BE group"))
+    rows += [(path, f"`{key}`", rule) for path, (key, rule) in DERIVED_FIELDS.items()]
+    classes = ", ".join(f"{name}: {'/'.join(found)}" for name, found in CLASS_KEYS.items())
+    rows += [(f"resourceQOSStrategy.<class>.{sub}", f"`qos.<CLASS>.{key}`", _CLASS_NOTES.get(sub, classes))
+             for sub, key in CLASS_FIELDS.items()]
+    rows += [(path, "in part" if path in _IN_PART else "not applied", reason) for path, reason in IGNORED.items()]
+    lines = ["| NodeSLO field (`spec.`) | koordnode | unit, rule or why not |", "|---|---|---|"]
+    lines += [f"| `{path}` | {key} | {rule.replace('|', '/')} |" for path, key, rule in rows]
+    return "\n".join(lines) + "\n"
