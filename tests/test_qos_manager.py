@@ -744,6 +744,12 @@ def test_an_unchanged_node_state_reuses_the_inventory_and_forgets_nothing(node):
 def test_the_node_usage_window_keeps_one_sample_a_second_for_nodemetrics_percentiles(node):
     """kube/nodemetric.py's percentiles read `usage_window`: ticks woken early (PSI, LS usage)
     must not weigh more than regular ones, so it keeps at most one sample a second."""
+    gib = 1 << 30
+    usage = "memory.current" if node.version == "v2" else "memory.usage_in_bytes"
+    write_cgroup_file(node.root, "/kubepods", usage, str(2 * gib))
+    write_cgroup_file(node.root, "/kubepods", "memory.stat", f"anon {2 * gib}\nfile 0\ninactive_file 0\n"
+                      if node.version == "v2" else f"total_rss {2 * gib}\ntotal_cache 0\ntotal_inactive_file 0\n")
+    write_meminfo(node.proc, total_kb=16 << 20, available_kb=13 << 20)  # 3 GiB used: 1 GiB the system's
     manager = make_manager(node)
     manager.tick()
     for _ in range(6):
@@ -756,4 +762,9 @@ def test_the_node_usage_window_keeps_one_sample_a_second_for_nodemetrics_percent
     assert all(value >= 0.5 for _, value in cpu.items())  # the LS pod's half CPU at least
     memory = manager.usage_window.get("node/memory_bytes")
     assert memory is not None and len(memory) == 3 and all(value > 0 for _, value in memory.items())
+    # The system's memory: the node's use less the pods' working set (kubepods), as koordlet counts it.
+    system = manager.usage_window.get("system/memory_bytes")
+    kubepods = manager._measure.probe.working_set_bytes(manager._measure.kubepods)
+    assert kubepods == 2 * gib and system is not None
+    assert [v for _, v in system.items()] == [float(gib)] * 3
     assert manager.usage_window.capacity >= 30 * 60  # the longest window koord-manager asks for

@@ -428,6 +428,12 @@ class Measurer:
                 self.usage_window.append("node/memory_bytes", now, float(node.memory.used_bytes))
             if self.system_used_cpus is not None:
                 self.usage_window.append("system/cpu_cores", now, self.system_used_cpus)
+            if node.memory is not None:
+                # The system's memory as koordlet counts it: the node's use less the pods' working set.
+                pods = self.probe.working_set_bytes(self.kubepods)
+                if pods is not None:
+                    self.usage_window.append("system/memory_bytes", now,
+                                             float(max(0, node.memory.used_bytes - pods)))
 
     def forget_gone(self, inventory: Inventory) -> None:
         """Drop every per-pod series and counter of pods and containers no longer running.

@@ -125,8 +125,8 @@ class NodeUsageReporter:
 
     def node_metric_status(self, request: MetricRequest) -> dict[str, Any] | None:
         """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval,
-        with the usage percentiles over the windows the NodeMetric asks for (node CPU and
-        memory; system CPU only: the pods' memory is read at report time, not every second)."""
+        with the usage percentiles over the windows the NodeMetric asks for (node and system CPU
+        and memory)."""
         usage = self.refresh(request.interval_s)
         snap = self._manager.last_snapshot
         if usage is None or snap is None:
@@ -139,7 +139,7 @@ class NodeUsageReporter:
 
         durations = request.aggregate_durations_s
         node = aggregated_usages(samples("node/cpu_cores"), samples("node/memory_bytes"), snap.now, durations)
-        system = aggregated_usages(samples("system/cpu_cores"), None, snap.now, durations)
+        system = aggregated_usages(samples("system/cpu_cores"), samples("system/memory_bytes"), snap.now, durations)
         return usage.node_metric_status(node, system)
 
     def memory_total_bytes(self) -> int | None:
