@@ -20,7 +20,7 @@ import pytest
 
 from k8s_support import require_component
 from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
-from testbed.koord_bed import NAMESPACE, SCHEDULER_NAME, KoordManager, KoordScheduler, install_koordinator
+from testbed.koord_bed import NAMESPACE, SCHEDULER_NAME, KoordManager, KoordScheduler, install_koordinator, register_ready_node
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
@@ -76,12 +76,7 @@ def koordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cont
         admin = cp.client()
         install_koordinator(cp)
         install_koordnode_rbac(admin)
-        admin.create("/api/v1/nodes", {"metadata": {"name": NODE}})
-        resources = {"cpu": str(NODE_CPUS), "memory": str(NODE_MEMORY), "pods": "110"}
-        ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test's node"}]
-        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": resources, "allocatable": resources,
-                                                                "conditions": ready}})
-        admin.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}})  # admission's not-ready taint
+        register_ready_node(admin, NODE, NODE_CPUS, NODE_MEMORY)
         admin.create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", slo_configmap(THRESHOLD, QOS))
         manager = KoordManager(cp, workdir / "koord-manager").start()
         yield cp, manager

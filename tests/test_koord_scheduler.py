@@ -20,7 +20,7 @@ import pytest
 
 from k8s_support import require_component
 from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
-from testbed.koord_bed import SCHEDULER_NAME, KoordScheduler, install_koordinator
+from testbed.koord_bed import SCHEDULER_NAME, KoordScheduler, install_koordinator, register_ready_node
 from testbed.kube_bed import ControlPlane
 
 from koordnode.kube.topology import NODE_RESOURCE_TOPOLOGIES, TopologyFacts
@@ -56,13 +56,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Contro
         admin = cp.client()
         install_koordinator(cp)
         install_koordnode_rbac(admin)
-        admin.create("/api/v1/nodes", {"metadata": {"name": NODE}})
-        resources = {"cpu": "4", "memory": str(8 << 30), "pods": "110"}
-        ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test's node"}]
-        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": resources, "allocatable": resources,
-                                                                "conditions": ready}})
-        # The admission's not-ready taint a new Node gets, which no node controller removes here.
-        admin.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}})
+        register_ready_node(admin, NODE, 4, 8 << 30)
         sched = KoordScheduler(cp, workdir / "koord-scheduler").start()
         yield cp, sched
     finally:

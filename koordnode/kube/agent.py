@@ -21,12 +21,12 @@ import structlog
 
 from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.loader import ConfigError
-from koordnode.kube.client import ApiError, KubeClient, Unreachable
-from koordnode.kube.credentials import Credentials, CredentialsError
+from koordnode.kube.client import ApiError, KubeClient
+from koordnode.kube.credentials import Credentials
 from koordnode.kube.nodemetric import MetricRequest, metric_request, new_node_metric
 from koordnode.kube.nodeslo import NodeSloMapping, map_nodeslo
 from koordnode.kube.pods import pod_facts_of
-from koordnode.kube.reflector import Backoff, Reflector
+from koordnode.kube.reflector import Reflector, repeat_with_backoff
 from koordnode.kube.reservation import RESERVATION_ANNOTATION, NodeReservation, reservation_of
 from koordnode.kube.topology import TopologyFacts
 from koordnode.kube.topology_report import TopologyReporter
@@ -359,23 +359,11 @@ class ClusterLink:
         return interval
 
     async def _report_loop(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(most=self.config.backoff_max_s)
-        while not stop.is_set():
-            try:
-                delay: float = await self.report_once()
-                backoff.reset()
-            except (ApiError, Unreachable, CredentialsError) as exc:
-                self.node_metric = {**self.node_metric, "last_error": str(exc), "last_error_at": time.time()}
-                log.warning("node_metric_report_failed", error=str(exc))
-                delay = backoff.next_delay()
-            except Exception as exc:
-                self.node_metric = {**self.node_metric, "last_error": repr(exc), "last_error_at": time.time()}
-                log.exception("node_metric_report_error")
-                delay = backoff.next_delay()
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                pass
+        await repeat_with_backoff(self.report_once, stop, event="node_metric_report",
+                                  on_error=self._report_failed, backoff_max_s=self.config.backoff_max_s)
+
+    def _report_failed(self, error: str) -> None:
+        self.node_metric = {**self.node_metric, "last_error": error, "last_error_at": time.time()}
 
     # ---- status --------------------------------------------------------------------------------
 

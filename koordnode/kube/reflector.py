@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from koordnode.kube.client import ApiError, Gone, KubeClient, Unreachable
+from koordnode.kube.credentials import CredentialsError
 
-__all__ = ["Backoff", "Health", "Reflector", "object_key"]
+__all__ = ["Backoff", "Health", "Reflector", "object_key", "repeat_with_backoff"]
 
 log = structlog.get_logger("koordnode.kube")
 
@@ -50,6 +51,30 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+async def repeat_with_backoff(step: Callable[[], Awaitable[float]], stop: asyncio.Event, *, event: str,
+                              on_error: Callable[[str], None], backoff_max_s: float) -> None:
+    """Run `step` until `stop`, waiting the delay it returns; a failure is handed to `on_error`,
+    logged as `<event>_failed` (the API's answer) or `<event>_error` (a bug), and retried after
+    a growing backoff. For the periodic reports (NodeMetric, NodeResourceTopology)."""
+    backoff = Backoff(most=backoff_max_s)
+    while not stop.is_set():
+        try:
+            delay = await step()
+            backoff.reset()
+        except (ApiError, Unreachable, CredentialsError) as exc:
+            on_error(str(exc))
+            log.warning(f"{event}_failed", error=str(exc))
+            delay = backoff.next_delay()
+        except Exception as exc:
+            on_error(repr(exc))
+            log.exception(f"{event}_error")
+            delay = backoff.next_delay()
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except TimeoutError:
+            pass
 
 
 @dataclass

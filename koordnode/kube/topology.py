@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordnode.kube.reservation import RESERVATION_ANNOTATION
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.cpulist import format_cpu_list
 
@@ -30,7 +31,6 @@ CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
 POD_CPU_ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
 KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
-NODE_RESERVATION = "node.koordinator.sh/reservation"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def node_resource_topology(node_name: str, facts: TopologyFacts) -> dict[str, An
         KUBELET_CPU_MANAGER_POLICY: _compact({"policy": "static" if facts.kubelet_static else "none"}),
     }
     if facts.reserved:
-        annotations[NODE_RESERVATION] = _compact({"reservedCPUs": format_cpu_list(facts.reserved)})
+        annotations[RESERVATION_ANNOTATION] = _compact({"reservedCPUs": format_cpu_list(facts.reserved)})
     zones = []
     for node, cpus in sorted(topology.numa_nodes.items()):
         resources = [_resource("cpu", str(len(cpus)))]
@@ -105,7 +105,7 @@ def differs(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     have = meta.get("annotations") if isinstance(meta, Mapping) else None
     have = have if isinstance(have, Mapping) else {}
     want = wanted["metadata"]["annotations"]
-    stale_reservation = NODE_RESERVATION in have and NODE_RESERVATION not in want
+    stale_reservation = RESERVATION_ANNOTATION in have and RESERVATION_ANNOTATION not in want
     return (any(have.get(k) != v for k, v in want.items()) or stale_reservation
             or current.get("zones") != wanted["zones"] or current.get("topologyPolicies") != wanted["topologyPolicies"])
 
@@ -114,7 +114,7 @@ def merged(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, A
     """The stored object with koordnode's part replaced (its resourceVersion kept for the update)."""
     obj = dict(current)
     meta = dict(obj.get("metadata") or {})
-    annotations = {k: v for k, v in dict(meta.get("annotations") or {}).items() if k != NODE_RESERVATION}
+    annotations = {k: v for k, v in dict(meta.get("annotations") or {}).items() if k != RESERVATION_ANNOTATION}
     annotations.update(wanted["metadata"]["annotations"])
     meta["annotations"] = annotations
     meta["labels"] = {**dict(meta.get("labels") or {}), **wanted["metadata"]["labels"]}

@@ -13,12 +13,11 @@ from urllib.parse import quote
 
 import structlog
 
-from koordnode.kube.client import ApiError, KubeClient, Unreachable
-from koordnode.kube.credentials import CredentialsError
-from koordnode.kube.reflector import Backoff
+from koordnode.kube.client import ApiError, KubeClient
+from koordnode.kube.reflector import repeat_with_backoff
 from koordnode.kube.topology import NODE_RESOURCE_TOPOLOGIES, TopologyFacts, differs, merged, node_resource_topology
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("koordnode.kube")
 
 INTERVAL_S = 10.0  # pools move when LSE/LSR pods come and go: the scheduler should see it soon
 
@@ -74,20 +73,8 @@ class TopologyReporter:
         log.info("node_resource_topology_" + what, node=self.node_name)
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(most=self.backoff_max_s)
-        while not stop.is_set():
-            try:
-                delay = await self.report_once()
-                backoff.reset()
-            except (ApiError, Unreachable, CredentialsError) as exc:
-                self.status = {**self.status, "last_error": str(exc), "last_error_at": time.time()}
-                log.warning("node_resource_topology_report_failed", error=str(exc))
-                delay = backoff.next_delay()
-            except Exception as exc:
-                self.status = {**self.status, "last_error": repr(exc), "last_error_at": time.time()}
-                log.exception("node_resource_topology_report_error")
-                delay = backoff.next_delay()
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                pass
+        await repeat_with_backoff(self.report_once, stop, event="node_resource_topology_report",
+                                  on_error=self._failed, backoff_max_s=self.backoff_max_s)
+
+    def _failed(self, error: str) -> None:
+        self.status = {**self.status, "last_error": error, "last_error_at": time.time()}

@@ -85,6 +85,18 @@ def install_koordinator(plane: ControlPlane) -> None:
         bind("koord-scheduler", role)
 
 
+def register_ready_node(admin: Any, name: str, cpus: int, memory_bytes: int) -> None:
+    """A Node object the scheduler may bind to, as a kubelet would leave it: its capacity and
+    allocatable, Ready, and without the not-ready taint the admission gives a new Node (no node
+    controller runs here to take it away)."""
+    admin.create("/api/v1/nodes", {"metadata": {"name": name}})
+    resources = {"cpu": str(cpus), "memory": str(memory_bytes), "pods": "110"}
+    ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test's node"}]
+    admin.patch(f"/api/v1/nodes/{name}/status", {"status": {"capacity": resources, "allocatable": resources,
+                                                            "conditions": ready}})
+    admin.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+
 class _Component:
     """A Koordinator component as a process of the test, logging to ``workdir/<name>.log``."""
 
@@ -194,4 +206,4 @@ class KoordScheduler(_Component):
 
 
 __all__ = ["CONTROLLERS", "KoordManager", "KoordScheduler", "NAMESPACE", "SCHEDULER_NAME", "crd_established",
-           "install_koordinator", "koordinator_dir", "scheduler_config"]
+           "install_koordinator", "koordinator_dir", "register_ready_node", "scheduler_config"]
