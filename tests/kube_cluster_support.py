@@ -8,6 +8,7 @@ double (cluster strategy, then the first node strategy whose selector matches th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import textwrap
 import time
@@ -21,7 +22,7 @@ import yaml
 from k8s_support import require_component
 from testbed.kube_client import ApiError as AdminApiError
 from testbed.kube_client import KubeClient as AdminClient
-from testbed.koord_bed import crd_established
+from testbed.koord_bed import crd_established, install_koordinator, register_ready_node
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
@@ -77,6 +78,22 @@ def install_koordnode_rbac(admin: AdminClient) -> None:
         "metadata": {"name": "koordnode-user"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
         "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
+
+
+@contextlib.contextmanager
+def koordinator_plane(workdir: Path, node: str, cpus: int, memory_bytes: int) -> Iterator[ControlPlane]:
+    """A control plane with Koordinator's CRDs, namespace, priority classes and RBAC, koordnode's
+    RBAC, and `node` registered Ready; stopped on the way out."""
+    for component in ("kubernetes", "etcd", "koordinator"):
+        require_component(component)
+    cp = ControlPlane(workdir / "plane", node_names=(node,)).start()
+    try:
+        install_koordinator(cp)
+        install_koordnode_rbac(cp.client())
+        register_ready_node(cp.client(), node, cpus, memory_bytes)
+        yield cp
+    finally:
+        cp.stop()
 
 
 def _can_list_nodeslos(cp: ControlPlane) -> bool:

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from k8s_support import require_component
-from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
-from testbed.koord_bed import NAMESPACE, SCHEDULER_NAME, KoordManager, KoordScheduler, install_koordinator, register_ready_node
+from kube_cluster_support import Node, _start, _stop, koordinator_plane
+from testbed.koord_bed import NAMESPACE, SCHEDULER_NAME, KoordManager, KoordScheduler
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
@@ -66,25 +65,11 @@ def slo_configmap(threshold: dict[str, Any], qos: dict[str, Any]) -> dict[str, A
 
 @pytest.fixture(scope="module")
 def koordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, KoordManager]]:
-    require_component("kubernetes")
-    require_component("etcd")
-    require_component("koordinator")
     workdir = tmp_path_factory.mktemp("koordinator")
-    cp = ControlPlane(workdir / "plane", node_names=(NODE,)).start()
-    manager: KoordManager | None = None
-    try:
-        admin = cp.client()
-        install_koordinator(cp)
-        install_koordnode_rbac(admin)
-        register_ready_node(admin, NODE, NODE_CPUS, NODE_MEMORY)
-        admin.create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", slo_configmap(THRESHOLD, QOS))
-        manager = KoordManager(cp, workdir / "koord-manager").start()
-        yield cp, manager
-    finally:
-        if manager is not None:
-            print(f"koord-manager log tail:{manager.tail()}")
-            manager.stop()
-        cp.stop()
+    with koordinator_plane(workdir, NODE, NODE_CPUS, NODE_MEMORY) as cp:
+        cp.client().create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", slo_configmap(THRESHOLD, QOS))
+        with KoordManager(cp, workdir / "koord-manager") as manager:
+            yield cp, manager
 
 
 def _rendered(cp: ControlPlane, predicate: Any) -> dict[str, Any] | None:

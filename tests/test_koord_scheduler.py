@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from k8s_support import require_component
-from kube_cluster_support import Node, _start, _stop, install_koordnode_rbac
-from testbed.koord_bed import SCHEDULER_NAME, KoordScheduler, install_koordinator, register_ready_node
+from kube_cluster_support import Node, _start, _stop, koordinator_plane
+from testbed.koord_bed import SCHEDULER_NAME, KoordScheduler
 from testbed.kube_bed import ControlPlane
 
 from koordnode.kube.topology import NODE_RESOURCE_TOPOLOGIES, TopologyFacts
@@ -46,24 +45,10 @@ BIND_S = 120.0
 
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, KoordScheduler]]:
-    require_component("kubernetes")
-    require_component("etcd")
-    require_component("koordinator")
     workdir = tmp_path_factory.mktemp("koord-scheduler")
-    cp = ControlPlane(workdir / "plane", node_names=(NODE,)).start()
-    sched: KoordScheduler | None = None
-    try:
-        admin = cp.client()
-        install_koordinator(cp)
-        install_koordnode_rbac(admin)
-        register_ready_node(admin, NODE, 4, 8 << 30)
-        sched = KoordScheduler(cp, workdir / "koord-scheduler").start()
-        yield cp, sched
-    finally:
-        if sched is not None:
-            print(f"koord-scheduler log tail:{sched.tail()}")
-            sched.stop()
-        cp.stop()
+    with koordinator_plane(workdir, NODE, 4, 8 << 30) as cp:
+        with KoordScheduler(cp, workdir / "koord-scheduler") as sched:
+            yield cp, sched
 
 
 def bound_pod(name: str, qos: str, cpus: int, policy: str) -> dict[str, Any]:

@@ -135,6 +135,17 @@ class _Component:
             self._log.close()
             self._log = None
 
+    def start(self, timeout: float = 120.0) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stopped with the end of its log printed (pytest shows it with a failure)."""
+        print(f"{self.name} log tail:{self.tail()}")
+        self.stop()
+
 
 class KoordManager(_Component):
     """koord-manager, with the controllers a node agent deals with."""
@@ -162,12 +173,6 @@ class KoordManager(_Component):
         started = [line for line in self.log_text().splitlines() if '"msg"="Starting workers"' in line]
         return all(any(f'"controller"="{name}"' in line for line in started) for name in self.controllers)
 
-
-    def __enter__(self) -> KoordManager:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 SCHEDULER_NAME = "koord-scheduler"
