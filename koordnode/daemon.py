@@ -16,7 +16,7 @@ import structlog
 
 from koordnode import __version__, sdnotify
 from koordnode.admin.server import AdminServer
-from koordnode.config import Config, EngineSettings, ManagerSettings, ResctrlSettings
+from koordnode.config import Config, EngineSettings, HostAppSettings, ManagerSettings, ResctrlSettings
 from koordnode.cri.client import CriClient, CriError, RuntimeBackend
 from koordnode.cri.rebuild import rebuild, rebuild_until_done
 from koordnode.daemon_status import StatusReport
@@ -25,6 +25,7 @@ from koordnode.executor.originals import OriginalsJournal
 from koordnode.executor.restore import RestoreRoots, restore
 from koordnode.hooks.cpu_pools import CPUS_OWNER_KOORDNODE
 from koordnode.hooks.chain import HookChain, RuntimeHook
+from koordnode.hooks.host_apps import HostApplications
 from koordnode.hooks.hw_qos import HardwareQoSHook
 from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.hooks.pool_updates import PoolUpdates
@@ -155,8 +156,12 @@ class Daemon:
         self.interference = PodInterferenceReader(self.state, config.cgroup, config.procfs.root)
         self._stop = asyncio.Event()
         self._rebuilt = asyncio.Event()
+        self.host_apps: HostApplications | None = None
+        if self.qos is not None:
+            self.host_apps = HostApplications(HostAppSettings.of(config), engine.executor, lambda: engine.features)
         self.reconciler = Reconciler(self.state, self.qos, self.resctrl, self.resctrl_placement, self.netqos,
-                                     self.pod_networks, interval_s=lambda: self.config.cgroup.reconcile_interval_s)
+                                     self.pod_networks, interval_s=lambda: self.config.cgroup.reconcile_interval_s,
+                                     host_apps=self.host_apps)
         # Every part that writes to the kernel, changes CRI calls or evicts: dry run switches them.
         dry_run_parts: list[DryRunSwitch] = [
             self.handler, self.resctrl, self.netqos, self.eviction,
@@ -170,6 +175,7 @@ class Daemon:
             *([reload_of(kubelet_layout_of, self.layout)] if self.layout is not None else []),
             *([reload_of(EngineSettings.of, self.qos)] if self.qos is not None else []),
             *([reload_of(ManagerSettings.of, self.qos_manager)] if self.qos_manager is not None else []),
+            *([reload_of(HostAppSettings.of, self.host_apps)] if self.host_apps is not None else []),
             reload_of(ResctrlSettings.of, self.resctrl),
             reload_of(cgroup_section, self.resctrl_placement),
             reload_of(net_section, self.netqos),
@@ -194,7 +200,8 @@ class Daemon:
             self.running_config, mode=self.mode, started_at=started_at, state=self.state, backend=self.backend,
             stats=self.stats, handler=self.handler, chain=self.chain, metrics=metrics, qos=self.qos,
             qos_error=self.qos_error, qos_manager=self.qos_manager, usage=self.usage, cluster=self.cluster,
-            cluster_error=self.cluster_error, nri=self.nri, resctrl=self.resctrl, netqos=self.netqos)
+            cluster_error=self.cluster_error, nri=self.nri, resctrl=self.resctrl, netqos=self.netqos,
+            host_apps=self.host_apps)
         self.admin = AdminServer(config.admin.socket, self.status_report.status)
 
     @property

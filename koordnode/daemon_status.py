@@ -14,6 +14,7 @@ from koordnode.cri.client import CriError, RuntimeBackend
 from koordnode.cri.kubelet_calls import kubelet_view
 from koordnode.cri.methods import RUNTIME_SERVICE
 from koordnode.hooks.chain import HookChain
+from koordnode.hooks.host_apps import HostApplications
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.metrics.recorder import Metrics
 from koordnode.model.state import NodeState
@@ -38,8 +39,10 @@ class StatusReport:
                  backend: RuntimeBackend, stats: ProxyStats, handler: InterceptingHandler, chain: HookChain,
                  metrics: Metrics, qos: QoSEngine | None, qos_error: str | None, qos_manager: QoSManager | None,
                  usage: NodeUsageReporter | None, cluster: ClusterLink | None, cluster_error: str | None,
-                 nri: NriPlugin | None, resctrl: ResctrlController, netqos: NetQoSController) -> None:
+                 nri: NriPlugin | None, resctrl: ResctrlController, netqos: NetQoSController,
+                 host_apps: HostApplications | None = None) -> None:
         self.running = running
+        self.host_apps = host_apps
         self.mode = mode
         self.started_at = started_at
         self.state = state
@@ -118,8 +121,18 @@ class StatusReport:
             "qos_manager": qos_manager,
             "resctrl": _safe(self.resctrl.status),
             "net": _safe(self.netqos.status),
+            "host_applications": self._host_apps_status(),
             **snapshot,
         }
+
+    def _host_apps_status(self) -> dict[str, Any]:
+        """Per host application: its class, cgroup, what it got, and the CPUs it used last tick."""
+        found: dict[str, Any] = _safe(self.host_apps.status) if self.host_apps is not None else {}
+        used = self.qos_manager.host_app_used_cpus if self.qos_manager is not None else {}
+        for name, entry in found.items():
+            if isinstance(entry, dict) and name in used:
+                entry["used_cpus"] = round(used[name], 3)
+        return found
 
     def _config_keys(self) -> dict[str, dict[str, Any]]:
         """Per key: its value and where it came from (source: toml|nodeslo|default)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
+from koordnode.hooks.host_apps import HostApplications
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.metrics.recorder import Metrics
 from koordnode.model.state import NodeState, NodeView
@@ -37,8 +38,9 @@ class Reconciler:
 
     def __init__(self, state: NodeState, qos: QoSEngine | None, resctrl: ResctrlController,
                  resctrl_placement: ResctrlPlacement, netqos: NetQoSController, pod_networks: PodNetworks,
-                 *, interval_s: Callable[[], float]) -> None:
+                 *, interval_s: Callable[[], float], host_apps: HostApplications | None = None) -> None:
         self.state = state
+        self.host_apps = host_apps
         self.qos = qos
         self.resctrl = resctrl
         self.resctrl_placement = resctrl_placement
@@ -47,6 +49,8 @@ class Reconciler:
         self._interval_s = interval_s  # [cgroup] reconcile_interval_s of the running config
 
     async def run(self) -> None:
+        if self.host_apps is not None:  # they do not wait for the pods to be known
+            await asyncio.to_thread(self._host_apps_pass)
         while True:
             interval = self._interval_s()
             await asyncio.sleep(interval if interval > 0 else 10.0)
@@ -85,6 +89,7 @@ class Reconciler:
                 classes = self.qos.reconcile(False, view)
             except Exception:
                 log.exception("reconcile_pass_failed")
+        self._host_apps_pass()
         try:
             self.resctrl.reconcile(groups)
         except Exception:
@@ -97,6 +102,14 @@ class Reconciler:
         # after 30 pods came and went behind a real kubelet; the call takes under a millisecond).
         return_free_memory_to_the_os()
         return classes
+
+    def _host_apps_pass(self) -> None:
+        if self.host_apps is None:
+            return
+        try:
+            self.host_apps.apply()
+        except Exception:
+            log.exception("host_applications_failed")
 
     def record_classes(self, classes: dict[str, tuple[str, str]]) -> None:
         for sandbox_id, (qos_class, why) in classes.items():

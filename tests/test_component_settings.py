@@ -51,7 +51,7 @@ def test_settings_hold_sections_of_the_config_and_of_hands_them_over(settings_ty
     config_sections = typing.get_type_hints(Config)
     hints = typing.get_type_hints(settings_type)
     for f in dataclasses.fields(settings_type):
-        assert hints[f.name] is config_sections.get(f.name), f"{f.name} is not the Config's [{f.name}] section"
+        assert hints[f.name] == config_sections.get(f.name), f"{f.name} is not the Config's [{f.name}] section"
     config = from_dict(Config, {f.name: _changed(config_sections[f.name]) for f in dataclasses.fields(settings_type)
                                 if _changed(config_sections[f.name]) is not None})
     settings = settings_type.of(config)

@@ -639,7 +639,9 @@ def _leaves(table: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key, value in table.items():
         path = f"{prefix}.{key}" if prefix else key
-        out += _leaves(value, path) if isinstance(value, dict) and value else [path]
+        if isinstance(value, dict) and not value:
+            continue  # an empty table ([host_applications]): no key
+        out += _leaves(value, path) if isinstance(value, dict) else [path]
     return out
 
 

@@ -9,7 +9,7 @@ One module per part of the file, each component is handed its own section:
     resctrl       [resctrl], [qos.<CLASS>.resctrl]           netqos       [net]
     metrics       [metrics]                     qos_manager  [qos_manager]
     strategies    [strategy.<name>]             kubernetes   [kubernetes]
-    components    EngineSettings, ManagerSettings, ResctrlSettings: the sections the QoS engine / manager / resctrl controller read
+    components    EngineSettings, ManagerSettings, ResctrlSettings, HostAppSettings: the sections the QoS engine / manager / resctrl controller / host applications read
     root          Config: one field per section, checks across sections
     loader        parse / load / reload, errors with key paths, TOML output, key descriptions
 
@@ -19,7 +19,7 @@ Adding a key: see "Adding a config key" in docs/developing.md.
 from __future__ import annotations
 
 from koordnode.config.cgroup import CgroupConfig, CgroupDriverName, ProcfsConfig, SysfsConfig
-from koordnode.config.components import EngineSettings, ManagerSettings, ResctrlSettings
+from koordnode.config.components import EngineSettings, HostAppSettings, ManagerSettings, ResctrlSettings
 from koordnode.config.classes import KubeQoSMapping, QoSClassConfig, QoSConfig
 from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig, LogFormat, LogLevel
 from koordnode.config.fields import section, setting, unix_socket_path
@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DaemonConfig",
     "EngineSettings",
+    "HostAppSettings",
     "FailurePolicy",
     "KubeQoSMapping",
     "KubernetesConfig",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
+from koordnode.config.host_apps import HostApplication
 from koordnode.config.node import NodeConfig
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.config.resctrl import RESCTRL_GROUP_CLASSES, ResctrlClassConfig, ResctrlConfig
@@ -19,7 +20,7 @@ from koordnode.config.root import Config
 from koordnode.config.runtime import ProxyConfig
 from koordnode.config.strategies import StrategyConfig
 
-__all__ = ["EngineSettings", "ManagerSettings", "ResctrlSettings"]
+__all__ = ["EngineSettings", "HostAppSettings", "ManagerSettings", "ResctrlSettings"]
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,26 @@ class ManagerSettings:
     sysfs: SysfsConfig = field(default_factory=SysfsConfig)
     # the class of pods without a valid class label
     qos_mapping: KubeQoSMapping = field(default_factory=KubeQoSMapping)
+    # processes outside Kubernetes whose CPU counts as their class's
+    host_applications: dict[str, HostApplication] = field(default_factory=dict)
 
     @classmethod
     def of(cls, config: Config) -> ManagerSettings:
         return cls(strategy=config.strategy, qos_manager=config.qos_manager, cgroup=config.cgroup,
-                   node=config.node, sysfs=config.sysfs, qos_mapping=config.qos_mapping)
+                   node=config.node, sysfs=config.sysfs, qos_mapping=config.qos_mapping,
+                   host_applications=config.host_applications)
+
+
+@dataclass(frozen=True)
+class HostAppSettings:
+    """What the host applications' values come from: the applications and the class numbers."""
+
+    host_applications: dict[str, HostApplication] = field(default_factory=dict)
+    qos: QoSConfig = field(default_factory=QoSConfig)
+
+    @classmethod
+    def of(cls, config: Config) -> HostAppSettings:
+        return cls(host_applications=config.host_applications, qos=config.qos)
 
 
 @dataclass(frozen=True)

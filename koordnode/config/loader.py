@@ -160,7 +160,7 @@ def key_sources(config: Config) -> dict[str, str]:
         return True
 
     return {item.key: "toml" if has(config.local, item.key) else "nodeslo" if has(config.nodeslo, item.key)
-            else "default" for item in describe_settings()}
+            else "default" for item in describe_settings(instance=config)}
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -184,10 +184,11 @@ class Setting:
     doc: str
 
 
-def describe_settings(cls: type = Config) -> list[Setting]:
-    """Every key of the schema with its expected value, default and doc, in file order."""
+def describe_settings(cls: type = Config, *, instance: Any = None) -> list[Setting]:
+    """Every key of the schema with its expected value, default and doc, in file order, with
+    the entries of `instance`'s tables such as [host_applications.<name>]."""
     out: list[Setting] = []
-    _describe_section(cls, cls(), "", out)
+    _describe_section(cls, cls() if instance is None else instance, "", out)
     return out
 
 

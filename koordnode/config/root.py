@@ -13,7 +13,8 @@ from typing import Any
 from koordnode.config.cgroup import CgroupConfig, ProcfsConfig, SysfsConfig
 from koordnode.config.classes import KubeQoSMapping, QoSConfig
 from koordnode.config.daemon import AdminConfig, DaemonConfig, LogConfig
-from koordnode.config.fields import internal, section
+from koordnode.config.fields import internal, section, setting
+from koordnode.config.host_apps import HOST_APP_NAME, HostApplication
 from koordnode.config.kubernetes import KubernetesConfig
 from koordnode.config.metrics import MetricsConfig
 from koordnode.config.netqos import NetQoSConfig
@@ -54,6 +55,9 @@ class Config:
     kubernetes: KubernetesConfig = section(
         KubernetesConfig, doc="in a cluster: NodeSLO, pod facts, evictions and NodeMetric through the API server"
     )
+    host_applications: dict[str, HostApplication] = setting(
+        default_factory=dict,
+        doc="processes outside Kubernetes with a class, [host_applications.<name>] (NodeSLO hostApplications)")
 
     # Where the values came from: the file path, "<string>", or DEFAULTS_SOURCE.
     source: str = internal(DEFAULTS_SOURCE)
@@ -71,6 +75,10 @@ class Config:
         return self.source == DEFAULTS_SOURCE
 
     def validate(self) -> list[str]:
+        bad = [name for name in self.host_applications if not HOST_APP_NAME.match(name)]
+        if bad:
+            return [f"host_applications.{bad[0]}: a name of letters, digits, _ . @ - (at most 63, "
+                    "starting with a letter or digit)"]
         if self.admin.socket in (self.proxy.listen, self.proxy.backend):
             return ["admin.socket: must differ from proxy.listen and proxy.backend"]
         if self.runtime.mode == "nri" and self.nri.socket in (self.proxy.listen, self.proxy.backend, self.admin.socket):

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AGGREGATIONS", "DEFAULT_COLLECT_POLICY", "MetricRequest", "PodUsage", "aggregated_usages",
+__all__ = ["AGGREGATIONS", "DEFAULT_COLLECT_POLICY", "HostAppUsage", "MetricRequest", "PodUsage", "aggregated_usages",
            "format_duration", "koord_priority_class", "metric_request", "new_node_metric", "node_metric_status",
            "parse_duration", "report_interval_s"]
 
@@ -25,6 +25,17 @@ class PodUsage:
     name: str
     qos: str  # koordnode's class: LSE, LSR, LS, BE, SYSTEM
     priority: int | None  # spec.priority from the API; None: not known
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class HostAppUsage:
+    """A host application's use, as NodeMetric's hostApplicationMetric reports it."""
+
+    name: str
+    qos: str
+    priority: str  # Koordinator's priority class (koord-prod, koord-batch, ...)
     cpu_cores: float
     memory_bytes: int
 
@@ -150,7 +161,9 @@ def _resources(cpu_cores: float, memory_bytes: int) -> dict[str, Any]:
 def node_metric_status(*, node_cpu_cores: float, node_memory_bytes: int, system_cpu_cores: float,
                        system_memory_bytes: int, pods: Sequence[PodUsage], now: datetime.datetime,
                        aggregated_node: Sequence[Mapping[str, Any]] = (),
-                       aggregated_system: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                       aggregated_system: Sequence[Mapping[str, Any]] = (),
+                       host_apps: Sequence[HostAppUsage] = ()) -> dict[str, Any]:
+    """systemUsage is the use outside the pods and the host applications (koordlet's)."""
     node_metric: dict[str, Any] = {
         "nodeUsage": _resources(node_cpu_cores, node_memory_bytes),
         "systemUsage": _resources(system_cpu_cores, system_memory_bytes),
@@ -159,7 +172,7 @@ def node_metric_status(*, node_cpu_cores: float, node_memory_bytes: int, system_
         node_metric["aggregatedNodeUsages"] = list(aggregated_node)
     if aggregated_system:
         node_metric["aggregatedSystemUsages"] = list(aggregated_system)
-    return {
+    status: dict[str, Any] = {
         "updateTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "nodeMetric": node_metric,
         "podsMetric": [
@@ -168,6 +181,11 @@ def node_metric_status(*, node_cpu_cores: float, node_memory_bytes: int, system_
             for p in pods
         ],
     }
+    if host_apps:
+        status["hostApplicationMetric"] = [
+            {"name": h.name, "usage": _resources(h.cpu_cores, h.memory_bytes), "priority": h.priority, "qos": h.qos}
+            for h in sorted(host_apps, key=lambda h: h.name)]
+    return status
 
 
 def new_node_metric(node_name: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordnode.config.host_apps import HOST_APP_NAME, cgroup_path_problem
 from koordnode.model.kernel import MEMORY_HIGH_PERCENT_MAX
 
 __all__ = ["CLASS_FIELDS", "IGNORED", "NodeSloMapping", "SCALAR_FIELDS", "map_nodeslo"]
@@ -86,7 +87,7 @@ IGNORED: dict[str, str] = {
     "networkQOS": "egress shaping is per node ([net]: interfaces and link rate)",
     "systemStrategy.memcgReapBackGround": "background memcg reaping is an Anolis kernel feature",
     "systemStrategy.totalNetworkBandwidth": "the link rate is per node ([net] link_rate_mbps)",
-    "hostApplications": "koordnode manages pods only",
+    "hostApplications[].strategy": "Koordinator defines no host application strategy fields yet",
     "extensions": "vendor extensions are not read",
 }
 
@@ -238,8 +239,75 @@ def map_nodeslo(spec: Any, memory_total_bytes: int | None = None) -> NodeSloMapp
         mapping.errors.append("spec.resourceQOSStrategy: expected an object")
         used.add("resourceQOSStrategy")
 
+    if (apps := spec.get("hostApplications")) is not None:
+        used.add("hostApplications")
+        _map_host_apps(mapping, apps)
+
     _ignore_rest(mapping, spec, "", used)
     return mapping
+
+
+_HOST_QOS = ("SYSTEM", "LSE", "LSR", "LS", "BE")
+_PRIORITIES = ("koord-prod", "koord-mid", "koord-batch", "koord-free")
+HOST_APP_FIELDS = {
+    "hostApplications[].name": ("`host_applications.<name>`", "the table's name"),
+    "hostApplications[].qos": ("`host_applications.<name>.qos`",
+                               "SYSTEM, LSE, LSR, LS or BE; none: BE for koord-batch/koord-free, else LS"),
+    "hostApplications[].priority": ("`host_applications.<name>.priority`", "koord-prod, koord-mid, koord-batch, koord-free"),
+    "hostApplications[].cgroupPath": ("`host_applications.<name>.cgroup`",
+                                      'base "CgroupRoot" (or none): parentDir/relativePath below the root; '
+                                      "none: Koordinator's default host-latency-sensitive/<name>, host-best-effort/<name>"),
+}
+
+
+def _map_host_apps(mapping: NodeSloMapping, apps: Any) -> None:
+    """spec.hostApplications -> [host_applications.<name>]; an entry koordnode cannot take is
+    left out and named (the others apply)."""
+    if not isinstance(apps, list):
+        mapping.errors.append("spec.hostApplications: expected a list")
+        return
+    for index, app in enumerate(apps[:64]):
+        where = f"spec.hostApplications[{index}]"
+        if not isinstance(app, Mapping):
+            mapping.errors.append(f"{where}: expected an object")
+            continue
+        name = app.get("name")
+        if not isinstance(name, str) or not HOST_APP_NAME.match(name):
+            mapping.errors.append(f"{where}.name: expected a name of letters, digits, _ . @ - (at most 63), "
+                                  f"got {name!r:.60}")
+            continue
+        priority = app.get("priority") or ""
+        if priority and priority not in _PRIORITIES:
+            mapping.errors.append(f"{where}.priority: expected one of {', '.join(_PRIORITIES)}, got {priority!r:.60}")
+            continue
+        qos = app.get("qos") or ("BE" if priority in ("koord-batch", "koord-free") else "LS")
+        if qos not in _HOST_QOS:
+            mapping.errors.append(f"{where}.qos: expected one of {', '.join(_HOST_QOS)}, got {qos!r:.60}")
+            continue
+        entry: dict[str, Any] = {"qos": qos, "priority": priority}
+        path = app.get("cgroupPath")
+        if path is not None:
+            if not isinstance(path, Mapping):
+                mapping.errors.append(f"{where}.cgroupPath: expected an object")
+                continue
+            base = path.get("base") or "CgroupRoot"
+            if base != "CgroupRoot":
+                mapping.errors.append(f"{where}.cgroupPath.base: {base!r:.40} is not supported (only \"CgroupRoot\": "
+                                      "koordnode keeps kubepods for pods)")
+                continue
+            parts = [path.get("parentDir") or "", path.get("relativePath") or ""]
+            if not all(isinstance(p, str) for p in parts):
+                mapping.errors.append(f"{where}.cgroupPath: parentDir and relativePath must be strings")
+                continue
+            cgroup = "/".join(p.strip("/") for p in parts if p.strip("/"))
+            problem = cgroup_path_problem(cgroup) if cgroup else "an empty path is the root cgroup"
+            if problem:
+                mapping.errors.append(f"{where}.cgroupPath: {problem}")
+                continue
+            entry["cgroup"] = cgroup
+        if app.get("strategy"):
+            mapping.ignored.append(f"{where}.strategy: " + IGNORED["hostApplications[].strategy"])
+        mapping.put(f"host_applications.{name}", entry, f"hostApplications[{index}]")
 
 
 def _map_class(mapping: NodeSloMapping, class_spec: Mapping[str, Any], class_key: str,
@@ -296,6 +364,7 @@ def nodeslo_table() -> str:
     classes = ", ".join(f"{name}: {'/'.join(found)}" for name, found in CLASS_KEYS.items())
     rows += [(f"resourceQOSStrategy.<class>.{sub}", f"`qos.<CLASS>.{key}`", _CLASS_NOTES.get(sub, classes))
              for sub, key in CLASS_FIELDS.items()]
+    rows += [(path, key, rule) for path, (key, rule) in HOST_APP_FIELDS.items()]
     rows += [(path, "in part" if path in _IN_PART else "not applied", reason) for path, reason in IGNORED.items()]
     lines = ["| NodeSLO field (`spec.`) | koordnode | unit, rule or why not |", "|---|---|---|"]
     lines += [f"| `{path}` | {key} | {rule.replace('|', '/')} |" for path, key, rule in rows]

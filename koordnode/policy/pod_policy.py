@@ -45,7 +45,7 @@ class PodPlan:
     core_sched: bool = False
 
 
-def _cpu_priority_write(
+def cpu_priority_write(
     cgroup: str, qos_class: QoSClass, config: QoSClassConfig, features: KernelFeatures, level: str
 ) -> CgroupWrite:
     if features.group_identity:
@@ -122,7 +122,7 @@ def plan_pod_sandbox(
     node = node or NodeConfig()
     annotations = parse_pod_annotations(pod.annotations)
     notes: list[str] = [str(problem) + "; class defaults used" for problem in annotations.problems]
-    writes: list[CgroupWrite] = [_cpu_priority_write(pod_cgroup, qos_class, config, features, "pod")]
+    writes: list[CgroupWrite] = [cpu_priority_write(pod_cgroup, qos_class, config, features, "pod")]
 
     if qos_class is QoSClass.BE:
         batch_writes, batch_notes = _batch_pod_writes(pod_cgroup, annotations)
@@ -313,4 +313,4 @@ def plan_besteffort_tier(
     refuses that on an idle group, so kubelet logs a QoS cgroup update error (nothing else
     breaks: the weight of an idle group is pinned anyway). Apply it only if that is acceptable.
     """
-    return (_cpu_priority_write(tier_cgroup, qos_class, config, features, "besteffort tier"),)
+    return (cpu_priority_write(tier_cgroup, qos_class, config, features, "besteffort tier"),)

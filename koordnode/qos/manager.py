@@ -46,6 +46,7 @@ from koordnode.policy.strategies.common import Eviction, PodStatusFields
 from koordnode.policy.strategies.registry import STRATEGIES as REGISTRY
 from koordnode.qos.collect import Collector
 from koordnode.config.components import ManagerSettings
+from koordnode.config.host_apps import HostApplication
 from koordnode.qos.history import History
 from koordnode.qos.inventory import InventoryBuilder
 from koordnode.model.state import NodeState
@@ -155,6 +156,14 @@ class QoSManager:
     @property
     def history(self) -> History:
         return self._measure.history
+
+    def host_applications(self) -> dict[str, tuple[HostApplication, str]]:
+        """name -> (host application, its cgroup), as configured."""
+        return self._measure.host_applications()
+
+    @property
+    def host_app_used_cpus(self) -> dict[str, float]:
+        return dict(self._measure.host_app_used_cpus)
 
     @property
     def usage_window(self) -> History:

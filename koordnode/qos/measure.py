@@ -21,6 +21,7 @@ from koordnode.model.qos_class import CPU_OWNING_CLASSES, QoSClass
 from koordnode.policy.strategies.base import NON_BE_CLASSES, Inventory, TickSnapshot
 from koordnode.qos.collect import Collector, NodeSample
 from koordnode.config.components import ManagerSettings
+from koordnode.config.host_apps import HostApplication, host_app_cgroup
 from koordnode.qos.history import History
 from koordnode.model.kubelet_layout import KubeletLayout, KubeletPaths
 
@@ -150,6 +151,7 @@ class Measurer:
         self._system_base: tuple[float, int, int, int] | None = None  # t, busy, total, kubepods ns
         self.node_used_cpus: float | None = None
         self.system_used_cpus: float | None = None
+        self.host_app_used_cpus: dict[str, float] = {}  # name -> CPUs, as of the last tick
         self._last_decision_at: float | None = None
         self._last_sweep: float | None = None
         self._forgot_for: tuple[Inventory, str, tuple[str, ...]] | None = None  # forget_gone's last inputs
@@ -236,8 +238,10 @@ class Measurer:
         # usage: per pod (history, LS/BE sums), kubepods (for the system's share)
         ls_used, be_used, lse_lsr_used, rates_ok = self._pod_usage(inventory, now, recent_usage)
         self._paths = self._layout.paths()  # driver "auto": kubelet may make its top cgroup after we start
+        host_ls, host_be, host_outside = self._host_app_usage(now)
+        ls_used, be_used = ls_used + host_ls, be_used + host_be
         kubepods_ns = self.collector.cpu_usage_ns(self.kubepods)
-        self._update_system_usage(node, kubepods_ns, now)
+        self._update_system_usage(node, kubepods_ns, now, host_outside)
 
         ls_pressure = self._ls_pressure(targets, now)
         if recent_pressure:
@@ -297,6 +301,36 @@ class Measurer:
                 be_used += rate
         return ls_used, be_used, lse_lsr_used, complete
 
+    def host_applications(self) -> dict[str, tuple[HostApplication, str]]:
+        """name -> (application, its cgroup)."""
+        return {name: (app, host_app_cgroup(name, app)) for name, app in self._sections.host_applications.items()}
+
+    def host_app_cgroups(self) -> dict[str, str]:
+        """name -> cgroup of each configured host application."""
+        return {name: host_app_cgroup(name, app) for name, app in self._sections.host_applications.items()}
+
+    def _host_app_usage(self, now: float) -> tuple[float, float, float]:
+        """CPUs used by the host applications of the LS classes, of BE, and by those outside
+        kubepods (whose use is otherwise the system's). Koordinator counts a host application
+        in its class's budget, and not as system use."""
+        ls = be = outside = 0.0
+        rates: dict[str, float] = {}
+        apps = self._sections.host_applications
+        for name, cgroup in self.host_app_cgroups().items():
+            rate = self._rate(cgroup, self.collector.cpu_usage_ns(cgroup), now)
+            if rate is None:
+                continue
+            rates[name] = rate
+            self.history.append(f"host/{name}/cpu", now, rate)
+            if apps[name].qos == "BE":
+                be += rate
+            else:
+                ls += rate
+            if not (cgroup + "/").startswith(self.kubepods.rstrip("/") + "/"):
+                outside += rate
+        self.host_app_used_cpus = rates
+        return ls, be, outside
+
     def _rate(self, cgroup: str, usage_ns: int | None, now: float) -> float | None:
         """CPUs used by a cgroup since the previous tick (None on its first sample)."""
         if usage_ns is None:
@@ -336,8 +370,9 @@ class Measurer:
                 pressures[target] = min(100.0, 100.0 * stalled / 1e6 / span)
         return rates, pressures
 
-    def _update_system_usage(self, node: NodeSample, kubepods_ns: int | None, now: float) -> None:
-        """Node CPU use and the part outside the pods, over >= SYSTEM_WINDOW_S."""
+    def _update_system_usage(self, node: NodeSample, kubepods_ns: int | None, now: float,
+                             host_apps_outside: float = 0.0) -> None:
+        """Node CPU use and the part outside the pods and the host applications, over >= SYSTEM_WINDOW_S."""
         if node.cpu is None:
             return
         busy, total = node.cpu.busy, node.cpu.total
@@ -354,7 +389,7 @@ class Measurer:
         node_used = (busy - base[1]) / (total - base[2]) * len(node.cpu.cpus)
         pods_used = (sample[3] - base[3]) / 1e9 / span if sample[3] >= 0 and base[3] >= 0 else 0.0
         self.node_used_cpus = node_used
-        self.system_used_cpus = max(0.0, node_used - pods_used)
+        self.system_used_cpus = max(0.0, node_used - pods_used - host_apps_outside)
         if span >= SYSTEM_WINDOW_S:
             self._system_base = sample
 
@@ -447,7 +482,10 @@ class Measurer:
         live_cgroups = {p.cgroup for p in inventory.pods} | {c.cgroup for p in inventory.pods for c in p.containers}
         live_cgroups |= set(self.tiers.values()) | {self.kubepods}
         live_cgroups |= set(self.watch_targets(inventory))
+        host_apps = self.host_app_cgroups()
+        live_cgroups |= set(host_apps.values())
         self.history.keep_only("pod/", live_pods)
+        self.history.keep_only("host/", set(host_apps))
         for table in (self._prev_usage, self._rates, self._prev_pressure, self._pressure_pct):
             for key in [k for k in table if k not in live_cgroups]:
                 del table[key]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from koordnode.kube.nodemetric import MetricRequest, PodUsage, aggregated_usages, node_metric_status
+from koordnode.kube.nodemetric import HostAppUsage, MetricRequest, PodUsage, aggregated_usages, node_metric_status
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
 from koordnode.qos.collect import Collector
@@ -32,6 +32,7 @@ class NodeUsage:
     node_memory_bytes: int
     system_memory_bytes: int
     pods: tuple[PodUsage, ...]
+    host_apps: tuple[HostAppUsage, ...]
     batch_cpu_cores: float
     batch_memory_bytes: int
     inputs: dict[str, Any]
@@ -41,7 +42,8 @@ class NodeUsage:
         return node_metric_status(node_cpu_cores=self.node_cpu_cores, node_memory_bytes=self.node_memory_bytes,
                                   system_cpu_cores=self.system_cpu_cores,
                                   system_memory_bytes=self.system_memory_bytes, pods=self.pods, now=self.at,
-                                  aggregated_node=aggregated_node or (), aggregated_system=aggregated_system or ())
+                                  aggregated_node=aggregated_node or (), aggregated_system=aggregated_system or (),
+                                  host_apps=self.host_apps)
 
     def batch_status(self) -> dict[str, Any]:
         return {"formula": "Node.Alloc - Node.Reserved - System.Used - Pod(LS).Used; "
@@ -99,6 +101,15 @@ class NodeUsageReporter:
                 namespace, _, name = pod.name.partition("/")
                 pods.append(PodUsage(namespace, name, pod.qos_class.value, self._priority_of(pod.sandbox_id),
                                      pod_cpu, pod_memory))
+            host_apps: list[HostAppUsage] = []
+            host_cpus = self._manager.host_app_used_cpus
+            for name, (app, cgroup) in sorted(self._manager.host_applications().items()):
+                app_memory = self._probe.working_set_bytes(cgroup) or 0
+                pods_memory += app_memory  # like a pod's: not the system's
+                if app.qos != "BE":
+                    ls_memory += app_memory
+                host_apps.append(HostAppUsage(name, app.qos, app.priority_class,
+                                              average(f"host/{name}/cpu", host_cpus.get(name, 0.0)), app_memory))
             node_cpu = average("node/cpu_used_cpus", snap.node_used_cpus)
             ls_cpu = average("node/ls_used_cpus", snap.ls_used_cpus)
             pods_cpu = ls_cpu + average("node/be_used_cpus", snap.be_used_cpus)
@@ -112,6 +123,7 @@ class NodeUsageReporter:
             usage = NodeUsage(
                 at=datetime.datetime.now(datetime.UTC), node_cpu_cores=node_cpu, system_cpu_cores=cpu.system_used,
                 node_memory_bytes=node_memory, system_memory_bytes=int(memory.system_used), pods=tuple(pods),
+                host_apps=tuple(host_apps),
                 batch_cpu_cores=cpu.value, batch_memory_bytes=int(memory.value),
                 inputs={"node_cpus": len(snap.online_cpus), "reserved_cpus": len(snap.reserved_cpus),
                         "node_used_cpus": round(node_cpu, 3), "pods_used_cpus": round(pods_cpu, 3),
