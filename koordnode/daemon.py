@@ -191,7 +191,7 @@ class Daemon:
             from koordnode.qos.node_usage import NodeUsageReporter
 
             self.usage = NodeUsageReporter(self.qos_manager, config.procfs.root, config.cgroup.root, metrics,
-                                           priority_of=self.eviction.priority_of)
+                                           facts_of=self.eviction.facts_of)
         self.cluster: ClusterLink | None = None
         self.cluster_error: str | None = None
         if config.kubernetes.enable:

@@ -81,16 +81,18 @@ def install_koordnode_rbac(admin: AdminClient) -> None:
 
 
 @contextlib.contextmanager
-def koordinator_plane(workdir: Path, node: str, cpus: int, memory_bytes: int) -> Iterator[ControlPlane]:
+def koordinator_plane(workdir: Path, node: str, cpus: int = 0, memory_bytes: int = 0) -> Iterator[ControlPlane]:
     """A control plane with Koordinator's CRDs, namespace, priority classes and RBAC, koordnode's
-    RBAC, and `node` registered Ready; stopped on the way out."""
+    RBAC, and `node` registered Ready with `cpus` and `memory_bytes` (cpus 0: a real kubelet will
+    register it); stopped on the way out."""
     for component in ("kubernetes", "etcd", "koordinator"):
         require_component(component)
     cp = ControlPlane(workdir / "plane", node_names=(node,)).start()
     try:
         install_koordinator(cp)
         install_koordnode_rbac(cp.client())
-        register_ready_node(cp.client(), node, cpus, memory_bytes)
+        if cpus:
+            register_ready_node(cp.client(), node, cpus, memory_bytes)
         yield cp
     finally:
         cp.stop()

@@ -141,6 +141,11 @@ def test_cluster_mode_end_to_end(plane: ControlPlane, containerd_bed, cluster_ko
             stored_now["updateTime"] != stored["updateTime"]
         metrics_text = cluster_koordnode.log_text()
         assert "nodeslo_applied" in metrics_text
+        # prodReclaimableMetric once the peak models are trained: nothing, as every prod pod here
+        # (no Koordinator priority counts as prod) is within its 24 h cold start
+        reclaimable = _wait("prodReclaimableMetric", lambda: admin.get(f"{NODEMETRICS}/{NODE}")["status"]
+                            .get("prodReclaimableMetric") or None, 90)
+        assert reclaimable == {"resource": {"resources": {"cpu": "0m", "memory": "0"}}}, reclaimable
 
         # NodeResourceTopology, made by the daemon from its engine's CPU pools.
         nrt = _wait("NodeResourceTopology", lambda: admin.get(f"{NODE_RESOURCE_TOPOLOGIES}/{NODE}")

@@ -6,6 +6,7 @@ part that is wrong and a reason, never an exception: one odd object must not sto
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
@@ -46,6 +47,16 @@ def _dict(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _timestamp(text: Any) -> float | None:
+    """An RFC 3339 time as the API server writes it ("2026-12-02T08:00:00Z"); None otherwise."""
+    if not isinstance(text, str) or len(text) > 40:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def pod_facts_of(pod: Mapping[str, Any]) -> tuple[PodFacts | None, list[str]]:
     """The facts of one pod object and the problems found (a pod without a UID gives None)."""
     problems: list[str] = []
@@ -55,12 +66,21 @@ def pod_facts_of(pod: Mapping[str, Any]) -> tuple[PodFacts | None, list[str]]:
         return None, ["pod without metadata.uid"]
     name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
     requests: dict[str, int] = {}
+    cpu_milli: int | None = 0
     containers = spec.get("containers")
     for container in containers if isinstance(containers, list) else []:
         if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
             problems.append(f"{namespace}/{name}: a container without a name")
             continue
-        memory = _dict(_dict(container.get("resources")).get("requests")).get("memory")
+        container_requests = _dict(_dict(container.get("resources")).get("requests"))
+        cpu = container_requests.get("cpu")
+        if cpu is not None and cpu_milli is not None:
+            try:
+                cpu_milli += max(int(parse_quantity(cpu) * 1000), 0)
+            except ValueError as exc:
+                problems.append(f"{namespace}/{name} container {container['name']}: cpu request: {exc}")
+                cpu_milli = None
+        memory = container_requests.get("memory")
         if memory is None:
             continue
         try:
@@ -82,5 +102,6 @@ def pod_facts_of(pod: Mapping[str, Any]) -> tuple[PodFacts | None, list[str]]:
         priority_class=str(spec.get("priorityClassName") or ""), owners=owners,
         kube_qos=str(status.get("qosClass") or ""), koord_qos=str(labels.get("koordinator.sh/qosClass") or ""),
         terminating=meta.get("deletionTimestamp") is not None, phase=str(status.get("phase") or ""),
+        cpu_request_milli=cpu_milli, created_at=_timestamp(meta.get("creationTimestamp")),
     )
     return facts, problems

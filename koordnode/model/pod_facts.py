@@ -28,3 +28,6 @@ class PodFacts:
     koord_qos: str = ""  # the koordinator.sh/qosClass label, as given
     terminating: bool = False  # metadata.deletionTimestamp is set
     phase: str = ""
+    # the sum of the containers' CPU requests, milli-cores; None: a container's did not parse
+    cpu_request_milli: int | None = 0
+    created_at: float | None = None  # metadata.creationTimestamp, seconds since the epoch

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from koordnode.model.pod_facts import PodFacts
 from koordnode.model.state import POD_READY, NodeState
 
 if TYPE_CHECKING:
@@ -39,10 +40,14 @@ class BeEviction:
         self.cluster = cluster  # set by the daemon once the cluster link exists (made after the QoS side)
         self.dry_run = False
 
+    def facts_of(self, sandbox_id: str) -> PodFacts | None:
+        """A pod as the API server has it (None: unknown, or no [kubernetes])."""
+        pod = self._state.pods.get(sandbox_id)
+        return self.cluster.facts_of(pod.uid) if self.cluster is not None and pod is not None else None
+
     def priority_of(self, sandbox_id: str) -> int | None:
         """A pod's priority as the API server has it (None: unknown, or no [kubernetes])."""
-        pod = self._state.pods.get(sandbox_id)
-        facts = self.cluster.facts_of(pod.uid) if self.cluster is not None and pod is not None else None
+        facts = self.facts_of(sandbox_id)
         return facts.priority if facts is not None else None
 
     async def __call__(self, container_id: str, reason: str) -> None:

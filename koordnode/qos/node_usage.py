@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from koordnode.kube.nodemetric import HostAppUsage, MetricRequest, PodUsage, aggregated_usages, node_metric_status
+from koordnode.kube.nodemetric import (
+    HostAppUsage,
+    MetricRequest,
+    PodUsage,
+    aggregated_usages,
+    koord_priority_class,
+    node_metric_status,
+)
+from koordnode.kube.reclaimable import PRIORITY_CLASSES, ProdPod, prod_reclaimable, reclaimable_metric
+from koordnode.model.pod_facts import PodFacts
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
 from koordnode.qos.collect import Collector
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.measure import CollectorProbe
+from koordnode.qos.prediction import PeakModels
+
+TRAINING_INTERVAL_S = 60.0  # koordlet's prediction training interval
 
 __all__ = ["NodeUsage", "NodeUsageReporter"]
 
@@ -33,17 +46,20 @@ class NodeUsage:
     system_memory_bytes: int
     pods: tuple[PodUsage, ...]
     host_apps: tuple[HostAppUsage, ...]
+    prod_reclaimable: dict[str, Any]  # NodeMetric's prodReclaimableMetric ({}: not predicted yet)
     batch_cpu_cores: float
     batch_memory_bytes: int
     inputs: dict[str, Any]
 
     def node_metric_status(self, aggregated_node: list[dict[str, Any]] | None = None,
                            aggregated_system: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        return node_metric_status(node_cpu_cores=self.node_cpu_cores, node_memory_bytes=self.node_memory_bytes,
-                                  system_cpu_cores=self.system_cpu_cores,
-                                  system_memory_bytes=self.system_memory_bytes, pods=self.pods, now=self.at,
-                                  aggregated_node=aggregated_node or (), aggregated_system=aggregated_system or (),
-                                  host_apps=self.host_apps)
+        status = node_metric_status(node_cpu_cores=self.node_cpu_cores, node_memory_bytes=self.node_memory_bytes,
+                                    system_cpu_cores=self.system_cpu_cores,
+                                    system_memory_bytes=self.system_memory_bytes, pods=self.pods, now=self.at,
+                                    aggregated_node=aggregated_node or (), aggregated_system=aggregated_system or (),
+                                    host_apps=self.host_apps)
+        status["prodReclaimableMetric"] = self.prod_reclaimable
+        return status
 
     def batch_status(self) -> dict[str, Any]:
         return {"formula": "Node.Alloc - Node.Reserved - System.Used - Pod(LS).Used; "
@@ -62,13 +78,18 @@ class NodeUsageReporter:
     """Each refresh also sets `koordnode_batch_allocatable`."""
 
     def __init__(self, manager: QoSManager, procfs_root: str, cgroup_root: str, metrics: BatchAllocatableGauge,
-                 priority_of: Callable[[str], int | None] = lambda sandbox_id: None) -> None:
-        """`priority_of(sandbox_id)`: the pod's spec.priority from the API (None: unknown)."""
+                 facts_of: Callable[[str], PodFacts | None] = lambda sandbox_id: None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        """`facts_of(sandbox_id)`: the pod as the API server has it (None: unknown, or no
+        [kubernetes]): its priority, requests and age."""
         self._manager = manager
+        self._facts_of = facts_of
+        self._wall = wall_clock
+        self.models = PeakModels()
+        self._trained_at = float("-inf")
         self._metrics = metrics
         self._collector = Collector(procfs_root, cgroup_root)
         self._probe = CollectorProbe(self._collector, None)
-        self._priority_of = priority_of
         self._lock = threading.Lock()
         self.last: NodeUsage | None = None
 
@@ -90,6 +111,8 @@ class NodeUsageReporter:
 
             pods: list[PodUsage] = []
             pods_memory = ls_memory = 0
+            facts: dict[str, PodFacts | None] = {}
+            last_use: dict[str, tuple[float, int]] = {}  # sandbox -> the last CPU sample, memory now
             for pod in snap.inventory.pods:
                 ring = history.get(f"pod/{pod.sandbox_id}/cpu")
                 last = ring.last() if ring is not None else None
@@ -99,7 +122,9 @@ class NodeUsageReporter:
                 if pod.qos_class is not QoSClass.BE:
                     ls_memory += pod_memory
                 namespace, _, name = pod.name.partition("/")
-                pods.append(PodUsage(namespace, name, pod.qos_class.value, self._priority_of(pod.sandbox_id),
+                found = facts[pod.sandbox_id] = self._facts_of(pod.sandbox_id)
+                last_use[pod.sandbox_id] = (last[1] if last is not None else 0.0, pod_memory)
+                pods.append(PodUsage(namespace, name, pod.qos_class.value, found.priority if found else None,
                                      pod_cpu, pod_memory))
             host_apps: list[HostAppUsage] = []
             host_cpus = self._manager.host_app_used_cpus
@@ -114,6 +139,11 @@ class NodeUsageReporter:
             ls_cpu = average("node/ls_used_cpus", snap.ls_used_cpus)
             pods_cpu = ls_cpu + average("node/be_used_cpus", snap.be_used_cpus)
             node_memory = snap.memory_used_bytes or 0
+            if snap.now - self._trained_at >= TRAINING_INTERVAL_S:
+                self._trained_at = snap.now
+                self._train(snap.now, facts, last_use, snap.node_used_cpus, node_memory)
+            reclaimable = self._prod_reclaimable(facts, float(len(snap.online_cpus) - len(snap.reserved_cpus)),
+                                                 float(snap.memory_total_bytes))
             cpu = batch_allocatable(UsageInputs(
                 node_allocatable=float(len(snap.online_cpus)), node_reserved=float(len(snap.reserved_cpus)),
                 node_used=node_cpu, pods_used=pods_cpu, ls_pods_used=ls_cpu))
@@ -123,7 +153,7 @@ class NodeUsageReporter:
             usage = NodeUsage(
                 at=datetime.datetime.now(datetime.UTC), node_cpu_cores=node_cpu, system_cpu_cores=cpu.system_used,
                 node_memory_bytes=node_memory, system_memory_bytes=int(memory.system_used), pods=tuple(pods),
-                host_apps=tuple(host_apps),
+                host_apps=tuple(host_apps), prod_reclaimable=reclaimable,
                 batch_cpu_cores=cpu.value, batch_memory_bytes=int(memory.value),
                 inputs={"node_cpus": len(snap.online_cpus), "reserved_cpus": len(snap.reserved_cpus),
                         "node_used_cpus": round(node_cpu, 3), "pods_used_cpus": round(pods_cpu, 3),
@@ -134,6 +164,36 @@ class NodeUsageReporter:
             self.last = usage
         self._metrics.set_batch_allocatable(usage.batch_cpu_cores, usage.batch_memory_bytes)
         return usage
+
+    def _train(self, now: float, facts: dict[str, PodFacts | None], last_use: dict[str, tuple[float, int]],
+               node_cpu: float, node_memory: int) -> None:
+        """One training round of the peak models from the last use: each pod's, each priority
+        class's sum (0 for a class without pods), and the system's (the node less the pods)."""
+        by_class = dict.fromkeys(PRIORITY_CLASSES, (0.0, 0))
+        pods_cpu, pods_memory = 0.0, 0
+        for sandbox_id, (cpu, memory) in last_use.items():
+            found = facts.get(sandbox_id)
+            self.models.train(f"pod/{found.uid if found else sandbox_id}", cpu, memory, now)
+            name = koord_priority_class(found.priority) if found else ""
+            total = by_class[name]
+            by_class[name] = (total[0] + cpu, total[1] + memory)
+            pods_cpu, pods_memory = pods_cpu + cpu, pods_memory + memory
+        for name, (cpu, memory) in by_class.items():
+            self.models.train(f"priority/{name}", cpu, memory, now)
+        self.models.train("system", max(node_cpu - pods_cpu, 0.0), max(node_memory - pods_memory, 0), now)
+        self.models.expire(now)
+
+    def _prod_reclaimable(self, facts: dict[str, PodFacts | None], cpus: float, memory: float) -> dict[str, Any]:
+        """prodReclaimableMetric; {} without the pods' requests and ages from the API server."""
+        known = [f for f in facts.values() if f is not None]
+        if len(known) < len(facts):
+            return {}
+        now = self._wall()
+        pods = [ProdPod(f.uid, koord_priority_class(f.priority), (f.cpu_request_milli or 0) / 1000.0,
+                        float(sum(f.memory_requests.values())),
+                        now - f.created_at if f.created_at is not None else None, f.terminating) for f in known]
+        return reclaimable_metric(prod_reclaimable(pods, self.models.predict, allocatable_cpu=cpus,
+                                                   allocatable_memory=memory))
 
     def node_metric_status(self, request: MetricRequest) -> dict[str, Any] | None:
         """In a worker thread: this node's NodeMetric status, CPU averaged over the report interval,
