@@ -91,6 +91,7 @@ def test_the_link_applies_the_reservation_with_the_nodeslo_and_takes_it_back() -
         await asyncio.gather(*link._tasks)
         assert applied[-1].node.reserved_cpus == "0-1"
         assert applied[-1].strategy.be_memory.reserved_mib == 3072
+        assert link.nodeslo_status["state"] == "no NodeSLO for this node: the Node's reservation applied below the local file"
         # A NodeSLO arrives: both apply; the keys name where each came from.
         spec = {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 50}}
         link._nodeslo_changed({"n1": {"metadata": {"name": "n1", "resourceVersion": "4"}, "spec": spec}})

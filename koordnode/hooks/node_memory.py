@@ -10,21 +10,15 @@ from pathlib import Path
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.executor.paths import UnsafePathError
 from koordnode.executor.resources import InvalidValueError, parse_memory_bytes
+from koordnode.model.meminfo import parse_meminfo_text
 
 
 def mem_total_bytes(procfs_root: str) -> int:
     """MemTotal of /proc/meminfo in bytes; 0 when unreadable."""
     try:
-        text = Path(procfs_root, "meminfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
+        return parse_meminfo_text(Path(procfs_root, "meminfo").read_text(encoding="ascii", errors="replace")).total_bytes
+    except (OSError, ValueError):
         return 0
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        if name == "MemTotal":
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    return 0
 
 
 def node_memory_bytes(executor: CgroupExecutor, kubepods: str, procfs_root: str) -> int:

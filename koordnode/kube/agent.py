@@ -200,8 +200,11 @@ class ClusterLink:
                 log.info("nodeslo_applied", node=self.node_name, resource_version=version,
                          keys=len(mapping.fields), ignored=len(mapping.ignored))
             state = "applied in part" if not_applied else "applied"
+            if obj is None:
+                state = ("no NodeSLO for this node: the Node's reservation " + state + " below the local file"
+                         if reservation.values else "no NodeSLO for this node: local file and defaults")
             self.nodeslo_status = {
-                "state": state if obj is not None else "no NodeSLO for this node: local file and defaults",
+                "state": state,
                 "resource_version": version, "applied_at": now, "keys": dict(mapping.fields),
                 "not_applied": not_applied, "ignored": list(mapping.ignored),
                 "refused_total": self.nodeslo_status.get("refused_total", 0),

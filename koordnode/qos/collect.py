@@ -16,10 +16,10 @@ from pathlib import Path
 
 from koordnode.executor.paths import CgroupVersion, detect_cgroup_version, normalize_cgroup_path, v1_controller_dir
 from koordnode.executor.resources import InvalidValueError, parse_cpu_list
+from koordnode.model.meminfo import MemInfo
 from koordnode.qos.parse import (
     CpuStat,
     CpuTimes,
-    MemInfo,
     MemoryStat,
     ParseError,
     Pressure,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from koordnode.model.meminfo import MemInfo, parse_meminfo_text
+
 
 class ParseError(ValueError):
     """A statistics file's text is not in the expected format."""
@@ -61,43 +63,11 @@ def parse_proc_stat(text: str) -> CpuTimes:
 # ------------------------------------------------------------------------------ /proc/meminfo
 
 
-@dataclass(frozen=True)
-class MemInfo:
-    total_bytes: int
-    available_bytes: int
-    free_bytes: int
-
-    @property
-    def used_bytes(self) -> int:
-        return self.total_bytes - self.available_bytes
-
-    @property
-    def used_percent(self) -> float:
-        return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
-
-
 def parse_meminfo(text: str) -> MemInfo:
-    wanted = {"MemTotal:": 0, "MemFree:": 0, "MemAvailable:": -1}
-    found = 0
-    for line in text.splitlines():
-        key, _, rest = line.partition(" ")
-        if key in wanted:
-            parts = rest.split()
-            try:
-                value = int(parts[0])
-            except (IndexError, ValueError):
-                raise ParseError(f"/proc/meminfo: bad line {line!r}") from None
-            unit = parts[1] if len(parts) > 1 else ""
-            wanted[key] = value * 1024 if unit == "kB" else value
-            found += 1
-            if found == len(wanted):
-                break
-    if wanted["MemTotal:"] <= 0:
-        raise ParseError("/proc/meminfo: no MemTotal")
-    available = wanted["MemAvailable:"]
-    if available < 0:  # kernels before 3.14: approximate with MemFree
-        available = wanted["MemFree:"]
-    return MemInfo(wanted["MemTotal:"], available, wanted["MemFree:"])
+    try:
+        return parse_meminfo_text(text)
+    except ValueError as err:
+        raise ParseError(str(err)) from None
 
 
 # ------------------------------------------------------------------------------ PSI
