@@ -84,6 +84,9 @@ def test_a_batch_pod_placed_by_koord_scheduler_runs_with_be_values_from_its_batc
     if admin.exists(f"/api/v1/nodes/{NODE}"):  # the other mode's node: its batch allocatable is not this one's
         admin.delete(f"/api/v1/nodes/{NODE}")
     with real_node(workdir / mode, mode=mode, control_plane=cp, node_name=NODE, koordnode_toml=toml) as node:
+        # Ready, yet with the not-ready taint the admission gave the new Node: no node controller
+        # runs in the bed to take it away once kubelet reports Ready, so the test does
+        admin.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}})
         deadline = time.monotonic() + OFFER_BOUND_S
         while (offered := _batch_cpu_offered(cp)) <= 0 and time.monotonic() < deadline:
             time.sleep(2)
@@ -96,7 +99,12 @@ def test_a_batch_pod_placed_by_koord_scheduler_runs_with_be_values_from_its_batc
         cpu_milli = min(offered, MAX_BATCH_CPU_MILLI)
         name = f"batch-{mode}"
         admin.create(f"/api/v1/namespaces/{node.namespace}/pods", batch_pod(name, cpu_milli))
-        pod = node.wait_running(name, timeout=120)
+        try:
+            pod = node.wait_running(name, timeout=120)
+        except TimeoutError:
+            print(f"{mode}: {name}: {json.dumps(admin.get(f'/api/v1/namespaces/{node.namespace}/pods/{name}')['status'])}; "
+                  f"node allocatable {admin.get(f'/api/v1/nodes/{NODE}')['status']['allocatable']}")
+            raise
         assert pod["spec"]["nodeName"] == NODE  # koord-scheduler bound it
         pod_cgroup, container_cgroup = _pod_cgroups(node, pod)
         assert "/koordnode_be/" in pod_cgroup, pod_cgroup  # BE: in koordnode's idle BE group

@@ -45,6 +45,7 @@ class RealNode:
     kubelet: Kubelet
     control_plane: ControlPlane | None
     namespace: str = "default"  # where this node's pods are created: nodes sharing an API server use their own
+    nri_socket: str | None = None  # containerd's NRI socket (mode "nri")
 
     @property
     def name(self) -> str:
@@ -105,15 +106,20 @@ def _delete_pods(node: RealNode, timeout: float = 60.0) -> None:
 def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlane | None = None,
               node_name: str = NODE_NAMES[0], namespace: str = "default", koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
               feature_gates: dict[str, bool] | None = None,
-              nri_plugin: Sequence[str] | None = None, koordnode_repo: Path | None = None) -> Iterator[RealNode]:
+              nri_plugin: Sequence[str] | None = None, koordnode_repo: Path | None = None,
+              other_agent: bool = False, cgroup_prefix: str | None = None) -> Iterator[RealNode]:
     """``nri_plugin`` (``mode="nri"``): a command run as containerd's NRI plugin in koordnode's
     place, the socket appended (bench/nri_floor.py: a plugin that changes nothing).
-    ``koordnode_repo``: the checkout koordnode runs from (default this one)."""
+    ``koordnode_repo``: the checkout koordnode runs from (default this one).
+    ``other_agent``: no koordnode; the caller starts another node agent (koordlet) once the node
+    is Ready, on ``node.nri_socket`` in NRI mode. ``cgroup_prefix``: containerd's and kubelet's
+    cgroup root ("" = the hierarchy's top, where koordlet looks for kubepods)."""
     workdir = Path(workdir)
     if nri_plugin is not None and mode != "nri":
         raise ValueError(f"nri_plugin needs mode 'nri', not {mode!r}")
     nri_socket = short_socket_dir() / "nri.sock" if mode == "nri" else None
-    containerd = ContainerdBed(workdir / "containerd", bin_dir=component_bin("containerd"), nri_socket=nri_socket)
+    containerd = ContainerdBed(workdir / "containerd", bin_dir=component_bin("containerd"), nri_socket=nri_socket,
+                               cgroup_prefix=cgroup_prefix)
     koordnode: KoordnodeProcess | None = None
     plugin: subprocess.Popen[bytes] | None = None
     kubelet: Kubelet | None = None
@@ -123,7 +129,7 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
         endpoint = containerd.address
         if nri_plugin is not None:
             plugin = _start_nri_plugin([*nri_plugin, str(nri_socket)], workdir / "nri-plugin.log")
-        elif mode != "direct":
+        elif mode != "direct" and not other_agent:
             koordnode = KoordnodeProcess(workdir / "koordnode", str(containerd.socket), extra_toml=koordnode_toml,
                                          kubepods=containerd.kubepods_cgroup,
                                          nri_socket=str(nri_socket) if nri_socket else "",
@@ -134,7 +140,8 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
                 endpoint = f"unix://{koordnode.listen}"
         kubelet = Kubelet(workdir / "kubelet", endpoint, containerd.cgroup_prefix, node_name=node_name,
                           control_plane=control_plane, config=kubelet_config, feature_gates=feature_gates)
-        node = RealNode(mode, containerd, koordnode, kubelet, control_plane, namespace)
+        node = RealNode(mode, containerd, koordnode, kubelet, control_plane, namespace,
+                        str(nri_socket) if nri_socket else None)
         if control_plane is not None and namespace != "default":
             client = control_plane.client()
             if not client.exists(f"/api/v1/namespaces/{namespace}"):
