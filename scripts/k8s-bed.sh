@@ -6,6 +6,8 @@
 #   critest and crictl          (sigs.k8s.io/cri-tools)
 #   koord-manager, koord-scheduler (github.com/koordinator-sh/koordinator, built as the main module, with
 #                                its CRDs and RBAC role from config/; only when named: "koordinator")
+#   koordlet, koord-runtime-proxy (the same module; koordlet with cgo and Debian's libpfm4-dev, installed
+#                                when missing; only when named: "koordlet", for the koordlet benchmark)
 # Each lands in $KOORDNODE_TESTBED_CACHE (default /var/cache/koordnode-testbed)/<name>-<version>-<go version>/bin,
 # built in a scratch directory and moved into place only when complete, so a second run costs
 # nothing and an interrupted one leaves no half-built tree. Needs only `go` and the Go module proxy.
@@ -35,6 +37,7 @@ if [ "${1:-}" = "--print" ]; then
     echo "etcd=$(dir_of etcd "$ETCD_VERSION")"
     echo "cri-tools=$(dir_of cri-tools "$CRI_TOOLS_VERSION")"
     echo "koordinator=$(dir_of koordinator "$KOORDINATOR_VERSION")"
+    echo "koordlet=$(dir_of koordlet "$KOORDINATOR_VERSION")"
     exit 0
 fi
 
@@ -131,6 +134,22 @@ build_koordinator() {
         config/manager/koord-free.yaml "$out/manager/"
 }
 
+# koordlet links libpfm (perf event names) through cgo; the rest of the bed is static and cgo-free.
+build_koordlet() {
+    local version=$1 dir
+    if ! dpkg -s libpfm4-dev >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpfm4-dev gcc libc6-dev
+    fi
+    dir=$(go mod download -json "github.com/koordinator-sh/koordinator@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    [ -d "$dir" ] || { echo "no module source downloaded for koordinator@$version"; return 1; }
+    cp -r "$dir/." . && chmod -R u+w .
+    CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$out/bin/koordlet" ./cmd/koordlet
+    go build -trimpath -ldflags "-s -w" -o "$out/bin/koord-runtime-proxy" ./cmd/koord-runtime-proxy
+    mkdir -p "$out/manager"
+    cp config/manager/koordlet.yaml "$out/manager/"
+    cp config/rbac/koordlet.yaml "$out/manager/koordlet-rbac.yaml"
+}
+
 for component in ${1:-containerd etcd cri-tools kubernetes}; do
     case $component in
         kubernetes) build kubernetes "$KUBERNETES_VERSION" build_kubernetes ;;
@@ -138,6 +157,7 @@ for component in ${1:-containerd etcd cri-tools kubernetes}; do
         etcd) build etcd "$ETCD_VERSION" build_etcd ;;
         cri-tools) build cri-tools "$CRI_TOOLS_VERSION" build_cri_tools ;;
         koordinator) build koordinator "$KOORDINATOR_VERSION" build_koordinator bin/koord-scheduler ;;
+        koordlet) build koordlet "$KOORDINATOR_VERSION" build_koordlet ;;
         *) echo "k8s-bed: unknown component $component" >&2; exit 2 ;;
     esac
 done

@@ -27,6 +27,7 @@ _BINARIES = {
     "etcd": ("etcd",),
     "cri-tools": ("critest", "crictl"),
     "koordinator": ("koord-manager", "koord-scheduler"),  # and crd/, rbac/ beside bin/
+    "koordlet": ("koordlet", "koord-runtime-proxy"),  # built only when named (the koordlet benchmark)
 }
 # The background build step (scripts/test.sh) that makes each component.
 _STEPS = {"koordinator": "koord"}
@@ -48,7 +49,8 @@ def versions() -> dict[str, str]:
 
 
 _VERSION_KEYS = {"kubernetes": "KUBERNETES_VERSION", "containerd": "CONTAINERD_VERSION", "etcd": "ETCD_VERSION",
-                 "cri-tools": "CRI_TOOLS_VERSION", "koordinator": "KOORDINATOR_VERSION"}
+                 "cri-tools": "CRI_TOOLS_VERSION", "koordinator": "KOORDINATOR_VERSION",
+                 "koordlet": "KOORDINATOR_VERSION"}
 
 
 def _built_without_go() -> dict[str, Path]:

@@ -93,7 +93,8 @@ class ControlPlane:
         self.host = "127.0.0.1"
         self.port = 0
         self.tokens = {"admin": secrets.token_hex(16), "koordnode": secrets.token_hex(16),
-                       "koord-manager": secrets.token_hex(16), "koord-scheduler": secrets.token_hex(16)}
+                       "koord-manager": secrets.token_hex(16), "koord-scheduler": secrets.token_hex(16),
+                       "koordlet": secrets.token_hex(16)}
         self._node_tokens = {name: secrets.token_hex(16) for name in node_names}
         self.cert_dir = self.workdir / "apiserver-pki"
         self.ca_file = self.cert_dir / "apiserver.crt"  # self-signed by the API server at start
@@ -172,7 +173,8 @@ class ControlPlane:
         rows = [f"{self.tokens['admin']},admin,admin,system:masters",
                 f"{self.tokens['koordnode']},koordnode,koordnode,koordnode",
                 f"{self.tokens['koord-manager']},koord-manager,koord-manager,koordinator",
-                f"{self.tokens['koord-scheduler']},koord-scheduler,koord-scheduler,koordinator"]
+                f"{self.tokens['koord-scheduler']},koord-scheduler,koord-scheduler,koordinator",
+                f"{self.tokens['koordlet']},koordlet,koordlet,koordinator"]
         rows += [f"{token},system:node:{name},node-{name},system:nodes" for name, token in self._node_tokens.items()]
         tokens = self.cert_dir / "tokens.csv"
         tokens.write_text("\n".join(rows) + "\n")

@@ -1,0 +1,137 @@
+"""Koordinator's node agent in the test bed: the real koordlet v1.8 (built from its Go module by
+``scripts/k8s-bed.sh koordlet``, with cgo and libpfm) as a process on a real node, beside the
+bed's kube-apiserver and koord-manager (koord_bed.py), with what its DaemonSet gives it, as
+host paths instead of mounts: the cgroup root, /proc, /sys, kubelet's root directory, the
+containerd socket, and its runtime hooks served to containerd's NRI socket (koordlet's NRI mode)
+or to koord-runtime-proxy's hook socket.
+
+Its identity is the bed's ``koordlet`` user bound to the ClusterRole of Koordinator's own
+``config/rbac/koordlet.yaml``. It reads its pods from kubelet's HTTPS port (the node's InternalIP
+and daemon endpoint; the bed's kubelet lets anonymous callers in, so no client certificate is
+needed) and its NodeSLO from the API server; without Koordinator's CRDs it hangs at start, so
+``install_koordinator`` must have run.
+
+Never two agents on one node: a koordlet node is a node of its own, with kubelet's cgroup root at
+the hierarchy's top (koordlet looks for ``kubepods`` there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .k8s_dist import component_bin
+from .kube_bed import ControlPlane, _stop_process, _tail, _wait, free_port
+
+# koordlet's default feature gates leave most QoS features off; these are the ones a node agent
+# comparison needs (CPU suppress, CPU burst, memory QoS, BE eviction, group identity/cpu.idle).
+FEATURE_GATES = ("BECPUSuppress=true,BECPUEvict=true,BEMemoryEvict=true,CPUBurst=true,CgroupReconcile=true,"
+                 "NodeTopologyReport=true")
+
+
+def koordlet_dir() -> Path:
+    return component_bin("koordlet").parent
+
+
+def install_koordlet_rbac(plane: ControlPlane) -> None:
+    """Koordinator's koordlet ClusterRole bound to the bed's ``koordlet`` user (idempotent)."""
+    from .kube_client import ApiError
+
+    admin = plane.client()
+    for doc in yaml.safe_load_all((koordlet_dir() / "manager" / "koordlet-rbac.yaml").read_text()):
+        if not doc or doc.get("kind") != "ClusterRole":
+            continue
+        name = doc["metadata"]["name"]
+        for collection, obj in (
+                ("/apis/rbac.authorization.k8s.io/v1/clusterroles", doc),
+                ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                    "metadata": {"name": f"koordlet-{name}"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                    "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordlet"}]})):
+            try:
+                admin.create(collection, obj)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+
+
+class Koordlet:
+    """koordlet for ``node_name``; ``nri_socket``: containerd's NRI socket (None: hooks served
+    on ``hook_socket`` for koord-runtime-proxy)."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path, node_name: str, *, containerd_socket: str,
+                 kubelet_root: Path, nri_socket: str | None, extra_args: tuple[str, ...] = ()) -> None:
+        self.plane = plane
+        self.workdir = Path(workdir)
+        self.node_name = node_name
+        self.containerd_socket = containerd_socket
+        self.kubelet_root = kubelet_root
+        self.nri_socket = nri_socket
+        self.hook_socket = self.workdir / "koordlet.sock"
+        self.port = free_port()
+        self.extra_args = extra_args
+        self.log_path = self.workdir / "koordlet.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def args(self, kubeconfig: Path) -> list[str]:
+        hooks = (["-enable-nri-runtime-hook=true", f"-runtime-hooks-nri-socket-path={self.nri_socket}"]
+                 if self.nri_socket else ["-enable-nri-runtime-hook=false"])
+        return [str(koordlet_dir() / "bin" / "koordlet"), f"--kubeconfig={kubeconfig}",
+                # the host's own paths (its DaemonSet mounts them under /host-*); the NRI socket
+                # path is taken below var-run-root-dir, so that is "/" and the socket absolute
+                "-cgroup-root-dir=/sys/fs/cgroup/", "-proc-root-dir=/proc/", "-sys-root-dir=/sys/",
+                "-sys-fs-root-dir=/sys/fs/", "-var-run-root-dir=/", "-run-root-dir=/run/",
+                f"-runtime-hooks-config-path={self.workdir / 'hookserver.d'}",
+                f"-var-lib-kubelet-dir={self.kubelet_root}", f"-containerd-endpoint={self.containerd_socket}",
+                "-runtime-hooks-network=unix", f"-runtime-hooks-addr={self.hook_socket}", *hooks,
+                f"-addr=127.0.0.1:{self.port}", f"-feature-gates={FEATURE_GATES}",
+                "-kubelet-preferred-address-type=InternalIP", "--logtostderr=true", "--v=4", *self.extra_args]
+
+    def start(self, timeout: float = 180.0) -> Koordlet:
+        (self.workdir / "hookserver.d").mkdir(parents=True, exist_ok=True)  # its registration for koord-runtime-proxy
+        kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koordlet"])
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = dict(os.environ, NODE_NAME=self.node_name)
+        self._process = subprocess.Popen(self.args(kubeconfig), stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, cwd=self.workdir, start_new_session=True)
+        try:
+            _wait("koordlet's runtime hooks serving", self._serving, timeout, self._process, self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _serving(self) -> bool:
+        """Its NRI plugin registered with containerd (NRI mode), or its hook socket there."""
+        if self.nri_socket:
+            return "nri mode runtime hook server has started" in self.log_text()
+        return self.hook_socket.exists()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self) -> str:
+        return _tail(self.log_path, 60)
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+        self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Koordlet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        print(f"koordlet log tail:{self.tail()}")
+        self.stop()
