@@ -54,13 +54,24 @@ QOS = {"clusterStrategy": {
                               "wmarkRatio": 95, "wmarkScalePermill": 20, "wmarkMinAdj": 50}}}}
 
 
+# The guide's CPU burst and system examples, and a host application as its colocation guide has one.
+CPU_BURST = {"clusterStrategy": {"policy": "auto", "cpuBurstPercent": 1000, "cfsQuotaBurstPercent": 300,
+                                 "sharePoolThresholdPercent": 50, "cfsQuotaBurstPeriodSeconds": -1}}
+SYSTEM = {"clusterStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150}}
+HOST_APPLICATIONS = {"applications": [{"name": "nginx", "priority": "koord-prod", "qos": "LS", "cgroupPath": {
+    "base": "CgroupRoot", "parentDir": "host-latency-sensitive/", "relativePath": "nginx/"}}]}
+
+
 def slo_configmap(threshold: dict[str, Any], qos: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": "slo-controller-config", "namespace": NAMESPACE}, "data": {
         # degradeTimeMinutes 1: how long a NodeMetric may go without an update before koord-manager
         # takes the node's batch resources away (15 by default), so the test can see it happen.
         "colocation-config": json.dumps({"enable": True, "degradeTimeMinutes": DEGRADE_MINUTES}),
         "resource-threshold-config": json.dumps(threshold),
-        "resource-qos-config": json.dumps(qos)}}
+        "resource-qos-config": json.dumps(qos),
+        "cpu-burst-config": json.dumps(CPU_BURST),
+        "system-config": json.dumps(SYSTEM),
+        "host-application-config": json.dumps(HOST_APPLICATIONS)}}
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +137,12 @@ def test_koord_manager_renders_the_guides_nodeslo_and_koordnode_applies_all_of_i
     # The rendered threshold holds in koordnode's idle BE group too (Koordinator's meaning).
     assert config.strategy.cpu_suppress.idle_group_threshold_percent == 55
     assert not any("throttlingPercent" in line for line in status["ignored"])
+    # cpu-burst-config, system-config and host-application-config, rendered and taken
+    assert config.strategy.cpu_burst.enable and config.strategy.cpu_burst.cfs_quota_burst
+    assert config.strategy.cpu_burst.max_quota_percent == 300
+    assert config.strategy.memory_qos.watermark_scale_factor == 150
+    nginx = config.host_applications["nginx"]
+    assert (nginx.qos, nginx.priority, nginx.cgroup) == ("LS", "koord-prod", "host-latency-sensitive/nginx")
     assert manager.running, manager.tail()
 
 
