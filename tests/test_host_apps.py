@@ -222,3 +222,29 @@ def test_real_host_applications_get_their_values_and_count_in_their_class(host_c
         assert int(listed[f"db-{tag}"]["usage"]["resources"]["memory"]) >= 32 << 20  # its bytearray
     finally:
         (CGROUP / "cpu/host-best-effort/cpu.shares").write_text(original_parent_shares)
+
+
+@pytest.mark.timeout(120)
+def test_the_daemon_applies_and_reports_a_host_application(host_cgroups, containerd_bed, tmp_path) -> None:
+    """`koordnode run` with [host_applications.<name>]: the cgroup gets BE's values at start (not
+    only at the first reconcile interval) and `koordnode status` reports it with the CPUs it used."""
+    from support.koordnode_runner import KoordnodeProcess
+
+    tag, cgroups = host_cgroups
+    name = f"backup-{tag}"
+    toml = f'[host_applications.{name}]\nqos = "BE"\ncgroup = "{cgroups["ls"].strip("/")}"\n'
+    koordnode = KoordnodeProcess(tmp_path / "kn", str(containerd_bed.socket), extra_toml=toml,
+                                 kubepods=containerd_bed.kubepods_cgroup).start(timeout_s=90)  # two busy loops beside it
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            entry = koordnode.status().get("host_applications", {}).get(name, {})
+            if entry.get("state") == "applied" and "used_cpus" in entry or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        print(f"koordnode status: {entry}")
+        assert entry.get("state") == "applied" and entry["qos"] == "BE", entry
+        assert entry["used_cpus"] >= 0.0
+        assert (CGROUP / "cpu" / cgroups["ls"].strip("/") / "cpu.shares").read_text().strip() == "2"
+    finally:
+        koordnode.stop()
