@@ -14,6 +14,10 @@ with its own containerd and kubelet:
   and the calls by method from koordnode's counters; the window opens once containerd holds
   exactly the running pods' sandboxes (kubelet removes deleted pods' sandboxes minutes later).
 
+``--modes ...,koordlet`` adds a node whose agent is Koordinator's koordlet v1.8.0 in NRI mode
+(``scripts/k8s-bed.sh koordlet koordinator`` builds it; koord-manager runs for its NodeSLO), with
+its own load windows (koordlet's CPU and RSS).
+
 With ``--interleave`` the three nodes run side by side and the pods start in turns (direct, proxy,
 NRI, the first of each turn rotating), so a drift of the machine's load meets every mode alike;
 without it each mode's pods start while only its own node runs.
@@ -44,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.daemon_cpu import start_profiler, thread_cpu_ns, thread_groups
+from tests.testbed.koord_bed import NAMESPACE, KoordManager, install_koordinator
+from tests.testbed.koordlet_bed import install_koordlet_rbac, koordlet_node
 from tests.testbed.kube_bed import ControlPlane
 from tests.testbed.real_node import NODE_NAMES, real_node
 
@@ -157,18 +163,30 @@ def timed_interleaved_starts(nodes: dict[str, Any], count: int) -> tuple[dict[st
     return latencies, {mode: timings_between(before[mode], after[mode]) for mode in nodes}
 
 
-def _load_windows(node, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The proxy node's load windows, after its start pods are gone (the windows count their own)."""
+def _agent(node) -> tuple[str, int]:
+    """The node agent's name and pid: koordnode, or koordlet on a koordlet node."""
+    if node.koordnode is not None:
+        return "koordnode", node.koordnode.proc.pid
+    if node.koordlet is not None and node.koordlet.pid is not None:
+        return "koordlet", node.koordlet.pid
+    raise ValueError(f"node {node.name} runs no node agent")
+
+
+def _load_windows(node, args: argparse.Namespace, mode: str = "proxy") -> list[dict[str, Any]]:
+    """A node's load windows, after its start pods are gone (the windows count their own; a
+    koordlet node keeps its seed pod, which the windows count too)."""
     for stale in range(args.pods):
-        node.client().delete(node.pod_path(f"start-proxy-{stale}"), grace_seconds=0)
-    node.client().wait_for("the start pods gone", lambda: not node.client().get(
-        "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"], timeout=180, interval=2)
+        node.client().delete(node.pod_path(f"start-{mode}-{stale}"), grace_seconds=0)
+    keep = 1 if node.koordlet is not None else 0
+    node.client().wait_for("the start pods gone", lambda: len(node.client().get(
+        "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) <= keep, timeout=180, interval=2)
     windows = []
     for pods in (int(n) for n in args.load_pods.split(",") if n):
         window = load_window(node, pods, args.window, args.profile)
         windows.append(window)
-        print(f"load {pods} pods: koordnode {window['koordnode_cpu_percent_of_a_core']}% of a core, "
-              f"RSS {window['koordnode_rss_mb']} MB; by thread (ms/s) {window['koordnode_threads_ms_per_s']}; "
+        agent = window["agent"]
+        print(f"load {pods} pods: {agent} {window[f'{agent}_cpu_percent_of_a_core']}% of a core, "
+              f"RSS {window[f'{agent}_rss_mb']} MB; by thread (ms/s) {window[f'{agent}_threads_ms_per_s']}; "
               f"kubelet's calls/s {window['kubelet_calls_per_s']}",
               flush=True)
     return windows
@@ -187,10 +205,31 @@ def _builds(specs: list[str]) -> dict[str, Path]:
 
 def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
           feature_gates: dict[str, bool]):
-    """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`."""
+    """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`;
+    mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode)."""
+    if mode == "koordlet":
+        return koordlet_node(workdir / mode, plane, NODE_NAMES[i], namespace=f"bench-{mode}",
+                             feature_gates=feature_gates)
     return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
                      node_name=NODE_NAMES[i], namespace=f"bench-{mode}", feature_gates=feature_gates,
                      koordnode_repo=builds.get(mode))
+
+
+@contextlib.contextmanager
+def _koordinator(plane: ControlPlane, workdir: Path, modes: list[str]):
+    """With a koordlet node: Koordinator's CRDs, RBAC and koord-manager (koordlet's NodeSLO),
+    the same NodeSLO for every node (koord-manager's defaults; koordnode nodes without
+    [kubernetes] keep their file's, which the benchmark states)."""
+    if "koordlet" not in modes:
+        yield None
+        return
+    install_koordinator(plane)
+    install_koordlet_rbac(plane)
+    plane.client().create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", {
+        "metadata": {"name": "slo-controller-config", "namespace": NAMESPACE},
+        "data": {"colocation-config": json.dumps({"enable": True})}})
+    with KoordManager(plane, workdir / "koord-manager") as manager:
+        yield manager
 
 
 def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], pods: int,
@@ -198,7 +237,8 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     """One run of --runs: fresh API server and nodes, the pods started in turns; p50 by node and
     its ratio to direct's. Run r puts mode i on node slot (i + r) mod n: what differs between
     slots (the node's name, addresses, directories) meets every mode alike over the runs."""
-    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, contextlib.ExitStack() as stack:
+    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
+            _koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
                                                  feature_gates))
                  for i, mode in enumerate(modes)}
@@ -277,23 +317,27 @@ def load_window(node, pods: int, window_s: float, profile: str | None = None) ->
     client.wait_for("kubelet's clean-up of the earlier pods", lambda: _only_running_pods(node, client),
                     timeout=600, interval=5)
     time.sleep(30)  # let the creations' work settle
-    pid = node.koordnode.proc.pid
-    calls_before = node.koordnode.status()["proxy"]["calls_by_method"]
+    agent, pid = _agent(node)
+
+    def calls() -> dict[str, int]:  # kubelet's calls as koordnode's proxy counts them (none through koordlet)
+        return node.koordnode.status()["proxy"]["calls_by_method"] if node.koordnode is not None else {}
+
+    calls_before = calls()
     spy = start_profiler(pid, f"{profile}.{pods}.txt", window_s) if profile else None
     cpu_before, began, threads_before = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
     time.sleep(window_s)
     cpu_after, ended, threads_after = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
     if spy is not None:
         spy.wait(30)
-    calls_after = node.koordnode.status()["proxy"]["calls_by_method"]
+    calls_after = calls()
     settled = _only_running_pods(node, client)  # no clean-up started within the window either
     seconds = ended - began
     rates = {m: round((calls_after.get(m, 0) - calls_before.get(m, 0)) / seconds, 3)
              for m in sorted(calls_after) if calls_after.get(m, 0) > calls_before.get(m, 0)}
-    return {"pods": pods, "window_s": round(seconds, 1),
-            "koordnode_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
-            "koordnode_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates,
-            "koordnode_threads_ms_per_s": thread_groups(pid, threads_before, threads_after, seconds),
+    return {"pods": pods, "window_s": round(seconds, 1), "agent": agent,
+            f"{agent}_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
+            f"{agent}_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates,
+            f"{agent}_threads_ms_per_s": thread_groups(pid, threads_before, threads_after, seconds),
             "only_running_pods": settled}
 
 
@@ -336,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return 0
-    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane:
+    with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
+            _koordinator(plane, workdir, modes):
         def node_of(i: int, mode: str):
             return _node(workdir, plane, i, mode, builds, feature_gates)
 
@@ -352,22 +397,26 @@ def main(argv: list[str] | None = None) -> int:
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
                 if "proxy" in nodes:
                     results["load"] = _load_windows(nodes["proxy"], args)
+                if "koordlet" in nodes:
+                    results["load_koordlet"] = _load_windows(nodes["koordlet"], args, "koordlet")
         else:
             for i, mode in enumerate(modes):
                 with node_of(i, mode) as node:
-                    pid = node.koordnode.proc.pid if node.koordnode is not None else None
+                    agent, pid = _agent(node) if node.koordnode is not None or node.koordlet is not None else ("", 0)
                     cpu_before = _cpu_seconds(pid) if pid else 0.0
                     results["start"][mode] = _start_summary(pod_start_latencies(node, args.pods, f"start-{mode}"))
                     results["start"][mode]["nri_answer_ms"] = nri_answer_ms(node)
-                    if pid:  # koordnode's CPU time per pod start (answers, Post hooks, its other work)
-                        results["start"][mode]["koordnode_cpu_ms_per_pod"] = round(
+                    if pid:  # the agent's CPU time per pod start (answers, Post hooks, its other work)
+                        results["start"][mode][f"{agent}_cpu_ms_per_pod"] = round(
                             (_cpu_seconds(pid) - cpu_before) * 1000 / args.pods, 1)
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
                     if mode == "proxy":
                         results["load"] = _load_windows(node, args)
+                    if mode == "koordlet":
+                        results["load_koordlet"] = _load_windows(node, args, "koordlet")
     direct = results["start"].get("direct")
-    for mode in ("proxy", "nri", *builds):
+    for mode in ("proxy", "nri", "koordlet", *builds):
         if direct and mode in results["start"]:
             results["start"][mode]["p50_vs_direct"] = round(results["start"][mode]["p50_s"] / direct["p50_s"], 3)
             results["start"][mode]["p99_vs_direct"] = round(results["start"][mode]["p99_s"] / direct["p99_s"], 3)

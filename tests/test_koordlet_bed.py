@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from k8s_support import cg_read, example_pods, require_component
+from k8s_support import cg_read, require_component
 from kube_cluster_support import koordinator_plane
 from test_k8s_node import _pod_cgroups
 from test_koord_batch_node import BATCH_MEMORY_BYTES, batch_pod
 from testbed.k8s_dist import K8sDistError, component_bin
 from testbed.koord_bed import NAMESPACE, KoordManager
-from testbed.koordlet_bed import Koordlet, install_koordlet_rbac
+from testbed.koordlet_bed import install_koordlet_rbac, koordlet_node
 from testbed.kube_bed import ControlPlane
-from testbed.real_node import NODE_NAMES, real_node
+from testbed.real_node import NODE_NAMES
 
 from koordnode.kube.agent import NODEMETRICS
 from koordnode.model.annotations import BATCH_CPU
@@ -57,34 +57,25 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPla
 def test_koordlet_runs_on_a_real_node_and_its_nri_hooks_apply_batch_values(plane: tuple[ControlPlane, Path]) -> None:
     cp, workdir = plane
     admin = cp.client()
-    with real_node(workdir / "node", mode="nri", control_plane=cp, node_name=NODE, other_agent=True,
-                   cgroup_prefix="", kubelet_config={"address": "0.0.0.0"}) as node:
-        assert node.nri_socket is not None
-        # koordlet's pod informer counts an empty pod list from kubelet as a failed sync and its
-        # start waits for it; a real node always has a pod (koordlet's own, of its DaemonSet)
-        pods = example_pods()
-        node.create_pod(pods["LS"])
-        node.wait_running(pods["LS"]["metadata"]["name"], timeout=120)
-        with Koordlet(cp, workdir / "koordlet", NODE, containerd_socket=str(node.containerd.socket),
-                      kubelet_root=node.kubelet.root_dir, nri_socket=node.nri_socket):
-            reported = admin.wait_for("koordlet's NodeMetric", lambda: admin.get(f"{NODEMETRICS}/{NODE}")
-                                      .get("status", {}).get("updateTime"), timeout=120)
-            print(f"koordlet reported its NodeMetric at {reported}")
-            # a batch pod bound by hand: batch-cpu on the node first, as koord-manager would put it
-            admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {BATCH_CPU: "1000"},
-                                                                     "allocatable": {BATCH_CPU: "1000"}}})
-            pod = batch_pod("koordlet-batch", 300)
-            pod["spec"].pop("schedulerName")
-            node.create_pod(pod)
-            running = node.wait_running("koordlet-batch", timeout=120)
-            _, container = _pod_cgroups(node, running)
-            deadline = time.monotonic() + 30  # koordlet's NRI hook, or its reconcile
-            want = (str(clamp_shares(300 * KUBELET_SHARES_PER_CPU // 1000)), str(batch_cpu_quota(300, 100000)),
-                    str(BATCH_MEMORY_BYTES))
-            while True:
-                found = (cg_read("cpu", container, "cpu.shares"), cg_read("cpu", container, "cpu.cfs_quota_us"),
-                         cg_read("memory", container, "memory.limit_in_bytes"))
-                if found == want or time.monotonic() > deadline:
-                    break
-                time.sleep(1)
-            assert found == want, f"koordlet's batch values: {found}, batch-cpu 300m wants {want}"
+    with koordlet_node(workdir, cp, NODE) as node:
+        reported = admin.wait_for("koordlet's NodeMetric", lambda: admin.get(f"{NODEMETRICS}/{NODE}")
+                                  .get("status", {}).get("updateTime"), timeout=120)
+        print(f"koordlet reported its NodeMetric at {reported}")
+        # a batch pod bound by hand: batch-cpu on the node first, as koord-manager would put it
+        admin.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {BATCH_CPU: "1000"},
+                                                                 "allocatable": {BATCH_CPU: "1000"}}})
+        pod = batch_pod("koordlet-batch", 300)
+        pod["spec"].pop("schedulerName")
+        node.create_pod(pod)
+        running = node.wait_running("koordlet-batch", timeout=120)
+        _, container = _pod_cgroups(node, running)
+        deadline = time.monotonic() + 30  # koordlet's NRI hook, or its reconcile
+        want = (str(clamp_shares(300 * KUBELET_SHARES_PER_CPU // 1000)), str(batch_cpu_quota(300, 100000)),
+                str(BATCH_MEMORY_BYTES))
+        while True:
+            found = (cg_read("cpu", container, "cpu.shares"), cg_read("cpu", container, "cpu.cfs_quota_us"),
+                     cg_read("memory", container, "memory.limit_in_bytes"))
+            if found == want or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert found == want, f"koordlet's batch values: {found}, batch-cpu 300m wants {want}"

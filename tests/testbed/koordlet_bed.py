@@ -17,8 +17,10 @@ the hierarchy's top (koordlet looks for ``kubepods`` there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,32 @@ class Koordlet:
     def __exit__(self, *exc: object) -> None:
         print(f"koordlet log tail:{self.tail()}")
         self.stop()
+
+
+SEED_POD = "koordlet-seed"
+
+
+@contextlib.contextmanager
+def koordlet_node(workdir: Path, plane: ControlPlane, node_name: str, *, namespace: str = "default",
+                  feature_gates: dict[str, bool] | None = None) -> Iterator[Any]:
+    """A real node (containerd with NRI, kubelet with kubepods at the hierarchy's top) whose
+    agent is koordlet in NRI mode; the node's ``koordlet`` attribute is the running Koordlet.
+    One pod (``SEED_POD``, a sleeping busybox in ``namespace``) runs before koordlet starts, as
+    koordlet's own DaemonSet pod would: koordlet waits on a non-empty pod list from kubelet.
+    ``install_koordinator`` and ``install_koordlet_rbac`` must have run on ``plane``."""
+    from .images import BUSYBOX_IMAGE_REF
+    from .real_node import real_node
+
+    with real_node(workdir / "node", mode="nri", control_plane=plane, node_name=node_name, namespace=namespace,
+                   other_agent=True, cgroup_prefix="", kubelet_config={"address": "0.0.0.0"},
+                   feature_gates=feature_gates) as node:
+        node.create_pod({"metadata": {"name": SEED_POD},
+                         "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                             "name": "seed", "image": BUSYBOX_IMAGE_REF, "imagePullPolicy": "Never",
+                             "command": ["sleep", "86400"]}]}})
+        node.wait_running(SEED_POD, timeout=120)
+        assert node.nri_socket is not None
+        with Koordlet(plane, workdir / "koordlet", node_name, containerd_socket=str(node.containerd.socket),
+                      kubelet_root=node.kubelet.root_dir, nri_socket=node.nri_socket) as koordlet:
+            node.koordlet = koordlet
+            yield node

@@ -46,6 +46,7 @@ class RealNode:
     control_plane: ControlPlane | None
     namespace: str = "default"  # where this node's pods are created: nodes sharing an API server use their own
     nri_socket: str | None = None  # containerd's NRI socket (mode "nri")
+    koordlet: Any = None  # the node's koordlet (koordlet_bed.koordlet_node), when koordlet is its agent
 
     @property
     def name(self) -> str:
