@@ -16,7 +16,8 @@ with its own containerd and kubelet:
 
 ``--modes ...,koordlet`` adds a node whose agent is Koordinator's koordlet v1.8.0 in NRI mode
 (``scripts/k8s-bed.sh koordlet koordinator`` builds it; koord-manager runs for its NodeSLO), with
-its own load windows (koordlet's CPU and RSS).
+its own load windows (koordlet's CPU and RSS); the koordnode nodes then run with ``[kubernetes]``
+on the same API server, so both agents watch their NodeSLO and pods and report their NodeMetric.
 
 With ``--interleave`` the three nodes run side by side and the pods start in turns (direct, proxy,
 NRI, the first of each turn rotating), so a drift of the machine's load meets every mode alike;
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.daemon_cpu import start_profiler, thread_cpu_ns, thread_groups
-from tests.testbed.koord_bed import NAMESPACE, KoordManager, install_koordinator
+from tests.testbed.koord_bed import NAMESPACE, KoordManager, install_koordinator, install_koordnode_rbac
 from tests.testbed.koordlet_bed import install_koordlet_rbac, koordlet_node
 from tests.testbed.kube_bed import ControlPlane
 from tests.testbed.real_node import NODE_NAMES, real_node
@@ -204,15 +205,21 @@ def _builds(specs: list[str]) -> dict[str, Path]:
 
 
 def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
-          feature_gates: dict[str, bool]):
+          feature_gates: dict[str, bool], cluster: bool = False):
     """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`;
-    mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode)."""
+    mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode). `cluster`: beside
+    a koordlet node, koordnode runs with [kubernetes] too (NodeSLO, pod facts, NodeMetric,
+    NodeResourceTopology), so both agents do an agent's whole work."""
+    name = NODE_NAMES[i]
     if mode == "koordlet":
-        return koordlet_node(workdir / mode, plane, NODE_NAMES[i], namespace=f"bench-{mode}",
-                             feature_gates=feature_gates)
+        return koordlet_node(workdir / mode, plane, name, namespace=f"bench-{mode}", feature_gates=feature_gates)
+    toml = ""
+    if cluster and mode != "direct":
+        kubeconfig = plane.kubeconfig((workdir / f"{mode}-kubeconfig").resolve(), plane.tokens["koordnode"])
+        toml = f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig}"\nnode_name = "{name}"\n'
     return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
-                     node_name=NODE_NAMES[i], namespace=f"bench-{mode}", feature_gates=feature_gates,
-                     koordnode_repo=builds.get(mode))
+                     node_name=name, namespace=f"bench-{mode}", feature_gates=feature_gates,
+                     koordnode_repo=builds.get(mode), koordnode_toml=toml)
 
 
 @contextlib.contextmanager
@@ -225,6 +232,7 @@ def _koordinator(plane: ControlPlane, workdir: Path, modes: list[str]):
         return
     install_koordinator(plane)
     install_koordlet_rbac(plane)
+    install_koordnode_rbac(plane.client())
     plane.client().create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", {
         "metadata": {"name": "slo-controller-config", "namespace": NAMESPACE},
         "data": {"colocation-config": json.dumps({"enable": True})}})
@@ -240,7 +248,7 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             _koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
-                                                 feature_gates))
+                                                 feature_gates, cluster="koordlet" in modes))
                  for i, mode in enumerate(modes)}
         latencies, timed = timed_interleaved_starts(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
@@ -383,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             _koordinator(plane, workdir, modes):
         def node_of(i: int, mode: str):
-            return _node(workdir, plane, i, mode, builds, feature_gates)
+            return _node(workdir, plane, i, mode, builds, feature_gates, cluster="koordlet" in modes)
 
         if args.interleave:
             with contextlib.ExitStack() as stack:
@@ -399,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                     results["load"] = _load_windows(nodes["proxy"], args)
                 if "koordlet" in nodes:
                     results["load_koordlet"] = _load_windows(nodes["koordlet"], args, "koordlet")
+                    if "nri" in nodes:  # koordlet's like: both NRI plugins
+                        results["load_nri"] = _load_windows(nodes["nri"], args, "nri")
         else:
             for i, mode in enumerate(modes):
                 with node_of(i, mode) as node:

@@ -22,7 +22,7 @@ import yaml
 from k8s_support import require_component
 from testbed.kube_client import ApiError as AdminApiError
 from testbed.kube_client import KubeClient as AdminClient
-from testbed.koord_bed import crd_established, install_koordinator, register_ready_node
+from testbed.koord_bed import crd_established, install_koordinator, install_koordnode_rbac, register_ready_node
 from testbed.kube_bed import ControlPlane
 from testbed.real_node import NODE_NAMES
 
@@ -32,7 +32,6 @@ from koordnode.kube.agent import NODESLOS, ClusterLink
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS = Path(__file__).with_name("data") / "koordinator_crds"
-RBAC = REPO / "packaging" / "koordnode-rbac.yaml"
 NS = "koordinator-system"
 NODES = ("kn-a", "kn-b")
 
@@ -63,21 +62,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
-
-
-def install_koordnode_rbac(admin: AdminClient) -> None:
-    """The shipped RBAC manifest (its namespace must exist), and the bed's plain user
-    "koordnode" bound to exactly the shipped ClusterRole."""
-    for doc in yaml.safe_load_all(RBAC.read_text()):
-        kind = doc["kind"]
-        collection = {"ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts",
-                      "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                      "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
-        admin.create(collection, doc)
-    admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "metadata": {"name": "koordnode-user"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
-        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
 
 
 @contextlib.contextmanager

@@ -85,6 +85,24 @@ def install_koordinator(plane: ControlPlane) -> None:
         bind("koord-scheduler", role)
 
 
+KOORDNODE_RBAC = Path(__file__).resolve().parents[2] / "packaging" / "koordnode-rbac.yaml"
+
+
+def install_koordnode_rbac(admin: Any) -> None:
+    """koordnode's shipped RBAC manifest (its namespace must exist), and the bed's plain user
+    "koordnode" bound to exactly the shipped ClusterRole."""
+    for doc in yaml.safe_load_all(KOORDNODE_RBAC.read_text()):
+        kind = doc["kind"]
+        collection = {"ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+                      "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                      "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}[kind]
+        admin.create(collection, doc)
+    admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "koordnode-user"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "koordnode"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "koordnode"}]})
+
+
 def register_ready_node(admin: Any, name: str, cpus: int, memory_bytes: int) -> None:
     """A Node object the scheduler may bind to, as a kubelet would leave it: its capacity and
     allocatable, Ready, and without the not-ready taint the admission gives a new Node (no node
@@ -211,4 +229,5 @@ class KoordScheduler(_Component):
 
 
 __all__ = ["CONTROLLERS", "KoordManager", "KoordScheduler", "NAMESPACE", "SCHEDULER_NAME", "crd_established",
-           "install_koordinator", "koordinator_dir", "register_ready_node", "scheduler_config"]
+           "install_koordinator", "install_koordnode_rbac", "koordinator_dir", "register_ready_node",
+           "scheduler_config"]
