@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from support.host_cgroups import CGROUP, make_cgroups, remove_cgroups
+
 from koordnode.config import HostAppSettings, ManagerSettings, parse_config, with_nodeslo
 from koordnode.config.classes import QoSConfig
 from koordnode.config.host_apps import HostApplication, host_app_cgroup
@@ -35,7 +37,6 @@ from koordnode.policy.host_apps import plan_host_app
 from koordnode.qos.manager import QoSManager
 from koordnode.qos.node_usage import NodeUsageReporter
 
-CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "memory")
 
 
@@ -127,14 +128,7 @@ def host_cgroups():
     created: list[Path] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for cgroup in cgroups.values():
-            parts = cgroup.strip("/").split("/")
-            for h in HIERARCHIES:
-                for depth in range(1, len(parts) + 1):
-                    directory = CGROUP / h / "/".join(parts[:depth])
-                    if not directory.is_dir():
-                        directory.mkdir()
-                        created.append(directory)
+        created = make_cgroups(cgroups.values(), HIERARCHIES)
         for app in ("ls", "be"):
             # memory allocated once in its cgroup (v1 does not move a process's charge with it)
             proc = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\n"
@@ -150,15 +144,7 @@ def host_cgroups():
         for proc in procs:
             proc.kill()
             proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        for directory in reversed(created):
-            while directory.exists():
-                try:
-                    directory.rmdir()
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+        remove_cgroups(created)
 
 
 @pytest.mark.timeout(120)

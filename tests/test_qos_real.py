@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.host_cgroups import CGROUP, make_cgroups, remove_cgroups
 
 from koordnode.executor.cgroup_executor import CgroupExecutor
 from koordnode.config.components import ManagerSettings
@@ -22,7 +23,6 @@ from koordnode.config.strategies import CpuSuppressConfig, StrategyConfig
 from koordnode.config.qos_manager import QoSManagerConfig
 from koordnode.model.state import NodeState, PodRecord
 
-CGROUP = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "unified")
 CPUS = os.cpu_count() or 1
 FLOOR = 2000
@@ -53,14 +53,7 @@ def bed():
     created: list[Path] = []
     procs: list[subprocess.Popen] = []
     try:
-        for cgroup in pods.values():
-            parts = cgroup.strip("/").split("/")
-            for h in HIERARCHIES:
-                for depth in range(1, len(parts) + 1):
-                    directory = CGROUP / h / "/".join(parts[:depth])
-                    if not directory.is_dir():
-                        directory.mkdir()
-                        created.append(directory)
+        created = make_cgroups(pods.values(), HIERARCHIES)
         (CGROUP / "cpu" / kubepods.strip("/") / "besteffort" / "cpu.shares").write_text("2")
 
         def spawn(code: str, pod: str) -> subprocess.Popen:
@@ -82,16 +75,7 @@ def bed():
             proc.kill()
         for proc in procs:
             proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        for directory in reversed(created):
-            while True:
-                try:
-                    directory.rmdir()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+        remove_cgroups(created)
 
 
 def _budget_follows_its_inputs(inputs: dict) -> None:

@@ -126,10 +126,13 @@ class _Component:
         self._process: subprocess.Popen | None = None
         self._log: Any = None
 
-    def _spawn(self, args: list[str], ready: Any, what: str, timeout: float) -> None:
+    def _spawn(self, args: list[str], ready: Any, what: str, timeout: float, *, binary: Path | None = None,
+               env: dict[str, str] | None = None) -> None:
+        """`binary`: default the koordinator build's bin/<name>."""
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        cmd = [str(koordinator_dir() / "bin" / self.name), *args]
-        self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        cmd = [str(binary or koordinator_dir() / "bin" / self.name), *args]
+        self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=self.workdir, start_new_session=True)
         try:
             _wait(what, ready, timeout, self._process, self.log_path)
         except BaseException:
@@ -139,6 +142,10 @@ class _Component:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self.running and self._process is not None else None
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from typing import Any
 import yaml
 
 from .k8s_dist import component_bin
-from .kube_bed import ControlPlane, _stop_process, _tail, _wait, free_port
+from .koord_bed import _Component
+from .kube_bed import ControlPlane, free_port
 
 # koordlet's default feature gates leave most QoS features off; these are the ones a node agent
 # comparison needs (CPU suppress, CPU burst, memory QoS, BE eviction, group identity/cpu.idle).
@@ -61,14 +61,13 @@ def install_koordlet_rbac(plane: ControlPlane) -> None:
                     raise
 
 
-class Koordlet:
+class Koordlet(_Component):
     """koordlet for ``node_name``; ``nri_socket``: containerd's NRI socket (None: hooks served
     on ``hook_socket`` for koord-runtime-proxy)."""
 
     def __init__(self, plane: ControlPlane, workdir: Path, node_name: str, *, containerd_socket: str,
                  kubelet_root: Path, nri_socket: str | None, extra_args: tuple[str, ...] = ()) -> None:
-        self.plane = plane
-        self.workdir = Path(workdir)
+        super().__init__(plane, workdir, "koordlet")
         self.node_name = node_name
         self.containerd_socket = containerd_socket
         self.kubelet_root = kubelet_root
@@ -76,14 +75,11 @@ class Koordlet:
         self.hook_socket = self.workdir / "koordlet.sock"
         self.port = free_port()
         self.extra_args = extra_args
-        self.log_path = self.workdir / "koordlet.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: Any = None
 
     def args(self, kubeconfig: Path) -> list[str]:
         hooks = (["-enable-nri-runtime-hook=true", f"-runtime-hooks-nri-socket-path={self.nri_socket}"]
                  if self.nri_socket else ["-enable-nri-runtime-hook=false"])
-        return [str(koordlet_dir() / "bin" / "koordlet"), f"--kubeconfig={kubeconfig}",
+        return [f"--kubeconfig={kubeconfig}",
                 # the host's own paths (its DaemonSet mounts them under /host-*); the NRI socket
                 # path is taken below var-run-root-dir, so that is "/" and the socket absolute
                 "-cgroup-root-dir=/sys/fs/cgroup/", "-proc-root-dir=/proc/", "-sys-root-dir=/sys/",
@@ -97,15 +93,8 @@ class Koordlet:
     def start(self, timeout: float = 180.0) -> Koordlet:
         (self.workdir / "hookserver.d").mkdir(parents=True, exist_ok=True)  # its registration for koord-runtime-proxy
         kubeconfig = self.plane.kubeconfig(self.workdir / "kubeconfig", self.plane.tokens["koordlet"])
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, NODE_NAME=self.node_name)
-        self._process = subprocess.Popen(self.args(kubeconfig), stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=self.workdir, start_new_session=True)
-        try:
-            _wait("koordlet's runtime hooks serving", self._serving, timeout, self._process, self.log_path)
-        except BaseException:
-            self.stop()
-            raise
+        self._spawn(self.args(kubeconfig), self._serving, "koordlet's runtime hooks serving", timeout,
+                    binary=koordlet_dir() / "bin" / "koordlet", env=dict(os.environ, NODE_NAME=self.node_name))
         return self
 
     def _serving(self) -> bool:
@@ -113,30 +102,6 @@ class Koordlet:
         if self.nri_socket:
             return "nri mode runtime hook server has started" in self.log_text()
         return self.hook_socket.exists()
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.poll() is None else None
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def tail(self) -> str:
-        return _tail(self.log_path, 60)
-
-    def stop(self) -> None:
-        _stop_process(self._process)
-        self._process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Koordlet:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        print(f"koordlet log tail:{self.tail()}")
-        self.stop()
 
 
 SEED_POD = "koordlet-seed"
