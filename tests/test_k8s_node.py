@@ -257,8 +257,26 @@ def direct_runtime_errors(control_plane, tmp_path_factory):  # noqa: F811
         return set(runtime_errors(direct.kubelet.log_text()))
 
 
+_GC_STATUS_MISS = re.compile(
+    r'kuberuntime_gc\.go:\d+\] "Error getting ContainerStatus for containerID" containerID="([0-9a-f]{64})"'
+    r'|"DeleteContainer returned error" containerID=\{"Type":"containerd","ID":"([0-9a-f]{64})"')
+
+
+def without_gc_races(kubelet_log: str) -> str:
+    """The log without the ContainerStatus NotFound errors kubelet met cleaning up a container
+    already removed between its list and its status call: its container GC at a restart ("Error
+    getting ContainerStatus") and its deleter of a dead pod's containers ("DeleteContainer
+    returned error") log the same id right after. kubelet's own races, which a direct node meets
+    too when the timing falls that way (seen in a proxy node's log on 2026-12-02, not in direct's
+    that run); koordnode answers these calls with containerd's own NotFound."""
+    raced = {cid for pair in _GC_STATUS_MISS.findall(kubelet_log) for cid in pair if cid}
+    return "\n".join(line for line in kubelet_log.splitlines()
+                     if not ("ContainerStatus from runtime service failed" in line and "NotFound" in line
+                             and any(cid in line for cid in raced)))
+
+
 def test_kubelet_log_has_no_runtime_errors_that_direct_lacks(node, direct_runtime_errors):
-    errors = [e for e in runtime_errors(node.kubelet.log_text()) if e not in direct_runtime_errors]
+    errors = [e for e in runtime_errors(without_gc_races(node.kubelet.log_text())) if e not in direct_runtime_errors]
     assert not errors, "\n".join(errors[:20])
     conditions = node.client().get(f"/api/v1/nodes/{node.name}")["status"]["conditions"]
     assert all("PLEG" not in c.get("message", "") for c in conditions), conditions
