@@ -161,6 +161,8 @@ class Measurer:
         """A (reloaded) configuration: where kubepods and the tiers are, the history length."""
         self._sections = settings
         self._settings = settings.qos_manager
+        # name -> (application, its cgroup): worked out once per configuration, read every tick
+        self._host_apps = {name: (app, host_app_cgroup(name, app)) for name, app in settings.host_applications.items()}
         if self._settings.history_length != self.history.capacity:
             self.history.resize(self._settings.history_length)
         if self._own_layout:
@@ -303,11 +305,7 @@ class Measurer:
 
     def host_applications(self) -> dict[str, tuple[HostApplication, str]]:
         """name -> (application, its cgroup)."""
-        return {name: (app, host_app_cgroup(name, app)) for name, app in self._sections.host_applications.items()}
-
-    def host_app_cgroups(self) -> dict[str, str]:
-        """name -> cgroup of each configured host application."""
-        return {name: host_app_cgroup(name, app) for name, app in self._sections.host_applications.items()}
+        return dict(self._host_apps)
 
     def _host_app_usage(self, now: float) -> tuple[float, float, float]:
         """CPUs used by the host applications of the LS classes, of BE, and by those outside
@@ -315,14 +313,13 @@ class Measurer:
         in its class's budget, and not as system use."""
         ls = be = outside = 0.0
         rates: dict[str, float] = {}
-        apps = self._sections.host_applications
-        for name, cgroup in self.host_app_cgroups().items():
+        for name, (app, cgroup) in self._host_apps.items():
             rate = self._rate(cgroup, self.collector.cpu_usage_ns(cgroup), now)
             if rate is None:
                 continue
             rates[name] = rate
             self.history.append(f"host/{name}/cpu", now, rate)
-            if apps[name].qos == "BE":
+            if app.qos == "BE":
                 be += rate
             else:
                 ls += rate
@@ -471,21 +468,21 @@ class Measurer:
                                              float(max(0, node.memory.used_bytes - pods)))
 
     def forget_gone(self, inventory: Inventory) -> None:
-        """Drop every per-pod series and counter of pods and containers no longer running.
-        Nothing to do while the inventory (the manager reuses it while NodeState is unchanged)
-        and the tiers are those of the previous call: every table is keyed on them."""
-        inputs = (inventory, self.kubepods, tuple(self.tiers.values()))
+        """Drop every per-pod series and counter of pods and containers no longer running, and
+        of host applications no longer configured. Nothing to do while the inventory (the manager
+        reuses it while NodeState is unchanged), the tiers and the host applications' cgroups are
+        those of the previous call: every table is keyed on them."""
+        kept = (*self.tiers.values(), *(cgroup for _, cgroup in self._host_apps.values()))
+        inputs = (inventory, self.kubepods, kept)
         if self._forgot_for is not None and self._forgot_for[0] is inventory and self._forgot_for[1:] == inputs[1:]:
             return
         self._forgot_for = inputs
         live_pods = {p.sandbox_id for p in inventory.pods}
         live_cgroups = {p.cgroup for p in inventory.pods} | {c.cgroup for p in inventory.pods for c in p.containers}
-        live_cgroups |= set(self.tiers.values()) | {self.kubepods}
+        live_cgroups |= set(kept) | {self.kubepods}  # the tiers and the host applications
         live_cgroups |= set(self.watch_targets(inventory))
-        host_apps = self.host_app_cgroups()
-        live_cgroups |= set(host_apps.values())
         self.history.keep_only("pod/", live_pods)
-        self.history.keep_only("host/", set(host_apps))
+        self.history.keep_only("host/", set(self._host_apps))
         for table in (self._prev_usage, self._rates, self._prev_pressure, self._pressure_pct):
             for key in [k for k in table if k not in live_cgroups]:
                 del table[key]
