@@ -5,12 +5,19 @@ Koordinator's NodeSLO ``hostApplications`` describes them."""
 from __future__ import annotations
 
 import re
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from koordnode.config.classes import ClassName
 from koordnode.config.fields import setting
 
-__all__ = ["HOST_APP_NAME", "HostApplication", "cgroup_path_problem", "default_host_app_cgroup", "host_app_cgroup"]
+__all__ = ["HOST_APP_NAME", "KoordPriority", "PRIORITY_CLASSES", "HostApplication", "cgroup_path_problem",
+           "default_host_app_cgroup", "host_app_cgroup"]
+
+# Koordinator's priority classes; "" = none given.
+KoordPriority = Literal["", "koord-prod", "koord-mid", "koord-batch", "koord-free"]
+PRIORITY_CLASSES: tuple[str, ...] = typing.get_args(KoordPriority)
 
 HOST_APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.@:+-]{1,255}$")
@@ -35,9 +42,9 @@ def cgroup_path_problem(value: str) -> str | None:
 class HostApplication:
     """One host application; its name is the table's key."""
 
-    qos: Literal["SYSTEM", "LSE", "LSR", "LS", "BE"] = setting(
+    qos: ClassName = setting(
         "LS", doc="the class whose values the application's cgroup gets, and whose budget its CPU counts in")
-    priority: Literal["", "koord-prod", "koord-mid", "koord-batch", "koord-free"] = setting(
+    priority: KoordPriority = setting(
         "", doc='Koordinator priority class reported in the NodeMetric; "" = koord-batch for BE, else koord-prod')
     cgroup: str = setting(
         "", check=cgroup_path_problem,

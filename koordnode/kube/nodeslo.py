@@ -9,11 +9,13 @@ tests/test_kube_nodeslo.py.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordnode.config.host_apps import HOST_APP_NAME, cgroup_path_problem
+from koordnode.config.classes import ClassName
+from koordnode.config.host_apps import HOST_APP_NAME, PRIORITY_CLASSES, cgroup_path_problem
 from koordnode.model.kernel import MEMORY_HIGH_PERCENT_MAX
 
 __all__ = ["CLASS_FIELDS", "IGNORED", "NodeSloMapping", "SCALAR_FIELDS", "map_nodeslo"]
@@ -247,8 +249,8 @@ def map_nodeslo(spec: Any, memory_total_bytes: int | None = None) -> NodeSloMapp
     return mapping
 
 
-_HOST_QOS = ("SYSTEM", "LSE", "LSR", "LS", "BE")
-_PRIORITIES = ("koord-prod", "koord-mid", "koord-batch", "koord-free")
+_HOST_QOS: tuple[str, ...] = typing.get_args(ClassName)
+_PRIORITIES = tuple(name for name in PRIORITY_CLASSES if name)
 HOST_APP_FIELDS = {
     "hostApplications[].name": ("`host_applications.<name>`", "the table's name"),
     "hostApplications[].qos": ("`host_applications.<name>.qos`",

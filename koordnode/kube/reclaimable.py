@@ -21,7 +21,6 @@ __all__ = ["COLD_START_S", "PROD_CLASSES", "Prediction", "ProdPod", "SAFETY_MARG
 COLD_START_S = 24 * 3600.0
 SAFETY_MARGIN_PERCENT = 10
 PROD_CLASSES = ("koord-prod", "")  # "" : no Koordinator priority, which koordlet counts as prod
-PRIORITY_CLASSES = ("koord-prod", "koord-mid", "koord-batch", "koord-free", "")
 
 
 @dataclass(frozen=True)

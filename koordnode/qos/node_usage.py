@@ -23,7 +23,8 @@ from koordnode.kube.nodemetric import (
     koord_priority_class,
     node_metric_status,
 )
-from koordnode.kube.reclaimable import PRIORITY_CLASSES, ProdPod, prod_reclaimable, reclaimable_metric
+from koordnode.config.host_apps import PRIORITY_CLASSES
+from koordnode.kube.reclaimable import ProdPod, prod_reclaimable, reclaimable_metric
 from koordnode.model.pod_facts import PodFacts
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.batch_resources import UsageInputs, batch_allocatable
