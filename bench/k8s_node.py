@@ -164,13 +164,14 @@ def timed_interleaved_starts(nodes: dict[str, Any], count: int) -> tuple[dict[st
     return latencies, {mode: timings_between(before[mode], after[mode]) for mode in nodes}
 
 
-def _agent(node) -> tuple[str, int]:
-    """The node agent's name and pid: koordnode, or koordlet on a koordlet node."""
+def _agent(node) -> tuple[str, int | None]:
+    """The node agent's name and pid: koordnode, koordlet on a koordlet node, ("", None) on a
+    direct node."""
     if node.koordnode is not None:
         return "koordnode", node.koordnode.proc.pid
-    if node.koordlet is not None and node.koordlet.pid is not None:
+    if node.koordlet is not None:
         return "koordlet", node.koordlet.pid
-    raise ValueError(f"node {node.name} runs no node agent")
+    return "", None
 
 
 def _load_windows(node, args: argparse.Namespace, mode: str = "proxy") -> list[dict[str, Any]]:
@@ -224,9 +225,8 @@ def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[st
 
 @contextlib.contextmanager
 def _koordinator(plane: ControlPlane, workdir: Path, modes: list[str]):
-    """With a koordlet node: Koordinator's CRDs, RBAC and koord-manager (koordlet's NodeSLO),
-    the same NodeSLO for every node (koord-manager's defaults; koordnode nodes without
-    [kubernetes] keep their file's, which the benchmark states)."""
+    """With a koordlet node: Koordinator's CRDs, koordlet's and koordnode's RBAC and
+    koord-manager, whose NodeSLO (its defaults) every agent then takes."""
     if "koordlet" not in modes:
         yield None
         return
@@ -326,6 +326,8 @@ def load_window(node, pods: int, window_s: float, profile: str | None = None) ->
                     timeout=600, interval=5)
     time.sleep(30)  # let the creations' work settle
     agent, pid = _agent(node)
+    if pid is None:
+        raise ValueError(f"node {node.name} runs no node agent")
 
     def calls() -> dict[str, int]:  # kubelet's calls as koordnode's proxy counts them (none through koordlet)
         return node.koordnode.status()["proxy"]["calls_by_method"] if node.koordnode is not None else {}
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for i, mode in enumerate(modes):
                 with node_of(i, mode) as node:
-                    agent, pid = _agent(node) if node.koordnode is not None or node.koordlet is not None else ("", 0)
+                    agent, pid = _agent(node)
                     cpu_before = _cpu_seconds(pid) if pid else 0.0
                     results["start"][mode] = _start_summary(pod_start_latencies(node, args.pods, f"start-{mode}"))
                     results["start"][mode]["nri_answer_ms"] = nri_answer_ms(node)
