@@ -360,6 +360,21 @@ def test_reload_repeats_path_and_overrides(tmp_path: Path) -> None:
         reload_config(second)
 
 
+def test_reload_keeps_the_nodeslo_table_below_the_new_file(tmp_path: Path) -> None:
+    """SIGHUP while a NodeSLO is applied: the file read again, the same NodeSLO values below it
+    (the running config holds them frozen; a reload once refused them as "not a table")."""
+    from koordnode.config import with_nodeslo
+
+    path = tmp_path / "k.toml"
+    path.write_text("[proxy]\nhook_timeout_ms = 50\n")
+    running = with_nodeslo(load_config(path), {"strategy": {"cpu_suppress": {"threshold_percent": 61.0}},
+                                                "qos": {"LS": {"memory_min_percent": 40}}})
+    path.write_text("[proxy]\nhook_timeout_ms = 70\n")
+    reloaded = reload_config(running)
+    assert reloaded.proxy.hook_timeout_ms == 70
+    assert reloaded.strategy.cpu_suppress.threshold_percent == 61.0 and reloaded.qos.LS.memory_min_percent == 40
+
+
 def test_reload_of_defaults_picks_up_a_new_default_file(absent_default_path: Path) -> None:
     first = load_config(None)
     absent_default_path.parent.mkdir(parents=True)

@@ -139,11 +139,12 @@ def with_nodeslo(config: Config, nodeslo: Mapping[str, Any] | None) -> Config:
     file (or an override) sets wins, the NodeSLO's next, then the built-in default. ConfigError
     when the NodeSLO's values, alone or merged, do not validate (nothing of it is applied then)."""
     local = _thaw(config.local) if config.local is not None else {}
+    nodeslo = _thaw(nodeslo)  # a reload hands back the running config's frozen table
     if nodeslo is None:
         merged = from_dict(Config, local, config.source)
     else:
         from_dict(Config, nodeslo, "NodeSLO")  # its own values first: the errors name its keys alone
-        merged = from_dict(Config, _merge(_thaw(nodeslo), local), f"{config.source} over NodeSLO")
+        merged = from_dict(Config, _merge(nodeslo, local), f"{config.source} over NodeSLO")
     return dataclasses.replace(merged, source=config.source, path=config.path, overrides=config.overrides,
                                local=config.local, nodeslo=_freeze(nodeslo) if nodeslo is not None else None)
 
