@@ -114,6 +114,14 @@ pip_install=("$PYTHON" -m pip install --quiet --no-compile --disable-pip-version
     --abi abi3 --abi none --platform "manylinux2014_$rpm_arch" \
     -r "$SRC/packaging/requirements.txt" >&2
 rm -rf "$lib/bin"   # the dependencies' console scripts: not what we ship
+# PyYAML has no pure-Python or abi3 wheel on PyPI: its pure-Python build, from its pinned source
+# (PYYAML_FORCE_LIBYAML=0 leaves the C loader out; koordnode uses the pure-Python safe loader).
+pure=$(sed -n 's/^# pure-python-from-source: //p' "$SRC/packaging/requirements.txt")
+for requirement in $pure; do
+    PYYAML_FORCE_LIBYAML=0 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+        --no-binary "${requirement%%==*}" --wheel-dir "$work/pure" "$requirement" >&2
+done
+if [ -n "$pure" ]; then "${pip_install[@]}" "$work"/pure/*.whl >&2; fi
 "${pip_install[@]}" "$work"/wheels/koordnode-*.whl >&2
 rm -rf "$lib/bin"   # koordnode's console script: the launcher replaces it
 rm -f "$lib"/koordnode-*.dist-info/direct_url.json   # names the build directory

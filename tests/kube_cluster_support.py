@@ -91,7 +91,7 @@ def _can_list_nodeslos(cp: ControlPlane) -> bool:
 
 
 def kubeconfig_for(cp: ControlPlane, directory: Path, token: str) -> Path:
-    """In YAML, with a tokenFile, as an operator would write it (koordnode's YAML subset)."""
+    """In YAML, with a tokenFile, as an operator would write it."""
     directory.mkdir(parents=True, exist_ok=True)
     token_file = directory / "token"
     token_file.write_text(token + "\n")
@@ -176,8 +176,9 @@ class Node:
     """One node's koordnode side: a ClusterLink applying NodeSLOs below a local file."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, name: str, *, local_toml: str = "",
-                 token: str | None = None, topology: Any = None, **config: Any) -> None:
-        self.kubeconfig = kubeconfig_for(cp, workdir / name, token or cp.tokens["koordnode"])
+                 token: str | None = None, topology: Any = None, kubeconfig: Path | None = None,
+                 **config: Any) -> None:
+        self.kubeconfig = kubeconfig or kubeconfig_for(cp, workdir / name, token or cp.tokens["koordnode"])
         self.config: Config = parse_config(local_toml)
         self.applied: list[tuple[float, Config]] = []
         self.facts_changes = 0

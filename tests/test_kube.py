@@ -237,12 +237,12 @@ users:
 """
 
 
-def test_kubeconfig_yaml_subset_and_json() -> None:
+def test_kubeconfig_yaml_and_json() -> None:
     doc = parse_kubeconfig_text(KUBECONFIG)
     assert doc["users"][0]["user"] == {"tokenFile": "token"}
     assert parse_kubeconfig_text(json.dumps(doc)) == doc
-    with pytest.raises(ValueError, match="line 2"):
-        parse_kubeconfig_text("a: b\nc: &anchor x\n")
+    with pytest.raises(ValueError, match="line 3: invalid YAML"):
+        parse_kubeconfig_text("a: b\nc: [x\nd: e\n")
 
 
 def test_token_file_is_read_again_when_it_rotates(tmp_path: Path) -> None:
@@ -262,7 +262,10 @@ def test_token_file_is_read_again_when_it_rotates(tmp_path: Path) -> None:
 def test_unsupported_kubeconfig_users_are_refused_with_why(tmp_path: Path) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG.replace("tokenFile: token   # re-read when it changes", "exec: {}"))
-    with pytest.raises(CredentialsError, match="exec"):
+    with pytest.raises(CredentialsError, match="exec.command is missing"):
+        Credentials.from_kubeconfig(str(path))
+    path.write_text(KUBECONFIG.replace("tokenFile: token   # re-read when it changes", "auth-provider: {name: gcp}"))
+    with pytest.raises(CredentialsError, match="auth-provider, which Kubernetes removed"):
         Credentials.from_kubeconfig(str(path))
     with pytest.raises(CredentialsError, match="KUBERNETES_SERVICE_HOST"):
         Credentials.in_cluster(str(tmp_path), environ={})

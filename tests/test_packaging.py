@@ -758,6 +758,18 @@ def test_installed_tree_has_no_module_importing_grpc(unpacked_deb: Path) -> None
     assert _modules_importing_grpc(installed) == []
 
 
+def test_bundled_yaml_is_pure_python_and_parses_a_kubeconfig(unpacked_deb: Path) -> None:
+    """PyYAML, built from source without its C loader: the library stays one for every CPython."""
+    lib = unpacked_deb / "opt/koordnode/lib"
+    assert (lib / "yaml" / "__init__.py").is_file()
+    assert not [*lib.glob("yaml/**/*.so"), *lib.glob("_yaml/**/*.so")]  # _yaml/ is PyYAML's pure shim
+    probe = (f"import site; site.addsitedir({str(lib)!r}); import yaml; "
+             "from koordnode.kube.credentials import parse_kubeconfig_text as parse; "
+             "print(yaml.__with_libyaml__, parse('users: [{name: a, user: {token: t}}]')['users'][0]['user']['token'])")
+    loaded = run(["python3", "-I", "-S", "-c", probe], env=CLEAN_ENV, cwd="/")
+    assert loaded.stdout.split() == ["False", "t"]
+
+
 def test_library_runs_on_every_supported_cpython(unpacked_deb: Path, tmp_path: Path) -> None:
     """The same /opt/koordnode/lib runs koordnode (daemon modules, abi3 psutil and protobuf
     included) on CPython 3.11, 3.12 and 3.13; the launcher refuses 3.10."""

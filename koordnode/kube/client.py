@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -61,16 +62,23 @@ class KubeClient:
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
 
-    def _prepare(self) -> tuple[Any, dict[str, str]]:
+    async def _prepare(self) -> tuple[Any, dict[str, str]]:
         try:
+            if self.credentials.exec_due():  # a command with a bounded time: off the loop
+                await asyncio.to_thread(self.credentials.refresh_exec)
             return self.credentials.ssl_context(), self.credentials.auth_headers()
         except CredentialsError as exc:
             raise Unreachable(str(exc)) from None
 
+    def _refused(self, status: int, body: bytes) -> ApiError:
+        if status == 401:
+            self.credentials.refused()
+        return _error_of(status, body)
+
     async def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                       body: Any = None) -> Any:
         """The decoded JSON answer of a 2xx; ApiError otherwise, Unreachable without an answer."""
-        context, headers = self._prepare()
+        context, headers = await self._prepare()
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         try:
             response = await http.request(self.credentials.server, context, method, path, query=query,
@@ -79,7 +87,7 @@ class KubeClient:
         except http.HttpError as exc:
             raise Unreachable(str(exc)) from None
         if not 200 <= response.status < 300:
-            raise _error_of(response.status, response.body)
+            raise self._refused(response.status, response.body)
         try:
             return _decode(response.body)
         except ValueError as exc:
@@ -98,7 +106,7 @@ class KubeClient:
         """Watch events ({"type", "object"}) from `path` with `query` (resourceVersion, field
         selector); ends when the server ends the watch. A malformed event is an Unreachable
         error (the stream cannot be trusted past it); an ERROR event is raised as ApiError."""
-        context, headers = self._prepare()
+        context, headers = await self._prepare()
         query = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
         try:
             async for status, line in http.stream_lines(
@@ -106,7 +114,7 @@ class KubeClient:
                     connect_timeout=self.timeout_s, idle_timeout=timeout_s + self.timeout_s + 30,
                     max_line=self.max_response_bytes):
                 if status != 200:
-                    raise _error_of(status, line)
+                    raise self._refused(status, line)
                 try:
                     event = _decode(line)
                 except ValueError:

@@ -1,19 +1,22 @@
 """Where the API server is and who koordnode is to it: a kubeconfig, or the in-cluster service account.
 
-The bearer token and the CA are files re-read when they change (the kubelet rotates a projected
-service-account token well before it expires; an operator may replace a kubeconfig's token
-file), so a rotated credential is used at the next request without a restart.
+The bearer token, the CA and the client certificate and key are files re-read when they change
+(the kubelet rotates a projected service-account token well before it expires, and its own client
+certificate; an operator may replace a kubeconfig's token file), so a rotated credential is used
+at the next request without a restart. A kubeconfig may also embed its client certificate and key
+(client-certificate-data / client-key-data) or name an `exec` plugin (exec_credential.py).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from koordnode.kube.exec_credential import ExecCredential, ExecPlugin, ExecPluginError
 
 __all__ = ["Credentials", "CredentialsError", "parse_kubeconfig_text"]
 
@@ -67,17 +70,25 @@ class Credentials:
     def __init__(self, server: str, *, ca_file: str | None = None, ca_data: bytes | None = None,
                  token: str | None = None, token_file: str | None = None,
                  client_cert_file: str | None = None, client_key_file: str | None = None,
-                 insecure: bool = False, source: str = "") -> None:
+                 client_cert_data: bytes | None = None, client_key_data: bytes | None = None,
+                 exec_plugin: ExecPlugin | None = None, insecure: bool = False, source: str = "") -> None:
         self.server = server.rstrip("/")
         self.source = source
         self._ca = _Watched(ca_file, "CA file") if ca_file else None
         self._ca_data = ca_data
         self._token = token
         self._token_file = _Watched(token_file, "token file") if token_file else None
-        self._client = (client_cert_file, client_key_file) if client_cert_file else None
+        self._client_files = ((_Watched(client_cert_file, "client certificate"),
+                               _Watched(client_key_file or client_cert_file, "client key"))
+                              if client_cert_file else None)
+        self._client_data = (client_cert_data, client_key_data) if client_cert_data else None
+        self.exec_plugin = exec_plugin
+        self._exec_pair: ExecCredential | None = None  # the exec credential the context holds
         self._insecure = insecure
         self._context: ssl.SSLContext | None = None
         self.token_reads = 0  # how often the token file was read (tests: a rotation is seen)
+        self.client_cert_loads = 0  # how often a client certificate was loaded (tests: a rotation is seen)
+        self.rotation_problem: str | None = None  # a changed client pair that would not load (old one kept)
 
     @classmethod
     def in_cluster(cls, account_dir: str, environ: dict[str, str] | None = None) -> Credentials:
@@ -135,19 +146,66 @@ class Credentials:
                 ca_data = base64.b64decode(str(cluster["certificate-authority-data"]), validate=True)
             except ValueError:
                 raise CredentialsError(f"kubeconfig {source}: certificate-authority-data is not base64") from None
-        if any(key in user for key in ("client-certificate-data", "client-key-data", "exec", "auth-provider")):
+        if "auth-provider" in user:
             raise CredentialsError(f"kubeconfig {source}: the user of context {current!r} authenticates by "
-                                   "client-certificate-data, exec or auth-provider, which koordnode does not support: "
-                                   "give it a token, a tokenFile or client-certificate/client-key files")
+                                   "auth-provider, which Kubernetes removed: use an exec plugin, a token, "
+                                   "a tokenFile or a client certificate")
+        cert_data, key_data = _pem_data(user, "client-certificate-data", source), _pem_data(user, "client-key-data", source)
+        if (cert_data is None) != (key_data is None):
+            raise CredentialsError(f"kubeconfig {source}: client-certificate-data and client-key-data come together")
+        if bool(user.get("client-certificate")) != bool(user.get("client-key")):
+            raise CredentialsError(f"kubeconfig {source}: client-certificate and client-key come together")
+        plugin = None
+        if user.get("exec") is not None:
+            try:
+                plugin = ExecPlugin(user["exec"], f"kubeconfig {source}")
+            except ExecPluginError as exc:
+                raise CredentialsError(f"kubeconfig {source}: {exc}") from None
         return cls(server, ca_file=file_of(cluster.get("certificate-authority")), ca_data=ca_data,
                    token=str(user["token"]) if user.get("token") else None,
                    token_file=file_of(user.get("tokenFile")),
                    client_cert_file=file_of(user.get("client-certificate")),
                    client_key_file=file_of(user.get("client-key")),
+                   client_cert_data=cert_data, client_key_data=key_data, exec_plugin=plugin,
                    insecure=bool(cluster.get("insecure-skip-tls-verify")), source=f"kubeconfig {source}")
 
+    # ---- exec plugin: run in a worker thread by KubeClient, never on the loop ----------------
+
+    def exec_due(self) -> bool:
+        return self.exec_plugin is not None and self.exec_plugin.due()
+
+    def refresh_exec(self) -> None:
+        """Run the exec plugin when its credential is missing or about to expire (blocking)."""
+        if self.exec_plugin is not None:
+            try:
+                self.exec_plugin.refresh()
+            except ExecPluginError as exc:
+                raise CredentialsError(f"{self.source}: exec plugin: {exc}") from None
+
+    def refused(self) -> None:
+        """The API server answered 401: an exec credential is asked for again."""
+        if self.exec_plugin is not None:
+            self.exec_plugin.forget()
+
+    # ---- TLS and headers ---------------------------------------------------------------------
+
+    def _client_pair(self) -> tuple[tuple[bytes, bytes] | None, bool]:
+        """The client certificate and key (PEM) now, and whether they changed since the context."""
+        if self._client_files is not None:
+            (cert, cert_changed), (key, key_changed) = (w.get() for w in self._client_files)
+            return (cert, key), cert_changed or key_changed
+        if self.exec_plugin is not None and self.exec_plugin.credential is not None \
+                and self.exec_plugin.credential.client_cert_pem is not None:
+            cred = self.exec_plugin.credential
+            changed = cred is not self._exec_pair
+            self._exec_pair = cred
+            return (cred.client_cert_pem or b"", cred.client_key_pem or b""), changed
+        if self._client_data is not None:
+            return (self._client_data[0] or b"", self._client_data[1] or b""), False
+        return None, False
+
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context, rebuilt when the CA file changed; None for http://."""
+        """The TLS context, rebuilt when the CA or the client certificate changed; None for http://."""
         if not self.server.startswith("https://"):
             return None
         changed = self._context is None
@@ -155,16 +213,27 @@ class Credentials:
         if self._ca is not None:
             ca_bytes, ca_changed = self._ca.get()
             changed = changed or ca_changed
+        pair, pair_changed = self._client_pair()
+        changed = changed or pair_changed
         if not changed and self._context is not None:
             return self._context
         context = ssl.create_default_context()
         try:
             if ca_bytes is not None or self._ca_data is not None:
                 context = ssl.create_default_context(cadata=(ca_bytes or self._ca_data or b"").decode("ascii", "replace"))
-            if self._client is not None:
-                context.load_cert_chain(self._client[0] or "", self._client[1])
+            if pair is not None:
+                _load_client_pair(context, *pair)
+                self.client_cert_loads += 1
         except (ssl.SSLError, OSError, ValueError) as exc:
+            if self._context is not None and pair_changed:
+                # A rotation caught half-written (a new certificate beside the old key): keep the
+                # pair that worked, and read the files again at the next request.
+                self.rotation_problem = f"the new client certificate and key do not load yet: {exc}"
+                for watched in self._client_files or ():
+                    watched.stamp = None
+                return self._context
             raise CredentialsError(f"{self.source}: cannot use the CA or client certificate: {exc}") from None
+        self.rotation_problem = None
         if self._insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
@@ -172,13 +241,17 @@ class Credentials:
         return context
 
     def auth_headers(self) -> dict[str, str]:
-        """The Authorization header with the token as it is now (its file re-read when it changed)."""
+        """The Authorization header with the token as it is now (its file re-read when it changed,
+        the exec plugin's last token)."""
         token = self._token
         if self._token_file is not None:
             data, changed = self._token_file.get()
             if changed:
                 self.token_reads += 1
             token = data.decode("utf-8", "replace").strip()
+        if self.exec_plugin is not None and self.exec_plugin.credential is not None \
+                and self.exec_plugin.credential.token:
+            token = self.exec_plugin.credential.token
         if not token:
             return {}
         if any(c in token for c in "\r\n"):
@@ -186,100 +259,49 @@ class Credentials:
         return {"Authorization": f"Bearer {token}"}
 
 
+def _pem_data(user: dict[str, Any], key: str, source: str) -> bytes | None:
+    value = user.get(key)
+    if not value:
+        return None
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except ValueError:
+        raise CredentialsError(f"kubeconfig {source}: {key} is not base64") from None
+
+
+def _load_client_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """load_cert_chain reads files only: hand it the PEM through memory files (never on disk)."""
+    fds: list[int] = []
+    try:
+        for name, data in (("client-cert", cert), ("client-key", key)):
+            fd = os.memfd_create(f"koordnode-{name}", os.MFD_CLOEXEC)
+            fds.append(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 # --- kubeconfig text ---------------------------------------------------------------------------
-# A kubeconfig is YAML (or JSON). koordnode reads the block-style subset kubectl and kubeadm
-# write (mappings, lists of mappings, plain and quoted scalars, {} and []), not YAML at large:
-# a YAML library would be a binary dependency; anything else is refused with its line.
 
 
 def parse_kubeconfig_text(text: str) -> Any:
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"invalid JSON: {exc}") from None
-    lines: list[tuple[int, int, str]] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#") or stripped in ("---", "..."):
-            continue
-        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
-            raise ValueError(f"line {number}: tab in indentation")
-        lines.append((number, len(raw) - len(raw.lstrip(" ")), stripped))
-    if not lines:
+    """A kubeconfig's document (YAML, JSON being YAML), by PyYAML's safe loader: no Python
+    objects, aliases shared not copied; the file is at most MAX_CREDENTIAL_FILE_BYTES."""
+    import yaml  # only a node in a cluster loads it
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{where}invalid YAML ({problem})") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if doc is None:
         raise ValueError("empty")
-    value, index = _block(lines, 0, lines[0][1])
-    if index != len(lines):
-        raise ValueError(f"line {lines[index][0]}: unexpected indentation")
-    return value
-
-
-def _scalar(text: str, number: int) -> Any:
-    if text in ("{}", "[]"):
-        return {} if text == "{}" else []
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        inner = text[1:-1]
-        return inner.replace("''", "'") if text[0] == "'" else json.loads(text)
-    if text[:1] in ("{", "[", "&", "*", "!", "|", ">"):
-        raise ValueError(f"line {number}: {text[:1]!r} (flow style, anchors, tags, block scalars) is not supported")
-    if " #" in text:
-        text = text.split(" #", 1)[0].rstrip()
-    if text in ("true", "false"):
-        return text == "true"
-    if text in ("null", "~"):
-        return None
-    return text
-
-
-def _split_key(text: str, number: int) -> tuple[str, str]:
-    key, sep, rest = text.partition(":")
-    if not sep or (rest and not rest.startswith(" ")):
-        raise ValueError(f"line {number}: expected 'key: value', got {text[:60]!r}")
-    key = key.strip()
-    if len(key) >= 2 and key[0] == key[-1] and key[0] in "'\"":
-        key = key[1:-1]
-    return key, rest.strip()
-
-
-def _block(lines: list[tuple[int, int, str]], index: int, indent: int) -> tuple[Any, int]:
-    number, _, text = lines[index]
-    if text.startswith("- ") or text == "-":
-        items: list[Any] = []
-        while index < len(lines) and lines[index][1] == indent and lines[index][2].startswith("-"):
-            number, _, text = lines[index]
-            rest = text[1:].strip()
-            if not rest:
-                if index + 1 < len(lines) and lines[index + 1][1] > indent:
-                    value, index = _block(lines, index + 1, lines[index + 1][1])
-                else:
-                    value, index = None, index + 1
-                items.append(value)
-                continue
-            if ":" in rest and rest[:1] not in "'\"":
-                # "- key: value": a mapping whose keys sit at the dash's indent + 2
-                inner = indent + (len(text) - len(rest))
-                sub = [(number, inner, rest)] + lines[index + 1:]
-                value, used = _block(sub, 0, inner)
-                index += used
-                items.append(value)
-            else:
-                items.append(_scalar(rest, number))
-                index += 1
-        return items, index
-    mapping: dict[str, Any] = {}
-    while index < len(lines) and lines[index][1] == indent:
-        number, _, text = lines[index]
-        if text.startswith("-"):
-            break
-        key, rest = _split_key(text, number)
-        index += 1
-        if rest:
-            mapping[key] = _scalar(rest, number)
-        elif index < len(lines) and (lines[index][1] > indent
-                                     or (lines[index][1] == indent and lines[index][2].startswith("-"))):
-            mapping[key], index = _block(lines, index, lines[index][1])
-        else:
-            mapping[key] = None
-    if index < len(lines) and lines[index][1] > indent:
-        raise ValueError(f"line {lines[index][0]}: unexpected indentation")
-    return mapping, index
+    return doc

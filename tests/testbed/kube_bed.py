@@ -98,6 +98,7 @@ class ControlPlane:
         self._node_tokens = {name: secrets.token_hex(16) for name in node_names}
         self.cert_dir = self.workdir / "apiserver-pki"
         self.ca_file = self.cert_dir / "apiserver.crt"  # self-signed by the API server at start
+        self.client_ca = self.cert_dir / "client-ca.crt"
         self.etcd_log = self.workdir / "etcd.log"
         self.log_path = self.workdir / "kube-apiserver.log"
         self._etcd: subprocess.Popen | None = None
@@ -179,6 +180,23 @@ class ControlPlane:
         tokens = self.cert_dir / "tokens.csv"
         tokens.write_text("\n".join(rows) + "\n")
         tokens.chmod(0o600)
+        if not self.client_ca.exists():  # the CA of client certificates (client_certificate)
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", "/CN=koordnode-test-client-ca", "-keyout", str(self.client_ca.with_suffix(".key")),
+                            "-out", str(self.client_ca)], check=True, capture_output=True)
+
+    def client_certificate(self, directory: Path, user: str, groups: tuple[str, ...] = ()) -> tuple[Path, Path]:
+        """A client certificate for ``user`` in ``groups`` (CN and O, as the API server reads
+        them), signed by the bed's client CA: (certificate file, key file) in ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        key, csr, cert = directory / f"{user}.key", directory / f"{user}.csr", directory / f"{user}.crt"
+        subject = f"/CN={user}" + "".join(f"/O={group}" for group in groups)
+        subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key),
+                        "-out", str(csr)], check=True, capture_output=True)
+        subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(self.client_ca),
+                        "-CAkey", str(self.client_ca.with_suffix(".key")), "-CAcreateserial", "-days", "1",
+                        "-out", str(cert)], check=True, capture_output=True)
+        return cert, key
 
     def _start_apiserver(self, port: int = 0) -> None:
         self._write_credentials()
@@ -190,6 +208,7 @@ class ControlPlane:
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
              "--endpoint-reconciler-type=none",  # a loopback advertise address needs no kubernetes endpoint
              f"--cert-dir={self.cert_dir}", f"--token-auth-file={self.cert_dir / 'tokens.csv'}",
+             f"--client-ca-file={self.client_ca}",
              "--authorization-mode=Node,RBAC", "--allow-privileged=true",
              f"--service-account-key-file={key.with_suffix('.pub')}",
              f"--service-account-signing-key-file={key}",
