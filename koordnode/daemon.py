@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from koordnode import __version__, sdnotify
+from koordnode.tls_modules import let_tls_in
 from koordnode.admin.server import AdminServer
 from koordnode.config import Config, EngineSettings, HostAppSettings, ManagerSettings, ResctrlSettings
 from koordnode.cri.client import CriClient, CriError, RuntimeBackend
@@ -184,7 +185,8 @@ class Daemon:
         self.running_config = RunningConfig(config, metrics=metrics, chain=self.chain, server=self.server,
                                             backend=self.backend, reloads=reloads, dry_run_parts=dry_run_parts,
                                             restart_metrics=self._restart_metrics,
-                                            reconcile=self.reconciler.reconcile_once)
+                                            reconcile=self.reconciler.reconcile_once,
+                                            restart_cluster=self._restart_cluster_link)
         self._facts_changed = asyncio.Event()
         self.usage: NodeUsageReporter | None = None
         if self.qos_manager is not None:
@@ -194,6 +196,8 @@ class Daemon:
                                            facts_of=self.eviction.facts_of)
         self.cluster: ClusterLink | None = None
         self.cluster_error: str | None = None
+        self._cluster_task: asyncio.Task[Any] | None = None
+        self._replanning = False  # the reconciler's replan on pod-fact changes is running
         if config.kubernetes.enable:
             self._start_cluster_link(config)
         self.status_report = StatusReport(
@@ -244,6 +248,32 @@ class Daemon:
             await self.cluster.run(self._stop)
         except Exception:
             log.exception("kubernetes_link_failed")
+
+    def _spawn_cluster(self) -> None:
+        if self.cluster is None:
+            return
+        self._cluster_task = self.spawn(self._run_cluster())
+        if not self._replanning:
+            self._replanning = True
+            self.spawn(self.reconciler.replan_on(self._facts_changed))
+
+    async def _restart_cluster_link(self, config: Config) -> None:
+        """SIGHUP changed [kubernetes]: the old link's watches and reports end, a link from the
+        new section starts (or none). Its NodeSLO values stay until the new link's first one;
+        with [kubernetes] off the reload has dropped them."""
+        if self._cluster_task is not None:
+            self._cluster_task.cancel()
+            await asyncio.gather(self._cluster_task, return_exceptions=True)
+            self._cluster_task = None
+        self.cluster, self.cluster_error = None, None
+        self.eviction.cluster = None
+        if self.qos is not None:
+            self.qos.set_pod_facts(None)
+        if config.kubernetes.enable:
+            let_tls_in()  # left out when the daemon started without [kubernetes]
+            self._start_cluster_link(config)
+        self.status_report.cluster, self.status_report.cluster_error = self.cluster, self.cluster_error
+        self._spawn_cluster()
 
     def _node_topology(self) -> Any:
         """The NodeResourceTopology's facts (kube/topology.py): the engine's topology and pools."""
@@ -306,11 +336,8 @@ class Daemon:
         self.spawn(sdnotify.watchdog_loop(self._stop))
         if self.qos_manager is not None:
             self.spawn(self._run_qos_manager())
-        if self.qos_manager is not None or self.cluster is not None:
-            self.spawn(usage_loop(self.usage, self.cluster, self.metrics))
-        if self.cluster is not None:
-            self.spawn(self._run_cluster())
-            self.spawn(self.reconciler.replan_on(self._facts_changed))
+        self.spawn(usage_loop(self.usage, lambda: self.cluster, self.metrics))
+        self._spawn_cluster()
 
     async def _run_nri(self) -> None:
         """NRI mode: the runtime's Synchronize is the state; its CRI view only tells which

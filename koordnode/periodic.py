@@ -116,11 +116,13 @@ class Reconciler:
             self.state.set_pod_class(sandbox_id, qos_class, why)
 
 
-async def usage_loop(usage: NodeUsageReporter | None, cluster: ClusterLink | None, metrics: Metrics) -> None:
+async def usage_loop(usage: NodeUsageReporter | None, cluster_of: Callable[[], ClusterLink | None],
+                     metrics: Metrics) -> None:
     """The batch allocatable as a metric and in status, API server or not; whether the API
-    server answers ([kubernetes])."""
+    server answers ([kubernetes], the link a reload may have replaced)."""
     while True:
         await asyncio.sleep(10.0)
+        cluster = cluster_of()
         if cluster is not None:
             metrics.kube_api_up.set(1 if cluster.reachable()[0] else 0)
         if usage is None:

@@ -74,7 +74,8 @@ class RunningConfig:
 
     def __init__(self, config: Config, *, metrics: Metrics, chain: HookChain, server: ProxyServer,
                  backend: RuntimeBackend, reloads: list[Reload[Any]], dry_run_parts: list[DryRunSwitch],
-                 restart_metrics: Callable[[bool], None], reconcile: Callable[[], Awaitable[None]]) -> None:
+                 restart_metrics: Callable[[bool], None], reconcile: Callable[[], Awaitable[None]],
+                 restart_cluster: Callable[[Config], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.last_reload: dict[str, Any] = {"result": "never reloaded"}
         self._metrics = metrics
@@ -87,6 +88,7 @@ class RunningConfig:
         self._dry_run_parts = dry_run_parts
         self._restart_metrics = restart_metrics  # [metrics] changed (True), or start it if it is not up
         self._reconcile = reconcile
+        self._restart_cluster = restart_cluster  # [kubernetes] changed: a new link from the new section
         # One config change at a time: SIGHUP reloads and NodeSLO updates take the same path.
         self._lock = asyncio.Lock()
         self.dry_run = False
@@ -118,6 +120,8 @@ class RunningConfig:
                 self._metrics.record_config_reload(False)
                 sdnotify.ready()
                 return
+            if not new.kubernetes.enable and new.nodeslo is not None:
+                new = with_nodeslo(new, None)  # no API server link: the file and defaults alone
             await self._apply(new, trigger="sighup")
             sdnotify.ready()
 
@@ -144,8 +148,9 @@ class RunningConfig:
             log.warning("socket_paths_change_needs_restart",
                         detail="socket paths take effect at the next restart",
                         listen=old.proxy.listen, admin=old.admin.socket)
-        if new.kubernetes != old.kubernetes:
-            log.warning("kubernetes_change_needs_restart", detail="[kubernetes] takes effect at the next restart")
+        if new.kubernetes != old.kubernetes and self._restart_cluster is not None:
+            log.info("kubernetes_link_restarting", detail="[kubernetes] changed: a new API server link")
+            await self._restart_cluster(new)
         if _roots(new) != _roots(old):
             log.warning("filesystem_roots_change_needs_restart",
                         detail="[cgroup], [procfs] and [sysfs] root take effect at the next restart", **_roots(old))

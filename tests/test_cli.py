@@ -441,9 +441,9 @@ def test_koordnode_run_keeps_tls_out_unless_kubernetes_needs_it(tmp_path, kubern
 
     config = tmp_path / "koordnode.toml"
     config.write_text("[kubernetes]\nenable = true\n" if kubernetes else "")
-    code = ("import json, sys; from koordnode import cli; from koordnode.config import load_config; "
+    code = ("import json, sys; from koordnode import tls_modules; from koordnode.config import load_config; "
             f"c = load_config({str(config)!r}); "
-            "cli.leave_tls_out() if not c.kubernetes.enable else None; "
+            "tls_modules.leave_tls_out() if not c.kubernetes.enable else None; "
             "import asyncio, hashlib, koordnode.daemon, koordnode.policy.net, koordnode.model.annotations; "
             "print(json.dumps([sys.modules.get('ssl') is not None, sys.modules.get('_hashlib') is not None, "
             "hashlib.sha256(b'x').hexdigest(), hashlib.blake2b(b'x', digest_size=8).hexdigest()]))")

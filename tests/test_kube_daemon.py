@@ -172,3 +172,41 @@ def _api_up(cp: ControlPlane) -> bool:
         return cp.client().raw("GET", "/readyz") == "ok"
     except Exception:
         return False
+
+
+def test_kubernetes_section_takes_effect_on_sighup(plane: ControlPlane, containerd_bed, tmp_path: Path) -> None:
+    """[kubernetes] on, moved to another node and off again, each by SIGHUP without a restart:
+    the NodeSLO of the node named applies, and with the link off its values are gone."""
+    import signal
+
+    set_configmap(plane.client(), configmap(61, 50, 40))  # pool a (NODES[0]) 61 %, pool b 50 %
+    kubeconfig = kubeconfig_for(plane, tmp_path / "identity", plane.tokens["koordnode"])
+    proc = KoordnodeProcess(tmp_path / "koordnode", str(containerd_bed.socket),
+                            kubepods=containerd_bed.kubepods_cgroup).start()
+    base = proc.config_path.read_text()
+    threshold = "strategy.cpu_suppress.threshold_percent"
+
+    def reload_with(section: str) -> None:
+        proc.config_path.write_text(base + section)
+        proc.proc.send_signal(signal.SIGHUP)
+
+    def key() -> dict[str, Any]:
+        return proc.status()["config"]["keys"][threshold]
+
+    try:
+        pid = proc.proc.pid
+        assert proc.status()["kubernetes"] == {"enable": False} and key()["source"] == "default"
+        link = f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig}"\nbackoff_max_s = 2.0\n'
+        reload_with(link + f'node_name = "{NODES[0]}"\n')
+        _wait("NODES[0]'s NodeSLO applied", lambda: key() == {"value": 61.0, "source": "nodeslo"})
+        assert proc.status()["kubernetes"]["node_name"] == NODES[0]
+        reload_with(link + f'node_name = "{NODES[1]}"\n')
+        _wait("NODES[1]'s NodeSLO applied", lambda: key() == {"value": 50.0, "source": "nodeslo"})
+        assert proc.status()["kubernetes"]["node_name"] == NODES[1]
+        reload_with("[kubernetes]\nenable = false\n")
+        _wait("the link off, its NodeSLO gone", lambda: proc.status()["kubernetes"] == {"enable": False}
+              and key()["source"] == "default")
+        assert proc.proc.pid == pid and proc.proc.poll() is None  # never restarted
+        assert proc.status()["config"]["last_reload"]["result"] == "applied"
+    finally:
+        proc.stop()
