@@ -205,12 +205,13 @@ def _builds(specs: list[str]) -> dict[str, Path]:
     return builds
 
 
-def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
-          feature_gates: dict[str, bool], cluster: bool = False):
+def bench_node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
+               feature_gates: dict[str, bool], cluster: bool = False, extra_toml: str = ""):
     """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`;
     mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode). `cluster`: beside
     a koordlet node, koordnode runs with [kubernetes] too (NodeSLO, pod facts, NodeMetric,
-    NodeResourceTopology), so both agents do an agent's whole work."""
+    NodeResourceTopology), so both agents do an agent's whole work. `extra_toml`: added to
+    every koordnode's configuration."""
     name = NODE_NAMES[i]
     if mode == "koordlet":
         return koordlet_node(workdir / mode, plane, name, namespace=f"bench-{mode}", feature_gates=feature_gates)
@@ -218,16 +219,18 @@ def _node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[st
     if cluster and mode != "direct":
         kubeconfig = plane.kubeconfig((workdir / f"{mode}-kubeconfig").resolve(), plane.tokens["koordnode"])
         toml = f'[kubernetes]\nenable = true\nkubeconfig = "{kubeconfig}"\nnode_name = "{name}"\n'
+    toml += extra_toml if mode != "direct" else ""
     return real_node(workdir / mode, mode="proxy" if mode in builds else mode, control_plane=plane,
                      node_name=name, namespace=f"bench-{mode}", feature_gates=feature_gates,
                      koordnode_repo=builds.get(mode), koordnode_toml=toml)
 
 
 @contextlib.contextmanager
-def _koordinator(plane: ControlPlane, workdir: Path, modes: list[str]):
-    """With a koordlet node: Koordinator's CRDs, koordlet's and koordnode's RBAC and
-    koord-manager, whose NodeSLO (its defaults) every agent then takes."""
-    if "koordlet" not in modes:
+def koordinator(plane: ControlPlane, workdir: Path, modes: list[str], slo_config: dict[str, str] | None = None):
+    """With a koordlet node, or `slo_config` (the data of koord-manager's slo-controller-config):
+    Koordinator's CRDs, koordlet's and koordnode's RBAC and koord-manager, whose NodeSLO every
+    agent then takes (default: colocation on, the rest Koordinator's defaults)."""
+    if "koordlet" not in modes and slo_config is None:
         yield None
         return
     install_koordinator(plane)
@@ -235,7 +238,7 @@ def _koordinator(plane: ControlPlane, workdir: Path, modes: list[str]):
     install_koordnode_rbac(plane.client())
     plane.client().create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", {
         "metadata": {"name": "slo-controller-config", "namespace": NAMESPACE},
-        "data": {"colocation-config": json.dumps({"enable": True})}})
+        "data": slo_config or {"colocation-config": json.dumps({"enable": True})}})
     with KoordManager(plane, workdir / "koord-manager") as manager:
         yield manager
 
@@ -246,8 +249,8 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     its ratio to direct's. Run r puts mode i on node slot (i + r) mod n: what differs between
     slots (the node's name, addresses, directories) meets every mode alike over the runs."""
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
-            _koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
-        nodes = {mode: stack.enter_context(_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
+            koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
+        nodes = {mode: stack.enter_context(bench_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
                                                  feature_gates, cluster="koordlet" in modes))
                  for i, mode in enumerate(modes)}
         latencies, timed = timed_interleaved_starts(nodes, pods)
@@ -391,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return 0
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
-            _koordinator(plane, workdir, modes):
+            koordinator(plane, workdir, modes):
         def node_of(i: int, mode: str):
-            return _node(workdir, plane, i, mode, builds, feature_gates, cluster="koordlet" in modes)
+            return bench_node(workdir, plane, i, mode, builds, feature_gates, cluster="koordlet" in modes)
 
         if args.interleave:
             with contextlib.ExitStack() as stack:

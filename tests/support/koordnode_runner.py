@@ -91,6 +91,9 @@ class KoordnodeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "koordnode", "run", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.repo),
+            # A session of its own, as containerd's and kubelet's in the bed: its CPU weight never
+            # follows the caller's (a shell's autogroup at nice 19 gave it 1/70 of kubepods').
+            start_new_session=True,
         )
         log.close()
         if not self.nri:
