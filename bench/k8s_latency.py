@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.k8s_node import bench_node, koordinator, turn_orders
+from bench.k8s_node import _agent, _cpu_seconds, bench_node, koordinator, turn_orders
 from bench.ls_latency import (CPUS, PORT, PROBE_IN_CONTAINER, SERVER_WORK_US, SLEEP_US, WORK_US, IdleLatencyHold,
                               build_probe, busy_ns, cgroup_of, parse_line, usage_ns)
 from tests.testbed.kube_bed import ControlPlane
@@ -144,10 +144,14 @@ class NodeUnderTest:
         ls_cg = cgroup_of(self.pid_of(ls_cid), "cpuacct")
         be_cg = cgroup_of(self.pid_of(be_cid), "cpuacct") if be_cid else None
         out: dict[str, Any] = {}
+        _, agent_pid = _agent(self.node)
         for variant in self.args.variants:
             began, ls0, be0, busy0 = time.monotonic(), usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
+            agent0 = _cpu_seconds(agent_pid) if agent_pid else 0.0
             result = self.variant(variant, ls_cid, ip)
             elapsed = time.monotonic() - began
+            if agent_pid:  # the node agent's own CPU meanwhile (it competes with LS from outside kubepods)
+                result["agent_cpus"] = round((_cpu_seconds(agent_pid) - agent0) / elapsed, 4)
             ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
             result["ls_cpus"] = round(ls_ns / 1e9 / elapsed, 3)
             result["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
@@ -250,6 +254,9 @@ def figures(turn: dict[str, Any]) -> dict[str, float | None]:
                 flat[f"{state} {variant} {q} with BE us"] = with_be[f"{q}_us"]
                 flat[f"{state} {variant} {q} ratio"] = round(with_be[f"{q}_us"] / max(1.0, alone[f"{q}_us"]), 2)
             flat[f"{state} {variant} BE share of idle"] = with_be["be_share_of_idle"]
+            if "agent_cpus" in alone:
+                flat[f"{state} {variant} agent CPUs alone"] = alone["agent_cpus"]
+                flat[f"{state} {variant} agent CPUs with BE"] = with_be["agent_cpus"]
         if "step" in m:
             flat["yield s"] = m["step"]["yield_s"]
             flat["BE CPUs after the step"] = m["step"]["be_cpus_settled"]
