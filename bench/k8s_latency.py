@@ -25,6 +25,12 @@ each LS state (quiet, and busy: ``--ls-busy`` percent of a CPU beside the probe)
   the step) until BE's use over 100 ms first comes within 0.1 CPU of where it settles (its mean
   over the last 3 s of ``--step-seconds``).
 
+* **pod start** (``--start-pods``, each run): that many pods per node started in balanced turns,
+  p50 and its ratio to direct's (bench.k8s_node);
+
+and after the runs, **agent load** (``--load-pods``): each agent's CPU and RSS over ``--window``
+seconds of kubelet's own calls with 20, then 100 pods running (bench.k8s_node.load_window).
+
 Each figure is given per run, with the median and the spread (min-max) over runs. The nodes idle
 while another mode measures; the machine's load average is printed before and after.
 
@@ -52,7 +58,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.k8s_node import _agent, _cpu_seconds, bench_node, koordinator, turn_orders
+from bench.k8s_node import (_agent, _cpu_seconds, bench_node, interleaved_start_latencies, koordinator, load_window,
+                             turn_orders)
 from bench.ls_latency import (CPUS, PORT, PROBE_IN_CONTAINER, SERVER_WORK_US, SLEEP_US, WORK_US, IdleLatencyHold,
                               build_probe, busy_ns, cgroup_of, parse_line, usage_ns)
 from tests.testbed.kube_bed import ControlPlane
@@ -247,6 +254,10 @@ def figures(turn: dict[str, Any]) -> dict[str, float | None]:
     """One turn's figures, flat: "<state> <variant> p99 alone/with BE" (us), ratios, BE's share, yield."""
     flat: dict[str, float | None] = {}
     for state, m in turn.items():
+        if state == "pod start":
+            flat["pod start p50 s"] = m["p50_s"]
+            flat["pod start p50 vs direct"] = m.get("p50_vs_direct")
+            continue
         for variant, alone in m["alone"].items():
             with_be = m["with_be"][variant]
             for q in ("p99", "p999"):
@@ -293,6 +304,45 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], modes: list[str]) -> st
     return "\n".join(lines)
 
 
+def start_pods(nodes: dict[str, Any], count: int, run: int) -> dict[str, dict[str, float]]:
+    """`count` pods per node started in balanced turns (bench.k8s_node), then deleted: the p50
+    of each node's start times and its ratio to direct's."""
+    latencies = interleaved_start_latencies(nodes, count, prefix=f"start{run}")
+    for mode, node in nodes.items():
+        for i in range(count):
+            node.client().delete(node.pod_path(f"start{run}-{mode}-{i}"), grace_seconds=0)
+    out = {mode: {"p50_s": round(statistics.median(values), 4)} for mode, values in latencies.items()}
+    if "direct" in out:
+        for mode in out:
+            out[mode]["p50_vs_direct"] = round(out[mode]["p50_s"] / out["direct"]["p50_s"], 3)
+    print(f"  run {run} pod start p50: " + "  ".join(f"{mode} {r['p50_s']:.3f} s" for mode, r in out.items()),
+          flush=True)
+    return out
+
+
+def agent_load(nodes: dict[str, Any], pod_counts: list[int], window_s: float) -> dict[str, list[dict[str, Any]]]:
+    """Each agent's CPU and RSS over `window_s` of kubelet's own calls with each count of pods
+    running (bench.k8s_node.load_window), one node at a time."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for mode, node in nodes.items():
+        if _agent(node)[1] is None:
+            continue
+        keep = 1 if node.koordlet is not None else 0  # koordlet's node keeps its seed pod
+
+        def few_enough(node: Any = node, keep: int = keep) -> bool:
+            return len(node.client().get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) <= keep
+
+        node.client().wait_for("the earlier pods gone", few_enough, timeout=300, interval=2)
+        out[mode] = [load_window(node, pods, window_s) for pods in pod_counts]
+        for window in out[mode]:
+            agent = window["agent"]
+            print(f"  {mode}: {window['pods']} pods: {window[f'{agent}_cpu_percent_of_a_core']} % of a core, "
+                  f"RSS {window[f'{agent}_rss_mb']} MB", flush=True)
+        for i in range(max(pod_counts, default=0)):
+            node.client().delete(node.pod_path(f"load-{i}"), grace_seconds=0)
+    return out
+
+
 def wait_for_nodeslo(plane: ControlPlane, nodes: dict[str, Any], timeout: float = 120.0) -> None:
     """koord-manager has rendered each node's NodeSLO with BE suppression on, and each koordnode
     has applied it (koordlet's informer takes it within its resync; its turn starts later)."""
@@ -332,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-cpus", type=float, default=1.5, help="LS's step, CPUs of work (1.5)")
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--suppress-policy", choices=("cpuset", "cfsQuota"), default="cfsQuota")
+    parser.add_argument("--start-pods", type=int, default=20,
+                        help="pods per node started in turns each run, for pod start p50 (20; 0: none)")
+    parser.add_argument("--load-pods", default="20,100",
+                        help='after the runs, each agent\'s CPU and RSS with these many pods running (20,100; "": none)')
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of each load window (60)")
     parser.add_argument("--koordnode-toml", help="a TOML file added to every koordnode's configuration")
     parser.add_argument("--json", help="also write the results there")
     args = parser.parse_args(argv)
@@ -342,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(args.variants) <= set(VARIANTS):
         parser.error(f"--variants: from {VARIANTS}")
     busy_states = [0, *(int(v) for v in args.ls_busy.split(",") if v)]
+    args.load_pods = [int(v) for v in args.load_pods.split(",") if v.strip()]
     if autogroup_nice() not in (None, 0):
         parser.error(f"this session's autogroup runs at nice {autogroup_nice()}: the rr client would be starved; "
                      "run the benchmark in a session of its own (setsid python3 -m bench.k8s_latency ...)")
@@ -369,11 +425,19 @@ def main(argv: list[str] | None = None) -> int:
             turn: dict[str, Any] = {}
             for k in orders[run % len(orders)]:
                 turn[modes[k]] = measure_turn(units[modes[k]], busy_states, run)
+            if args.start_pods:
+                for mode, started in start_pods(nodes, args.start_pods, run).items():
+                    turn[mode]["pod start"] = started
             results["runs"].append(turn)
+        if args.load_pods:
+            results["agent_load"] = agent_load(nodes, args.load_pods, args.window)
     results["load_after"] = os.getloadavg()
     results["summary"] = over_runs(results["runs"], modes)
     print(f"load average after {os.getloadavg()[0]:.2f}")
     print(table(results["summary"], modes))
+    for mode, windows in results.get("agent_load", {}).items():
+        print(f"{mode}: " + "; ".join(f"{w['pods']} pods {w[w['agent'] + '_cpu_percent_of_a_core']} % of a core, "
+                                     f"{w[w['agent'] + '_rss_mb']} MB" for w in windows))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

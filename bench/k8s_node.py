@@ -99,15 +99,15 @@ def turn_orders(n: int) -> list[list[int]]:
     return rows if n % 2 == 0 or n == 1 else rows + [row[::-1] for row in rows]
 
 
-def interleaved_start_latencies(nodes: dict[str, Any], count: int) -> dict[str, list[float]]:
-    """``count`` pods per mode, started in turns, in the orders of turn_orders."""
+def interleaved_start_latencies(nodes: dict[str, Any], count: int, prefix: str = "start") -> dict[str, list[float]]:
+    """``count`` pods per mode (named PREFIX-MODE-I), started in turns, in the orders of turn_orders."""
     modes = list(nodes)
     latencies: dict[str, list[float]] = {mode: [] for mode in modes}
     orders = turn_orders(len(modes))
     for i in range(count):
         for k in orders[i % len(orders)]:
             mode = modes[k]
-            latencies[mode].append(pod_start_latency(nodes[mode], f"start-{mode}-{i}"))
+            latencies[mode].append(pod_start_latency(nodes[mode], f"{prefix}-{mode}-{i}"))
     return latencies
 
 

@@ -8,6 +8,7 @@ double (cluster strategy, then the first node strategy whose selector matches th
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import textwrap
@@ -93,9 +94,15 @@ def _can_list_nodeslos(cp: ControlPlane) -> bool:
 def kubeconfig_for(cp: ControlPlane, directory: Path, token: str) -> Path:
     """In YAML, with a tokenFile, as an operator would write it."""
     directory.mkdir(parents=True, exist_ok=True)
-    token_file = directory / "token"
-    token_file.write_text(token + "\n")
-    path = directory / "kubeconfig"
+    (directory / "token").write_text(token + "\n")
+    return write_kubeconfig(cp, directory / "kubeconfig", "tokenFile: token\n")
+
+
+def write_kubeconfig(cp: ControlPlane, path: Path, user: str, *, embed_ca: bool = False) -> Path:
+    """A kubeconfig in block-style YAML whose user authenticates by `user` (YAML lines of its
+    `user:` mapping); `embed_ca`: the CA as certificate-authority-data, as kubeadm writes it."""
+    ca = (f"certificate-authority-data: {base64.b64encode(cp.ca_file.read_bytes()).decode()}" if embed_ca
+          else f"certificate-authority: {cp.ca_file}")
     path.write_text(textwrap.dedent(f"""\
         apiVersion: v1
         kind: Config
@@ -103,18 +110,17 @@ def kubeconfig_for(cp: ControlPlane, directory: Path, token: str) -> Path:
         - name: bed
           cluster:
             server: {cp.url}
-            certificate-authority: {cp.ca_file}
-        users:
-        - name: koordnode
-          user:
-            tokenFile: token
+            {ca}
         contexts:
         - name: koordnode@bed
           context:
             cluster: bed
             user: koordnode
         current-context: koordnode@bed
-        """))
+        users:
+        - name: koordnode
+          user:
+        """) + textwrap.indent(user, " " * 4))
     return path
 
 

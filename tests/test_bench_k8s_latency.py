@@ -80,3 +80,12 @@ def test_autogroup_nice_is_read_from_proc(tmp_path) -> None:
     (tmp_path / "autogroup").write_text("/autogroup-4 nice 19\n")
     assert autogroup_nice(tmp_path / "autogroup") == 19
     assert autogroup_nice(tmp_path / "missing") is None
+
+
+def test_pod_start_of_a_run_is_a_figure_with_its_spread() -> None:
+    runs = [{"proxy": {**_turn(110, 300, 0.9, 0.2), "pod start": {"p50_s": 0.41, "p50_vs_direct": 1.05}}},
+            {"proxy": {**_turn(120, 300, 0.9, 0.2), "pod start": {"p50_s": 0.40, "p50_vs_direct": 1.01}}}]
+    summary = over_runs(runs, ["proxy"])
+    assert summary["proxy"]["pod start p50 vs direct"] == {"runs": [1.05, 1.01], "median": 1.03, "min": 1.01,
+                                                          "max": 1.05}
+    assert "quiet probe p99 ratio" in summary["proxy"]  # the states' figures are still there

@@ -13,7 +13,8 @@ import os
 import textwrap
 from pathlib import Path
 
-from kube_cluster_support import NODES, Node, _start, _stop, configmap, plane, set_configmap  # noqa: F401
+from kube_cluster_support import (  # noqa: F401
+    NODES, Node, _start, _stop, configmap, plane, set_configmap, write_kubeconfig)
 from testbed.kube_bed import ControlPlane
 
 from koordnode.kube.client import KubeClient
@@ -29,31 +30,12 @@ async def who(client: KubeClient) -> tuple[str, list[str]]:
     return info["username"], info.get("groups", [])
 
 
-def kubeconfig(plane: ControlPlane, path: Path, user: str) -> Path:
-    path.write_text(textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Config
-        clusters:
-        - name: bed
-          cluster:
-            certificate-authority-data: {base64.b64encode(plane.ca_file.read_bytes()).decode()}
-            server: {plane.url}
-        contexts:
-        - {{name: koordnode@bed, context: {{cluster: bed, user: koordnode}}}}
-        current-context: koordnode@bed
-        users:
-        - name: koordnode
-          user:
-        """) + textwrap.indent(user, " " * 4))
-    return path
-
-
 def test_embedded_client_certificate_authenticates(plane: ControlPlane, tmp_path: Path) -> None:
     cert, key = plane.client_certificate(tmp_path / "pki", "koordnode", ("koordnode",))
-    path = kubeconfig(plane, tmp_path / "kubeconfig", textwrap.dedent(f"""\
+    path = write_kubeconfig(plane, tmp_path / "kubeconfig", textwrap.dedent(f"""\
         client-certificate-data: {base64.b64encode(cert.read_bytes()).decode()}
         client-key-data: {base64.b64encode(key.read_bytes()).decode()}
-        """))
+        """), embed_ca=True)
     client = KubeClient(Credentials.from_kubeconfig(str(path)))
     assert asyncio.run(who(client)) == ("koordnode", ["koordnode", "system:authenticated"])
 
@@ -71,8 +53,8 @@ def test_rotated_client_certificate_files_are_used_while_watches_stay_open(plane
             os.replace(staged, target)
 
     rotate_to(("koordnode", "first-cert"), "1")
-    path = kubeconfig(plane, tmp_path / "kubeconfig",
-                      f"client-certificate: {current_cert}\nclient-key: {current_key}\n")
+    path = write_kubeconfig(plane, tmp_path / "kubeconfig",
+                            f"client-certificate: {current_cert}\nclient-key: {current_key}\n")
     admin = plane.client()
     node = Node(plane, tmp_path, NODES[0], kubeconfig=path)
 
