@@ -159,7 +159,7 @@ echo run >> {tmp_path}/runs
 echo "$KUBERNETES_EXEC_INFO" | grep -q '"interactive": false' || exit 4
 if [ "$(wc -l < {tmp_path}/runs)" = 1 ]; then echo '{answer("t1", soon)}'; else echo '{answer("t2", later)}'; fi
 """)
-    plugin = ExecPlugin(exec_spec(script), "test")
+    plugin = ExecPlugin(exec_spec(script))
     creds = Credentials("https://127.0.0.1:1", exec_plugin=plugin, insecure=True)
     assert creds.exec_due()
     creds.refresh_exec()
@@ -173,7 +173,7 @@ if [ "$(wc -l < {tmp_path}/runs)" = 1 ]; then echo '{answer("t1", soon)}'; else 
 
 def test_exec_plugin_runs_off_the_loop_and_a_401_asks_again(tmp_path: Path) -> None:
     script = plugin_script(tmp_path, f"echo '{answer('tok')}'\n")
-    creds = Credentials("http://127.0.0.1:9", exec_plugin=ExecPlugin(exec_spec(script), "test"))
+    creds = Credentials("http://127.0.0.1:9", exec_plugin=ExecPlugin(exec_spec(script)))
     client = KubeClient(creds, timeout_s=1)
 
     async def go() -> None:
@@ -195,7 +195,7 @@ def test_exec_plugin_runs_off_the_loop_and_a_401_asks_again(tmp_path: Path) -> N
      "\"status\": {}}'\n", "neither a token nor a client certificate"),
 ])
 def test_exec_plugin_failures_are_bounded_and_say_why(tmp_path: Path, body: str, why: str) -> None:
-    plugin = ExecPlugin(exec_spec(plugin_script(tmp_path, body)), "test", timeout_s=0.5)
+    plugin = ExecPlugin(exec_spec(plugin_script(tmp_path, body)), timeout_s=0.5)
     creds = Credentials("https://127.0.0.1:1", exec_plugin=plugin)
     started = time.monotonic()
     with pytest.raises(CredentialsError, match=why):
@@ -205,10 +205,9 @@ def test_exec_plugin_failures_are_bounded_and_say_why(tmp_path: Path, body: str,
 
 def test_exec_plugin_configuration_is_checked_at_start(tmp_path: Path) -> None:
     with pytest.raises(ExecPluginError, match="apiVersion must be one of"):
-        ExecPlugin({"command": "x", "apiVersion": "v9"}, "test")
+        ExecPlugin({"command": "x", "apiVersion": "v9"})
     with pytest.raises(ExecPluginError, match="needs a terminal"):
-        ExecPlugin({"command": "x", "apiVersion": "client.authentication.k8s.io/v1", "interactiveMode": "Always"},
-                   "test")
+        ExecPlugin({"command": "x", "apiVersion": "client.authentication.k8s.io/v1", "interactiveMode": "Always"})
     with pytest.raises(ExecPluginError, match="come together"):
         parse_exec_credential(json.dumps({"kind": "ExecCredential", "apiVersion": "v", "status": {
             "clientCertificateData": "x"}}).encode(), "v")
@@ -219,7 +218,7 @@ def test_exec_plugin_client_certificate_is_loaded(tmp_path: Path) -> None:
     doc = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
            "status": {"clientCertificateData": cert.read_text(), "clientKeyData": key.read_text()}}
     (tmp_path / "answer.json").write_text(json.dumps(doc))
-    plugin = ExecPlugin(exec_spec(plugin_script(tmp_path, f"cat {tmp_path}/answer.json\n")), "test")
+    plugin = ExecPlugin(exec_spec(plugin_script(tmp_path, f"cat {tmp_path}/answer.json\n")))
     creds = Credentials("https://127.0.0.1:1", exec_plugin=plugin)
     creds.refresh_exec()
     assert creds.ssl_context() is not None and creds.client_cert_loads == 1

@@ -140,17 +140,13 @@ class Credentials:
         server = cluster.get("server")
         if not isinstance(server, str) or not server.startswith(("https://", "http://")):
             raise CredentialsError(f"kubeconfig {source}: cluster of context {current!r} has no https:// server")
-        ca_data = None
-        if cluster.get("certificate-authority-data"):
-            try:
-                ca_data = base64.b64decode(str(cluster["certificate-authority-data"]), validate=True)
-            except ValueError:
-                raise CredentialsError(f"kubeconfig {source}: certificate-authority-data is not base64") from None
+        ca_data = _base64_field(cluster, "certificate-authority-data", source)
         if "auth-provider" in user:
             raise CredentialsError(f"kubeconfig {source}: the user of context {current!r} authenticates by "
                                    "auth-provider, which Kubernetes removed: use an exec plugin, a token, "
                                    "a tokenFile or a client certificate")
-        cert_data, key_data = _pem_data(user, "client-certificate-data", source), _pem_data(user, "client-key-data", source)
+        cert_data = _base64_field(user, "client-certificate-data", source)
+        key_data = _base64_field(user, "client-key-data", source)
         if (cert_data is None) != (key_data is None):
             raise CredentialsError(f"kubeconfig {source}: client-certificate-data and client-key-data come together")
         if bool(user.get("client-certificate")) != bool(user.get("client-key")):
@@ -158,7 +154,7 @@ class Credentials:
         plugin = None
         if user.get("exec") is not None:
             try:
-                plugin = ExecPlugin(user["exec"], f"kubeconfig {source}")
+                plugin = ExecPlugin(user["exec"])
             except ExecPluginError as exc:
                 raise CredentialsError(f"kubeconfig {source}: {exc}") from None
         return cls(server, ca_file=file_of(cluster.get("certificate-authority")), ca_data=ca_data,
@@ -259,8 +255,9 @@ class Credentials:
         return {"Authorization": f"Bearer {token}"}
 
 
-def _pem_data(user: dict[str, Any], key: str, source: str) -> bytes | None:
-    value = user.get(key)
+def _base64_field(section: dict[str, Any], key: str, source: str) -> bytes | None:
+    """A kubeconfig's *-data field, decoded (None: not given)."""
+    value = section.get(key)
     if not value:
         return None
     try:

@@ -76,7 +76,7 @@ def parse_exec_credential(stdout: bytes, api_version: str) -> ExecCredential:
 class ExecPlugin:
     """The `exec` section of a kubeconfig user, and the credential it last gave."""
 
-    def __init__(self, spec: Any, source: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, spec: Any, *, timeout_s: float = 10.0) -> None:
         if not isinstance(spec, dict):
             raise ExecPluginError("exec is not a mapping")
         command, args, env = spec.get("command"), spec.get("args") or [], spec.get("env") or []
@@ -96,7 +96,6 @@ class ExecPlugin:
             raise ExecPluginError("exec.interactiveMode Always needs a terminal, which a node agent has not")
         self.argv = [command, *args]
         self.env = {e["name"]: e["value"] for e in env}
-        self.source = source
         self.timeout_s = timeout_s
         self.credential: ExecCredential | None = None
         self.runs = 0
