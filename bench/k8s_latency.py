@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -58,10 +59,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.k8s_node import (_agent, _cpu_seconds, bench_node, interleaved_start_latencies, koordinator, load_window,
-                             turn_orders)
+from bench.k8s_node import (_agent, _cpu_seconds, bench_node, interleaved_start_latencies, koordinator,
+                             load_windows, turn_orders)
 from bench.ls_latency import (CPUS, PORT, PROBE_IN_CONTAINER, SERVER_WORK_US, SLEEP_US, WORK_US, IdleLatencyHold,
-                              build_probe, busy_ns, cgroup_of, parse_line, usage_ns)
+                              build_probe, cgroup_of, container_pid, parse_line, usage_ns, with_cpu_use)
 from tests.testbed.kube_bed import ControlPlane
 from tests.testbed.real_node import NODE_NAMES
 
@@ -132,10 +133,7 @@ class NodeUnderTest:
         return resp.stdout.decode()
 
     def pid_of(self, cid: str) -> int:
-        from koordnode.cri import api_pb2 as pb
-
-        info = self.cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
-        return json.loads(info["info"])["pid"]
+        return container_pid(self.cri, cid)
 
     def variant(self, variant: str, cid: str, ip: str | None) -> dict[str, Any]:
         rounds = self.args.rounds
@@ -150,22 +148,13 @@ class NodeUnderTest:
     def measure(self, ls_cid: str, ip: str | None, be_cid: str | None) -> dict[str, Any]:
         ls_cg = cgroup_of(self.pid_of(ls_cid), "cpuacct")
         be_cg = cgroup_of(self.pid_of(be_cid), "cpuacct") if be_cid else None
-        out: dict[str, Any] = {}
         _, agent_pid = _agent(self.node)
+        out: dict[str, Any] = {}
         for variant in self.args.variants:
-            began, ls0, be0, busy0 = time.monotonic(), usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
-            agent0 = _cpu_seconds(agent_pid) if agent_pid else 0.0
-            result = self.variant(variant, ls_cid, ip)
-            elapsed = time.monotonic() - began
+            began, agent0 = time.monotonic(), _cpu_seconds(agent_pid) if agent_pid else 0.0
+            out[variant] = with_cpu_use(functools.partial(self.variant, variant, ls_cid, ip), ls_cg, be_cg)
             if agent_pid:  # the node agent's own CPU meanwhile (it competes with LS from outside kubepods)
-                result["agent_cpus"] = round((_cpu_seconds(agent_pid) - agent0) / elapsed, 4)
-            ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
-            result["ls_cpus"] = round(ls_ns / 1e9 / elapsed, 3)
-            result["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
-            if be_cg:
-                result["be_cpus"] = round(be_ns / 1e9 / elapsed, 3)
-                result["be_share_of_idle"] = round(be_ns / 1e9 / elapsed / max(1e-9, CPUS - ls_ns / 1e9 / elapsed), 3)
-            out[variant] = result
+                out[variant]["agent_cpus"] = round((_cpu_seconds(agent_pid) - agent0) / (time.monotonic() - began), 4)
         return out
 
     def step_yield(self, ls_cid: str, be_cid: str) -> dict[str, Any]:
@@ -322,22 +311,13 @@ def start_pods(nodes: dict[str, Any], count: int, run: int) -> dict[str, dict[st
 
 def agent_load(nodes: dict[str, Any], pod_counts: list[int], window_s: float) -> dict[str, list[dict[str, Any]]]:
     """Each agent's CPU and RSS over `window_s` of kubelet's own calls with each count of pods
-    running (bench.k8s_node.load_window), one node at a time."""
+    running (bench.k8s_node.load_windows), one node at a time; the load pods deleted after."""
     out: dict[str, list[dict[str, Any]]] = {}
     for mode, node in nodes.items():
         if _agent(node)[1] is None:
             continue
-        keep = 1 if node.koordlet is not None else 0  # koordlet's node keeps its seed pod
-
-        def few_enough(node: Any = node, keep: int = keep) -> bool:
-            return len(node.client().get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) <= keep
-
-        node.client().wait_for("the earlier pods gone", few_enough, timeout=300, interval=2)
-        out[mode] = [load_window(node, pods, window_s) for pods in pod_counts]
-        for window in out[mode]:
-            agent = window["agent"]
-            print(f"  {mode}: {window['pods']} pods: {window[f'{agent}_cpu_percent_of_a_core']} % of a core, "
-                  f"RSS {window[f'{agent}_rss_mb']} MB", flush=True)
+        print(f"  {mode}:", flush=True)
+        out[mode] = load_windows(node, pod_counts, window_s)
         for i in range(max(pod_counts, default=0)):
             node.client().delete(node.pod_path(f"load-{i}"), grace_seconds=0)
     return out

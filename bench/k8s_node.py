@@ -175,16 +175,21 @@ def _agent(node) -> tuple[str, int | None]:
 
 
 def _load_windows(node, args: argparse.Namespace, mode: str = "proxy") -> list[dict[str, Any]]:
-    """A node's load windows, after its start pods are gone (the windows count their own; a
-    koordlet node keeps its seed pod, which the windows count too)."""
+    """A node's load windows, after its start pods are gone."""
     for stale in range(args.pods):
         node.client().delete(node.pod_path(f"start-{mode}-{stale}"), grace_seconds=0)
+    return load_windows(node, [int(n) for n in args.load_pods.split(",") if n], args.window, args.profile)
+
+
+def load_windows(node, pod_counts: list[int], window_s: float, profile: str | None = None) -> list[dict[str, Any]]:
+    """Once only the node's own pods are left (a koordlet node keeps its seed pod, which the
+    windows count too), a load window (load_window) with each count of pods running."""
     keep = 1 if node.koordlet is not None else 0
-    node.client().wait_for("the start pods gone", lambda: len(node.client().get(
+    node.client().wait_for("the earlier pods gone", lambda: len(node.client().get(
         "/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]) <= keep, timeout=180, interval=2)
     windows = []
-    for pods in (int(n) for n in args.load_pods.split(",") if n):
-        window = load_window(node, pods, args.window, args.profile)
+    for pods in pod_counts:
+        window = load_window(node, pods, window_s, profile)
         windows.append(window)
         agent = window["agent"]
         print(f"load {pods} pods: {agent} {window[f'{agent}_cpu_percent_of_a_core']}% of a core, "

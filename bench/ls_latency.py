@@ -59,6 +59,7 @@ average before and after is printed with it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -68,6 +69,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,6 +219,32 @@ def busy_ns(stat: Path = Path("/proc/stat")) -> int:
     return (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+def container_pid(cri, cid: str) -> int:
+    """The container's first process, as the runtime reports it (ContainerStatus, verbose)."""
+    from koordnode.cri import api_pb2 as pb
+
+    info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
+    return json.loads(info["info"])["pid"]
+
+
+def with_cpu_use(run: Callable[[], dict], ls_cg: str, be_cg: str | None) -> dict:
+    """run()'s result with the CPUs used meanwhile: by the LS pod, by everything else on the
+    machine (the rr client too: on a shared machine, what else ran) and, beside a BE pod, by BE
+    and its share of what LS left idle."""
+    began, ls0, be0, busy0 = time.monotonic(), usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
+    result = run()
+    elapsed = time.monotonic() - began
+    ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
+    ls_cpus = ls_ns / 1e9 / elapsed
+    result["ls_cpus"] = round(ls_cpus, 3)
+    result["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
+    if be_cg:
+        be_cpus = be_ns / 1e9 / elapsed
+        result["be_cpus"] = round(be_cpus, 3)
+        result["be_share_of_idle"] = round(be_cpus / max(1e-9, CPUS - ls_cpus), 3)
+    return result
+
+
 class Bench:
     def __init__(self, bed, probe: Path, args: argparse.Namespace, work: Path) -> None:
         from tests.support.kubelet_tiers import kubelet_update_qos_cgroups, prepare_qos_tiers
@@ -254,12 +282,7 @@ class Bench:
 
         remove_pod(cri, sid)
 
-    @staticmethod
-    def pid_of(cri, cid: str) -> int:
-        from koordnode.cri import api_pb2 as pb
-
-        info = cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True)).info
-        return json.loads(info["info"])["pid"]
+    pid_of = staticmethod(container_pid)
 
     # ---- measurements -----------------------------------------------------------------------
 
@@ -296,23 +319,10 @@ class Bench:
     def measure(self, cri, ls_cid: str, ls_ip: str, be_cid: str | None, client_cid: str | None) -> dict:
         ls_cg = cgroup_of(self.pid_of(cri, ls_cid), "cpuacct")
         be_cg = cgroup_of(self.pid_of(cri, be_cid), "cpuacct") if be_cid else None
-        result: dict = {}
-        for variant in self.variants:
-            t0 = time.monotonic()
-            ls0, be0, busy0 = usage_ns(ls_cg), usage_ns(be_cg) if be_cg else 0, busy_ns()
-            result[variant] = (self.probe_run(cri, ls_cid) if variant == "probe"
-                               else self.rr_run(cri, variant, ls_ip, client_cid))
-            elapsed = time.monotonic() - t0
-            ls_ns, be_ns = usage_ns(ls_cg) - ls0, (usage_ns(be_cg) - be0) if be_cg else 0
-            ls_cpus = ls_ns / 1e9 / elapsed
-            result[variant]["ls_cpus"] = round(ls_cpus, 3)
-            # Everything but the LS and BE pods (the rr client too): on a shared machine, what else ran.
-            result[variant]["other_cpus"] = round(max(0, busy_ns() - busy0 - ls_ns - be_ns) / 1e9 / elapsed, 3)
-            if be_cg:
-                be_cpus = be_ns / 1e9 / elapsed
-                result[variant]["be_cpus"] = round(be_cpus, 3)
-                result[variant]["be_share_of_idle"] = round(be_cpus / max(1e-9, CPUS - ls_cpus), 3)
-        return result
+        return {variant: with_cpu_use(
+                    functools.partial(self.probe_run, cri, ls_cid) if variant == "probe"
+                    else functools.partial(self.rr_run, cri, variant, ls_ip, client_cid), ls_cg, be_cg)
+                for variant in self.variants}
 
     def run_setup(self, setup: str) -> dict:
         from koordnode.cri import api_pb2 as pb
