@@ -29,6 +29,8 @@ from koordnode import __version__
 from koordnode.cli import build_parser
 from koordnode.config import describe_settings
 from testbed.fixtures import skip_or_fail_in_ci
+from vm.lane import cache_root
+from vm.packages import stage_wheelhouse
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SH = REPO / "packaging" / "build.sh"
@@ -112,6 +114,21 @@ def test_build_rejects_bad_arguments(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert message in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_build_offline_from_the_staged_wheelhouse(tmp_path: Path) -> None:
+    """build.sh without an index, from only what tests/vm/packages.py stages for the VM lane's
+    guest: a requirement the wheelhouse lacks (a source archive's build requirement, say)
+    fails here in seconds, not after the guest has booted under TCG."""
+    _require_tools("dpkg-deb")
+    wheels = tmp_path / "wheelhouse"
+    stage_wheelhouse(wheels, cache_root())
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_NO_CACHE_DIR": "1",
+           "PIP_CONFIG_FILE": os.devnull, "HOME": str(tmp_path)}
+    result = subprocess.run(["bash", BUILD_SH, "--formats", "deb", "--out", tmp_path / "out"],
+                            capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert Path(result.stdout.split()[-1]).is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ the guest finds it as /results/packages: the guest installs its own build of ``<
 and upgrades to this one.
 
 ``stage_wheelhouse(directory)`` puts there what packaging/build.sh downloads with pip (the
-pinned dependencies of packaging/requirements.txt and the build backend of pyproject.toml), so
+pinned dependencies of packaging/requirements.txt, the build backend of pyproject.toml, and the
+source archives build.sh builds as pure Python with their build requirements), so
 the guest, which has no network, runs build.sh with ``PIP_NO_INDEX=1 PIP_FIND_LINKS=<dir>``:
 the offline build an operator without PyPI access would do.
 """
@@ -18,6 +19,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tarfile
 import sys
 import tempfile
 import tomllib
@@ -26,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 600
 DOWNLOAD_TIMEOUT_S = 300
+# Part of the wheelhouse's cache key: bump when what wheelhouse() downloads changes.
+WHEELHOUSE_RECIPE = "2: source archives and their build requirements"
 
 
 def package_version() -> str:
@@ -64,7 +68,8 @@ def _build_requires() -> list[str]:
 def wheelhouse(cache: Path) -> Path:
     """The wheels packaging/build.sh needs, downloaded once per requirements (cached in ``cache``)."""
     requirements = (REPO / "packaging" / "requirements.txt").read_text()
-    key = hashlib.sha256("\n".join([requirements, _min_python(), *_build_requires()]).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([WHEELHOUSE_RECIPE, requirements, _min_python(), *_build_requires()])
+                         .encode()).hexdigest()[:12]
     target = cache / f"wheelhouse-{key}"
     if (target / ".complete").is_file():
         return target
@@ -83,14 +88,53 @@ def wheelhouse(cache: Path) -> Path:
         subprocess.run([*pip, "--implementation", "py", "--platform", "any", "--abi", "none",
                         *_build_requires()],
                        check=True, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
-        (staging / ".complete").write_text("\n".join(sorted(p.name for p in staging.glob("*.whl"))) + "\n")
+        # What build.sh builds from source as pure Python: the source archive, and its build
+        # requirements as pure-Python wheels (Cython has one), for any guest CPython.
+        sources = _pure_from_source()
+        if sources:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+                            "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                            "--dest", str(staging), *sources],
+                           check=True, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+            subprocess.run([*pip, "--implementation", "py", "--platform", "any", "--abi", "none",
+                            *_sdist_build_requires(staging)],
+                           check=True, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+        (staging / ".complete").write_text("\n".join(sorted(p.name for p in _archives(staging))) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     return target
+
+
+def _pure_from_source() -> list[str]:
+    """The requirements build.sh builds from source (its ``# pure-python-from-source:`` lines)."""
+    marker = "# pure-python-from-source:"
+    lines = (REPO / "packaging" / "requirements.txt").read_text().splitlines()
+    return [word for line in lines if line.startswith(marker) for word in line[len(marker):].split()]
+
+
+def _sdist_build_requires(directory: Path) -> list[str]:
+    """Every ``[build-system] requires`` of the source archives in ``directory``, markers dropped
+    (the guest's CPython is not this one: take each requirement for any version)."""
+    wanted: list[str] = []
+    for archive in sorted(directory.glob("*.tar.gz")):
+        with tarfile.open(archive) as tar:
+            member = next(m for m in tar.getmembers() if m.name.count("/") == 1
+                          and m.name.endswith("/pyproject.toml"))
+            handle = tar.extractfile(member)
+            assert handle is not None
+            for requirement in tomllib.loads(handle.read().decode())["build-system"]["requires"]:
+                name = requirement.split(";", 1)[0].strip()
+                if name not in wanted:
+                    wanted.append(name)
+    return wanted
+
+
+def _archives(directory: Path) -> list[Path]:
+    return sorted([*directory.glob("*.whl"), *directory.glob("*.tar.gz")])
 
 
 def stage_wheelhouse(directory: Path, cache: Path) -> list[Path]:
     """A copy of :func:`wheelhouse` in ``directory`` (the guest's /results/wheelhouse)."""
     source = wheelhouse(cache)
     directory.mkdir(parents=True, exist_ok=True)
-    return [Path(shutil.copy(wheel, directory)) for wheel in sorted(source.glob("*.whl"))]
+    return [Path(shutil.copy(archive, directory)) for archive in _archives(source)]
