@@ -1,7 +1,8 @@
 """koordlet in the test bed (issue #39's comparison runs on it): the real koordlet v1.8.0 on a
-real node of its own (containerd 2.4 with NRI, kubelet 1.37 registered with the bed's API
-server, Koordinator's CRDs and koord-manager), serving its runtime hooks over NRI. It reports
-the node's NodeMetric, and its hooks give a batch pod the values of its batch resources.
+real node of its own (containerd 2.4, kubelet 1.37 registered with the bed's API server,
+Koordinator's CRDs and koord-manager), serving its runtime hooks over NRI, or to the real
+koord-runtime-proxy v1.8.0 between kubelet and containerd. It reports the node's NodeMetric, and
+its hooks give a batch pod the values of its batch resources.
 
 koordlet is built only for the koordlet benchmark (``scripts/k8s-bed.sh koordlet``): without the
 build this test is skipped, in CI too (CI's cold run has no room for a cgo build of it).
@@ -46,7 +47,10 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPla
     workdir = tmp_path_factory.mktemp("kl")
     with koordinator_plane(workdir, NODE) as cp:
         install_koordlet_rbac(cp)
-        colocation = {"enable": True, "metricReportIntervalSeconds": 10, "metricAggregateDurationSeconds": 10}
+        # batch-cpu from requests, not usage: koord-manager recomputes it from koordlet's
+        # NodeMetric, and on a busy host usage would leave less than the test's pod asks
+        colocation = {"enable": True, "metricReportIntervalSeconds": 10, "metricAggregateDurationSeconds": 10,
+                      "cpuCalculatePolicy": "request"}
         cp.client().create(f"/api/v1/namespaces/{NAMESPACE}/configmaps", {
             "metadata": {"name": "slo-controller-config", "namespace": NAMESPACE},
             "data": {"colocation-config": json.dumps(colocation)}})
@@ -54,10 +58,14 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPla
             yield cp, workdir
 
 
-def test_koordlet_runs_on_a_real_node_and_its_nri_hooks_apply_batch_values(plane: tuple[ControlPlane, Path]) -> None:
+@pytest.mark.parametrize("hooks", ["nri", "runtime-proxy"])
+def test_koordlet_runs_on_a_real_node_and_its_hooks_apply_batch_values(plane: tuple[ControlPlane, Path],
+                                                                       hooks: str) -> None:
     cp, workdir = plane
     admin = cp.client()
-    with koordlet_node(workdir, cp, NODE) as node:
+    # --v=5: koordlet logs each hook call it serves (the runtime-proxy case checks they came)
+    with koordlet_node(workdir / hooks, cp, NODE, runtime_proxy=hooks == "runtime-proxy",
+                       koordlet_args=("--v=5",)) as node:
         reported = admin.wait_for("koordlet's NodeMetric", lambda: admin.get(f"{NODEMETRICS}/{NODE}")
                                   .get("status", {}).get("updateTime"), timeout=120)
         print(f"koordlet reported its NodeMetric at {reported}")
@@ -79,3 +87,10 @@ def test_koordlet_runs_on_a_real_node_and_its_nri_hooks_apply_batch_values(plane
                 break
             time.sleep(1)
         assert found == want, f"koordlet's batch values: {found}, batch-cpu 300m wants {want}"
+        if hooks == "runtime-proxy":
+            assert node.runtime_proxy is not None and node.nri_socket is None
+            assert "update config for /etc/runtime/hookserver.d/koordlet.json" in node.runtime_proxy.log_text()
+            hook_calls = [line for line in node.koordlet.log_text().splitlines()
+                          if "receive PreCreateContainerHook request" in line and "koordlet-batch" in line]
+            assert hook_calls, "koordlet was not called by koord-runtime-proxy for the batch pod's container"
+

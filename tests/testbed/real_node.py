@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -47,6 +47,7 @@ class RealNode:
     namespace: str = "default"  # where this node's pods are created: nodes sharing an API server use their own
     nri_socket: str | None = None  # containerd's NRI socket (mode "nri")
     koordlet: Any = None  # the node's koordlet (koordlet_bed.koordlet_node), when koordlet is its agent
+    runtime_proxy: Any = None  # koord-runtime-proxy in front of containerd, when koordlet's hooks go through it
 
     @property
     def name(self) -> str:
@@ -108,16 +109,22 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
               node_name: str = NODE_NAMES[0], namespace: str = "default", koordnode_toml: str = "", kubelet_config: dict[str, Any] | None = None,
               feature_gates: dict[str, bool] | None = None,
               nri_plugin: Sequence[str] | None = None, koordnode_repo: Path | None = None,
-              other_agent: bool = False, cgroup_prefix: str | None = None) -> Iterator[RealNode]:
+              other_agent: bool = False, cgroup_prefix: str | None = None,
+              runtime_in_front: Callable[[str], contextlib.AbstractContextManager[str]] | None = None,
+              ) -> Iterator[RealNode]:
     """``nri_plugin`` (``mode="nri"``): a command run as containerd's NRI plugin in koordnode's
     place, the socket appended (bench/nri_floor.py: a plugin that changes nothing).
     ``koordnode_repo``: the checkout koordnode runs from (default this one).
     ``other_agent``: no koordnode; the caller starts another node agent (koordlet) once the node
     is Ready, on ``node.nri_socket`` in NRI mode. ``cgroup_prefix``: containerd's and kubelet's
-    cgroup root ("" = the hierarchy's top, where koordlet looks for kubepods)."""
+    cgroup root ("" = the hierarchy's top, where koordlet looks for kubepods).
+    ``runtime_in_front``: given containerd's socket, a context that runs another CRI proxy in
+    front of it and yields the endpoint kubelet talks to (koord-runtime-proxy; mode "direct")."""
     workdir = Path(workdir)
     if nri_plugin is not None and mode != "nri":
         raise ValueError(f"nri_plugin needs mode 'nri', not {mode!r}")
+    if runtime_in_front is not None and mode != "direct":
+        raise ValueError(f"runtime_in_front needs mode 'direct', not {mode!r}")
     nri_socket = short_socket_dir() / "nri.sock" if mode == "nri" else None
     containerd = ContainerdBed(workdir / "containerd", bin_dir=component_bin("containerd"), nri_socket=nri_socket,
                                cgroup_prefix=cgroup_prefix)
@@ -125,9 +132,12 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
     plugin: subprocess.Popen[bytes] | None = None
     kubelet: Kubelet | None = None
     node: RealNode | None = None
+    front = contextlib.ExitStack()
     try:
         containerd.start()
         endpoint = containerd.address
+        if runtime_in_front is not None:
+            endpoint = front.enter_context(runtime_in_front(str(containerd.socket)))
         if nri_plugin is not None:
             plugin = _start_nri_plugin([*nri_plugin, str(nri_socket)], workdir / "nri-plugin.log")
         elif mode != "direct" and not other_agent:
@@ -163,6 +173,7 @@ def real_node(workdir: Path, *, mode: Mode = "proxy", control_plane: ControlPlan
         if plugin is not None:
             plugin.terminate()
             plugin.wait(10)
+        front.close()
         containerd.stop()
 
 
