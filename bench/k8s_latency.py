@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """LS latency, BE's yield and BE's share of the idle CPU on real nodes, side by side: kubelet's
-own values ("direct"), koordnode as CRI proxy ("proxy"), koordnode as NRI plugin ("nri") and
-Koordinator's koordlet v1.8.0 in NRI mode ("koordlet").
+own values ("direct"), koordnode as CRI proxy ("proxy"), koordnode as NRI plugin ("nri"),
+Koordinator's koordlet v1.8.0 in NRI mode ("koordlet") and koordlet behind koord-runtime-proxy
+v1.8.0 ("koordlet-proxy": kubelet -> koord-runtime-proxy -> containerd; the agent's CPU and RSS
+count both processes).
 
 One API server and koord-manager; one real node per mode (containerd, kubelet, the mode's agent),
 every agent reading the same NodeSLO that koord-manager renders from one slo-controller-config
@@ -34,14 +36,14 @@ seconds of kubelet's own calls with 20, then 100 pods running (bench.k8s_node.lo
 Each figure is given per run, with the median and the spread (min-max) over runs. The nodes idle
 while another mode measures; the machine's load average is printed before and after.
 
-    sudo setsid python3 -m bench.k8s_latency [--modes direct,proxy,nri,koordlet] [--runs 4]
+    sudo setsid python3 -m bench.k8s_latency [--modes direct,proxy,nri,koordlet,koordlet-proxy] [--runs 5]
                                              [--rounds 8000] [--ls-busy 60] [--json out.json]
 
 setsid: a session of its own, so its autogroup (where the rr client runs) is at nice 0 whatever
 the shell's; it refuses to run otherwise.
 
 Needs ``scripts/k8s-bed.sh "etcd containerd kubernetes koordinator koordlet"`` (koordlet only with
-the koordlet mode), gcc for the probe, and root.
+the koordlet modes), gcc for the probe, and root.
 """
 
 from __future__ import annotations
@@ -59,14 +61,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.k8s_node import (_agent, _cpu_seconds, bench_node, interleaved_start_latencies, koordinator,
+from bench.k8s_node import (_agent, agent_cpu_seconds, bench_node, interleaved_start_latencies, koordinator,
                              load_windows, turn_orders)
-from bench.ls_latency import (CPUS, PORT, PROBE_IN_CONTAINER, SERVER_WORK_US, SLEEP_US, WORK_US, IdleLatencyHold,
+from bench.ls_latency import (CG, CPUS, PORT, PROBE_IN_CONTAINER, SERVER_WORK_US, SLEEP_US, WORK_US, IdleLatencyHold,
                               build_probe, cgroup_of, container_pid, parse_line, usage_ns, with_cpu_use)
 from tests.testbed.kube_bed import ControlPlane
 from tests.testbed.real_node import NODE_NAMES
 
-MODES = ("direct", "proxy", "nri", "koordlet")
+MODES = ("direct", "proxy", "nri", "koordlet", "koordlet-proxy")
 VARIANTS = ("probe", "rr")
 SAMPLE_S = 0.02
 RATE_WINDOW_S = 0.1
@@ -148,14 +150,25 @@ class NodeUnderTest:
     def measure(self, ls_cid: str, ip: str | None, be_cid: str | None) -> dict[str, Any]:
         ls_cg = cgroup_of(self.pid_of(ls_cid), "cpuacct")
         be_cg = cgroup_of(self.pid_of(be_cid), "cpuacct") if be_cid else None
-        _, agent_pid = _agent(self.node)
-        out: dict[str, Any] = {}
+        _, agent_pids = _agent(self.node)
+        out: dict[str, Any] = {"ls_cgroup": ls_cpu_values(self.pid_of(ls_cid))}
         for variant in self.args.variants:
-            began, agent0 = time.monotonic(), _cpu_seconds(agent_pid) if agent_pid else 0.0
+            began, agent0, ticks0 = time.monotonic(), agent_cpu_seconds(agent_pids), self.ticks()
             out[variant] = with_cpu_use(functools.partial(self.variant, variant, ls_cid, ip), ls_cg, be_cg)
-            if agent_pid:  # the node agent's own CPU meanwhile (it competes with LS from outside kubepods)
-                out[variant]["agent_cpus"] = round((_cpu_seconds(agent_pid) - agent0) / (time.monotonic() - began), 4)
+            seconds = time.monotonic() - began
+            if agent_pids:  # the node agent's own CPU meanwhile (it competes with LS from outside kubepods)
+                out[variant]["agent_cpus"] = round((agent_cpu_seconds(agent_pids) - agent0) / seconds, 4)
+            if ticks0:  # how often koordnode's QoS manager ran meanwhile, and what woke it
+                out[variant]["agent_ticks_per_s"] = {key: round((count - ticks0[key]) / seconds, 2)
+                                                     for key, count in self.ticks().items()}
         return out
+
+    def ticks(self) -> dict[str, int]:
+        """koordnode's QoS manager ticks so far: all, and those woken by LS pressure or usage."""
+        if self.node.koordnode is None:
+            return {}
+        ticks = (self.node.koordnode.status().get("qos_manager") or {}).get("ticks") or {}
+        return {key: int(ticks.get(key) or 0) for key in ("count", "woken_by_pressure", "woken_by_usage")}
 
     def step_yield(self, ls_cid: str, be_cid: str) -> dict[str, Any]:
         """LS steps to --step-cpus CPUs of work; BE's use sampled until --step-seconds after."""
@@ -178,6 +191,24 @@ class NodeUnderTest:
         sample_for(seconds)
         runner.join(30)
         return yield_from_samples(samples, self.args.step_cpus)
+
+
+LS_CPU_FILES = ("cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.cfs_burst_us")
+
+
+def ls_cpu_values(pid: int) -> dict[str, str]:
+    """The CPU values of the LS container's cgroup and its pod's (cgroup v1), and its cpuset:
+    what each node's agent left there, to compare the nodes when LS alone differs."""
+    values: dict[str, str] = {}
+    container = cgroup_of(pid, "cpu").lstrip("/")
+    for level, path in (("container", container), ("pod", str(Path(container).parent))):
+        for name in LS_CPU_FILES:
+            with contextlib.suppress(OSError):
+                values[f"{level} {name}"] = (CG / "cpu" / path / name).read_text().strip()
+    with contextlib.suppress(OSError, RuntimeError):
+        values["container cpuset.cpus"] = (CG / "cpuset" / cgroup_of(pid, "cpuset").lstrip("/")
+                                           / "cpuset.cpus").read_text().strip()
+    return values
 
 
 def _rates(samples: list[tuple[float, int, int]], column: int) -> list[tuple[float, float]]:
@@ -248,6 +279,8 @@ def figures(turn: dict[str, Any]) -> dict[str, float | None]:
             flat["pod start p50 vs direct"] = m.get("p50_vs_direct")
             continue
         for variant, alone in m["alone"].items():
+            if variant == "ls_cgroup":
+                continue
             with_be = m["with_be"][variant]
             for q in ("p99", "p999"):
                 flat[f"{state} {variant} {q} alone us"] = alone[f"{q}_us"]
@@ -257,6 +290,9 @@ def figures(turn: dict[str, Any]) -> dict[str, float | None]:
             if "agent_cpus" in alone:
                 flat[f"{state} {variant} agent CPUs alone"] = alone["agent_cpus"]
                 flat[f"{state} {variant} agent CPUs with BE"] = with_be["agent_cpus"]
+            for when, measured in (("alone", alone), ("with BE", with_be)):
+                if "agent_ticks_per_s" in measured:
+                    flat[f"{state} {variant} agent ticks/s {when}"] = measured["agent_ticks_per_s"]["count"]
         if "step" in m:
             flat["yield s"] = m["step"]["yield_s"]
             flat["BE CPUs after the step"] = m["step"]["be_cpus_settled"]
@@ -278,7 +314,7 @@ def over_runs(runs: list[dict[str, dict[str, Any]]], modes: list[str]) -> dict[s
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]], modes: list[str]) -> str:
-    keys = list(next(iter(summary.values())))
+    keys = list(dict.fromkeys(key for mode in modes for key in summary[mode]))  # direct has no agent rows
     lines = ["| figure | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for key in keys:
         cells = []
@@ -314,7 +350,7 @@ def agent_load(nodes: dict[str, Any], pod_counts: list[int], window_s: float) ->
     running (bench.k8s_node.load_windows), one node at a time; the load pods deleted after."""
     out: dict[str, list[dict[str, Any]]] = {}
     for mode, node in nodes.items():
-        if _agent(node)[1] is None:
+        if not _agent(node)[1]:
             continue
         print(f"  {mode}:", flush=True)
         out[mode] = load_windows(node, pod_counts, window_s)
@@ -354,7 +390,7 @@ def autogroup_nice(path: Path = Path("/proc/self/autogroup")) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--runs", type=int, default=4, help="runs (4: every turn order once)")
+    parser.add_argument("--runs", type=int, default=5, help="runs (5: each mode in every place of the turns once)")
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--ls-busy", default="60", help="busy LS states, percent of a CPU (60); quiet always runs")
     parser.add_argument("--variants", default=",".join(VARIANTS))

@@ -164,14 +164,23 @@ def timed_interleaved_starts(nodes: dict[str, Any], count: int) -> tuple[dict[st
     return latencies, {mode: timings_between(before[mode], after[mode]) for mode in nodes}
 
 
-def _agent(node) -> tuple[str, int | None]:
-    """The node agent's name and pid: koordnode, koordlet on a koordlet node, ("", None) on a
-    direct node."""
+KOORDLET_MODES = ("koordlet", "koordlet-proxy")  # koordlet's hooks over NRI; through koord-runtime-proxy
+
+
+def _agent(node) -> tuple[str, list[int]]:
+    """The node agent's name and processes: koordnode; koordlet on a koordlet node, with
+    koord-runtime-proxy when its hooks go through it (the agent is both); ("", []) on a direct
+    node. The first process is the agent's own."""
     if node.koordnode is not None:
-        return "koordnode", node.koordnode.proc.pid
+        return "koordnode", [node.koordnode.proc.pid]
     if node.koordlet is not None:
-        return "koordlet", node.koordlet.pid
-    return "", None
+        proxy = node.runtime_proxy.pid if node.runtime_proxy is not None else None
+        return "koordlet", [pid for pid in (node.koordlet.pid, proxy) if pid]
+    return "", []
+
+
+def agent_cpu_seconds(pids: list[int]) -> float:
+    return sum(_cpu_seconds(pid) for pid in pids)
 
 
 def _load_windows(node, args: argparse.Namespace, mode: str = "proxy") -> list[dict[str, Any]]:
@@ -213,13 +222,15 @@ def _builds(specs: list[str]) -> dict[str, Path]:
 def bench_node(workdir: Path, plane: ControlPlane, i: int, mode: str, builds: dict[str, Path],
                feature_gates: dict[str, bool], cluster: bool = False, extra_toml: str = ""):
     """The bench's i-th node: a mode's, or a proxy node running koordnode from one of `builds`;
-    mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode). `cluster`: beside
+    mode "koordlet": a node whose agent is Koordinator's koordlet (NRI mode); "koordlet-proxy":
+    koordlet behind koord-runtime-proxy. `cluster`: beside
     a koordlet node, koordnode runs with [kubernetes] too (NodeSLO, pod facts, NodeMetric,
     NodeResourceTopology), so both agents do an agent's whole work. `extra_toml`: added to
     every koordnode's configuration."""
     name = NODE_NAMES[i]
-    if mode == "koordlet":
-        return koordlet_node(workdir / mode, plane, name, namespace=f"bench-{mode}", feature_gates=feature_gates)
+    if mode in KOORDLET_MODES:
+        return koordlet_node(workdir / mode, plane, name, namespace=f"bench-{mode}", feature_gates=feature_gates,
+                             runtime_proxy=mode == "koordlet-proxy")
     toml = ""
     if cluster and mode != "direct":
         kubeconfig = plane.kubeconfig((workdir / f"{mode}-kubeconfig").resolve(), plane.tokens["koordnode"])
@@ -235,7 +246,7 @@ def koordinator(plane: ControlPlane, workdir: Path, modes: list[str], slo_config
     """With a koordlet node, or `slo_config` (the data of koord-manager's slo-controller-config):
     Koordinator's CRDs, koordlet's and koordnode's RBAC and koord-manager, whose NodeSLO every
     agent then takes (default: colocation on, the rest Koordinator's defaults)."""
-    if "koordlet" not in modes and slo_config is None:
+    if not set(KOORDLET_MODES) & set(modes) and slo_config is None:
         yield None
         return
     install_koordinator(plane)
@@ -256,7 +267,7 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(bench_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
-                                                 feature_gates, cluster="koordlet" in modes))
+                                                 feature_gates, cluster=bool(set(KOORDLET_MODES) & set(modes))))
                  for i, mode in enumerate(modes)}
         latencies, timed = timed_interleaved_starts(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
@@ -319,7 +330,8 @@ def _only_running_pods(node, client) -> bool:
 def load_window(node, pods: int, window_s: float, profile: str | None = None) -> dict[str, Any]:
     """With ``pods`` pods running: koordnode's CPU and RSS over the window, by thread (the event
     loop relays kubelet's calls), kubelet's calls by method; `profile`: py-spy's stacks of the
-    window to PROFILE.PODS.txt."""
+    window to PROFILE.PODS.txt. An agent of two processes (koordlet and koord-runtime-proxy)
+    counts both in CPU and RSS; its threads are the first's."""
     client = node.client()
     have = len(client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"])
     for i in range(have, pods):
@@ -333,18 +345,19 @@ def load_window(node, pods: int, window_s: float, profile: str | None = None) ->
     client.wait_for("kubelet's clean-up of the earlier pods", lambda: _only_running_pods(node, client),
                     timeout=600, interval=5)
     time.sleep(30)  # let the creations' work settle
-    agent, pid = _agent(node)
-    if pid is None:
+    agent, pids = _agent(node)
+    if not pids:
         raise ValueError(f"node {node.name} runs no node agent")
+    pid = pids[0]
 
     def calls() -> dict[str, int]:  # kubelet's calls as koordnode's proxy counts them (none through koordlet)
         return node.koordnode.status()["proxy"]["calls_by_method"] if node.koordnode is not None else {}
 
     calls_before = calls()
     spy = start_profiler(pid, f"{profile}.{pods}.txt", window_s) if profile else None
-    cpu_before, began, threads_before = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
+    cpu_before, began, threads_before = agent_cpu_seconds(pids), time.monotonic(), thread_cpu_ns(pid)
     time.sleep(window_s)
-    cpu_after, ended, threads_after = _cpu_seconds(pid), time.monotonic(), thread_cpu_ns(pid)
+    cpu_after, ended, threads_after = agent_cpu_seconds(pids), time.monotonic(), thread_cpu_ns(pid)
     if spy is not None:
         spy.wait(30)
     calls_after = calls()
@@ -354,7 +367,8 @@ def load_window(node, pods: int, window_s: float, profile: str | None = None) ->
              for m in sorted(calls_after) if calls_after.get(m, 0) > calls_before.get(m, 0)}
     return {"pods": pods, "window_s": round(seconds, 1), "agent": agent,
             f"{agent}_cpu_percent_of_a_core": round(100 * (cpu_after - cpu_before) / seconds, 3),
-            f"{agent}_rss_mb": round(_rss_mb(pid), 1), "kubelet_calls_per_s": rates,
+            f"{agent}_rss_mb": round(sum(_rss_mb(p) for p in pids), 1), "processes": len(pids),
+            "kubelet_calls_per_s": rates,
             f"{agent}_threads_ms_per_s": thread_groups(pid, threads_before, threads_after, seconds),
             "only_running_pods": settled}
 
@@ -401,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             koordinator(plane, workdir, modes):
         def node_of(i: int, mode: str):
-            return bench_node(workdir, plane, i, mode, builds, feature_gates, cluster="koordlet" in modes)
+            return bench_node(workdir, plane, i, mode, builds, feature_gates,
+                              cluster=bool(set(KOORDLET_MODES) & set(modes)))
 
         if args.interleave:
             with contextlib.ExitStack() as stack:
@@ -422,13 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for i, mode in enumerate(modes):
                 with node_of(i, mode) as node:
-                    agent, pid = _agent(node)
-                    cpu_before = _cpu_seconds(pid) if pid else 0.0
+                    agent, pids = _agent(node)
+                    cpu_before = agent_cpu_seconds(pids)
                     results["start"][mode] = _start_summary(pod_start_latencies(node, args.pods, f"start-{mode}"))
                     results["start"][mode]["nri_answer_ms"] = nri_answer_ms(node)
-                    if pid:  # the agent's CPU time per pod start (answers, Post hooks, its other work)
+                    if pids:  # the agent's CPU time per pod start (answers, Post hooks, its other work)
                         results["start"][mode][f"{agent}_cpu_ms_per_pod"] = round(
-                            (_cpu_seconds(pid) - cpu_before) * 1000 / args.pods, 1)
+                            (agent_cpu_seconds(pids) - cpu_before) * 1000 / args.pods, 1)
                     print(f"pod start {mode:7s}: p50 {results['start'][mode]['p50_s']:.3f} s  "
                           f"p99 {results['start'][mode]['p99_s']:.3f} s", flush=True)
                     if mode == "proxy":

@@ -15,8 +15,11 @@ and daemon endpoint; the bed's kubelet lets anonymous callers in, so no client c
 needed) and its NodeSLO from the API server; without Koordinator's CRDs it hangs at start, so
 ``install_koordinator`` must have run.
 
-Never two agents on one node: a koordlet node is a node of its own, with kubelet's cgroup root at
-the hierarchy's top (koordlet looks for ``kubepods`` there).
+Never two agents on one node: a koordlet node is a node of its own. koordlet looks for
+``kubepods`` at the top of its cgroup root (a constant), so each koordlet node's kubelet keeps its
+pods under a prefix of its own, as the other nodes do, and its koordlet gets a cgroup root made of
+bind mounts of that prefix in every controller (``cgroup_view``): two koordlet nodes on one
+machine then never share a ``kubepods``, and each kubelet sees only its own pods' cgroups.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from .kube_bed import ControlPlane, free_port
 
 # koord-runtime-proxy v1.8.0's hook server directory (pkg/runtimeproxy/config: a constant)
 RUNTIME_PROXY_HOOK_DIR = Path("/etc/runtime/hookserver.d")
+CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 
 # koordlet's default feature gates leave most QoS features off; these are the ones a node agent
 # comparison needs (CPU suppress, CPU burst, memory QoS, BE eviction, group identity/cpu.idle).
@@ -75,7 +80,7 @@ class Koordlet(_Component):
 
     def __init__(self, plane: ControlPlane, workdir: Path, node_name: str, *, containerd_socket: str,
                  kubelet_root: Path, nri_socket: str | None, extra_args: tuple[str, ...] = (),
-                 hook_dir: Path | None = None) -> None:
+                 hook_dir: Path | None = None, cgroup_root: Path = CGROUP_MOUNTS) -> None:
         """``hook_dir``: where koordlet registers its hook socket (default its own directory;
         RUNTIME_PROXY_HOOK_DIR for koord-runtime-proxy)."""
         super().__init__(plane, workdir, "koordlet")
@@ -84,6 +89,7 @@ class Koordlet(_Component):
         self.kubelet_root = kubelet_root
         self.nri_socket = nri_socket
         self.hook_dir = hook_dir or self.workdir / "hookserver.d"
+        self.cgroup_root = cgroup_root
         self.hook_socket = self.workdir / "koordlet.sock"
         self.port = free_port()
         self.extra_args = extra_args
@@ -94,7 +100,8 @@ class Koordlet(_Component):
         return [f"--kubeconfig={kubeconfig}",
                 # the host's own paths (its DaemonSet mounts them under /host-*); the NRI socket
                 # path is taken below var-run-root-dir, so that is "/" and the socket absolute
-                "-cgroup-root-dir=/sys/fs/cgroup/", "-proc-root-dir=/proc/", "-sys-root-dir=/sys/",
+                f"-cgroup-root-dir={self.cgroup_root}/", "-proc-root-dir=/proc/", "-sys-root-dir=/sys/",
+                f"-tsdb-path={self.workdir / 'metric-data'}/",  # its default, /metric-data, is one per machine
                 "-sys-fs-root-dir=/sys/fs/", "-var-run-root-dir=/", "-run-root-dir=/run/",
                 f"-runtime-hooks-config-path={self.hook_dir}",
                 f"-var-lib-kubelet-dir={self.kubelet_root}", f"-containerd-endpoint={self.containerd_socket}",
@@ -152,6 +159,29 @@ SEED_POD = "koordlet-seed"
 
 
 @contextlib.contextmanager
+def cgroup_view(prefix: str, directory: Path) -> Iterator[Path]:
+    """``directory`` holding, for each controller mounted under /sys/fs/cgroup that has the
+    cgroup ``prefix``, a bind mount of that cgroup: a cgroup root whose top is ``prefix``.
+    Not cgroup2 itself, so koordlet sees cgroup v1 as on the host."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted: list[Path] = []
+    try:
+        for controller in sorted(CGROUP_MOUNTS.iterdir()):
+            source = controller / prefix.strip("/")
+            if controller.is_symlink() or not source.is_dir():
+                continue
+            target = directory / controller.name
+            target.mkdir(exist_ok=True)
+            subprocess.run(["mount", "--bind", str(source), str(target)], check=True, capture_output=True, timeout=10)
+            mounted.append(target)
+        yield directory
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def koordlet_node(workdir: Path, plane: ControlPlane, node_name: str, *, namespace: str = "default",
                   feature_gates: dict[str, bool] | None = None, runtime_proxy: bool = False,
                   koordlet_args: tuple[str, ...] = ()) -> Iterator[Any]:
@@ -179,9 +209,10 @@ def koordlet_node(workdir: Path, plane: ControlPlane, node_name: str, *, namespa
                 shutil.rmtree(socket.parent, ignore_errors=True)
 
     with real_node(workdir / "node", mode="direct" if runtime_proxy else "nri", control_plane=plane,
-                   node_name=node_name, namespace=namespace, other_agent=True, cgroup_prefix="",
+                   node_name=node_name, namespace=namespace, other_agent=True,
                    kubelet_config={"address": "0.0.0.0"}, feature_gates=feature_gates,
-                   runtime_in_front=in_front if runtime_proxy else None) as node:
+                   runtime_in_front=in_front if runtime_proxy else None) as node, \
+            cgroup_view(node.containerd.cgroup_prefix, workdir / "cgroup-root") as cgroup_root:
         node.runtime_proxy = proxies[0] if proxies else None
         node.create_pod({"metadata": {"name": SEED_POD},
                          "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
@@ -191,7 +222,7 @@ def koordlet_node(workdir: Path, plane: ControlPlane, node_name: str, *, namespa
         assert runtime_proxy or node.nri_socket is not None
         with Koordlet(plane, workdir / "koordlet", node_name, containerd_socket=str(node.containerd.socket),
                       kubelet_root=node.kubelet.root_dir, nri_socket=node.nri_socket,
-                      hook_dir=RUNTIME_PROXY_HOOK_DIR if runtime_proxy else None,
+                      hook_dir=RUNTIME_PROXY_HOOK_DIR if runtime_proxy else None, cgroup_root=cgroup_root,
                       extra_args=koordlet_args) as koordlet:
             node.koordlet = koordlet
             yield node

@@ -34,7 +34,7 @@ from .kube_bed import ControlPlane, Kubelet
 from .kube_client import KubeClient
 
 Mode = Literal["proxy", "nri", "direct"]
-NODE_NAMES = ("kn-node-a", "kn-node-b", "kn-node-c", "kn-node-d")  # tokens exist for these names only
+NODE_NAMES = ("kn-node-a", "kn-node-b", "kn-node-c", "kn-node-d", "kn-node-e")  # tokens exist for these names only
 
 
 @dataclass
