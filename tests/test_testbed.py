@@ -165,6 +165,17 @@ def _run_pytest_with_missing_prerequisites(tmp_path: Path, ci: str) -> subproces
     )
 
 
+def test_beds_made_before_any_pod_get_distinct_subnets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bed's route appears only with its first pod: beds made one after another (the bench's
+    five nodes) must not be given one subnet twice (two bridges, one route: a pod unreachable)."""
+    from testbed import containerd_bed
+
+    monkeypatch.setattr(containerd_bed, "_used_ipv4_networks", lambda: [])
+    monkeypatch.setattr(containerd_bed, "_PICKED_SUBNETS", set())
+    picked = [containerd_bed._pick_subnet() for _ in range(60)]
+    assert len(set(picked)) == 60
+
+
 def test_fixture_skips_without_prerequisites_but_fails_in_ci(tmp_path: Path) -> None:
     skipped = _run_pytest_with_missing_prerequisites(tmp_path, ci="false")
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout

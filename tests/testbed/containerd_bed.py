@@ -314,13 +314,20 @@ def _used_ipv4_networks() -> list[ipaddress.IPv4Network]:
     return nets
 
 
+# Subnets this process gave out: a bed's bridge (and its route) appears only with its first pod,
+# so beds made one after another before any pod runs would not see each other's in the routes.
+_PICKED_SUBNETS: set[ipaddress.IPv4Network] = set()
+
+
 def _pick_subnet() -> ipaddress.IPv4Network:
-    """A free /24 in 10.213.0.0/16, an unlikely range for real networks."""
-    used = _used_ipv4_networks()
+    """A free /24 in 10.213.0.0/16, an unlikely range for real networks: neither routed nor
+    given to another bed of this process."""
+    used = [*_used_ipv4_networks(), *_PICKED_SUBNETS]
     start = secrets.randbelow(250) + 2
     for offset in range(250):
         candidate = ipaddress.IPv4Network(f"10.213.{(start + offset) % 250 + 2}.0/24")
         if not any(candidate.overlaps(net) for net in used):
+            _PICKED_SUBNETS.add(candidate)
             return candidate
     raise BedError("no free /24 left in 10.213.0.0/16 for the test bed's CNI network")
 
