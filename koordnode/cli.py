@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_option(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.add_argument(
+        "--ready", action="store_true",
+        help="only say whether the daemon can do its work (NRI: registered and synchronized with the "
+        "runtime; proxy: the runtime answers and the pods are rebuilt): exit 0 ready, 1 not (a "
+        "readiness probe)",
+    )
+    status.add_argument(
         "--socket", metavar="PATH",
         help="admin socket to ask (default: [admin] socket of the config file; if that file "
         "is broken, its [admin] socket if readable, else the built-in default)",
@@ -362,7 +368,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"koordnode status: --socket: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        return int(client.status_command_for(path, as_json=args.json))
+        return int(client.status_command_for(path, as_json=args.json, ready=args.ready))
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -372,8 +378,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"koordnode status: the config file has errors (`koordnode check-config` lists them;"
               f" the running daemon keeps its last good config): {exc}", file=sys.stderr)
         print(f"koordnode status: asking the admin socket {path} ({where})", file=sys.stderr)
-        return int(client.status_command_for(path, as_json=args.json))
-    return int(client.status_command(config, as_json=args.json))
+        return int(client.status_command_for(path, as_json=args.json, ready=args.ready))
+    return int(client.status_command(config, as_json=args.json, ready=args.ready))
 
 
 def _cmd_top(args: argparse.Namespace) -> int:

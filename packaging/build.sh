@@ -183,7 +183,7 @@ install -d "$stage/usr/bin" "$stage/etc/koordnode" "$stage/usr/share/man/man8" \
 ln -s "$APP/bin/koordnode" "$stage/usr/bin/koordnode"
 install -m 0644 "$SRC/packaging/koordnode.toml" "$stage/etc/koordnode/koordnode.toml"
 install -m 0644 "$SRC/packaging/deb/copyright" "$stage/usr/share/doc/koordnode/copyright"
-install -m 0644 "$SRC/packaging/koordnode-rbac.yaml" "$stage/usr/share/doc/koordnode/koordnode-rbac.yaml"
+install -m 0644 "$SRC/packaging/helm/koordnode/files/koordnode-rbac.yaml" "$stage/usr/share/doc/koordnode/koordnode-rbac.yaml"
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(stat -c %Y "$SRC/koordnode/__init__.py")}
 with_lib=("$PYTHON" -I -S -B -c 'import runpy, site, sys
 site.addsitedir(sys.argv.pop(1)); sys.argv.pop(0)

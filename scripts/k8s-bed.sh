@@ -8,6 +8,7 @@
 #                                its CRDs and RBAC role from config/; only when named: "koordinator")
 #   koordlet, koord-runtime-proxy (the same module; koordlet with cgo and Debian's libpfm4-dev, installed
 #                                when missing; only when named: "koordlet", for the koordlet benchmark)
+#   helm                        (helm.sh/helm/v3, for the chart's tests; only when named: "helm")
 # Each lands in $KOORDNODE_TESTBED_CACHE (default /var/cache/koordnode-testbed)/<name>-<version>-<go version>/bin,
 # built in a scratch directory and moved into place only when complete, so a second run costs
 # nothing and an interrupted one leaves no half-built tree. Needs only `go` and the Go module proxy.
@@ -38,6 +39,7 @@ if [ "${1:-}" = "--print" ]; then
     echo "cri-tools=$(dir_of cri-tools "$CRI_TOOLS_VERSION")"
     echo "koordinator=$(dir_of koordinator "$KOORDINATOR_VERSION")"
     echo "koordlet=$(dir_of koordlet "$KOORDINATOR_VERSION")"
+    echo "helm=$(dir_of helm "$HELM_VERSION")"
     exit 0
 fi
 
@@ -150,6 +152,13 @@ build_koordlet() {
     cp config/rbac/koordlet.yaml "$out/manager/koordlet-rbac.yaml"
 }
 
+build_helm() {
+    local version=$1 module=helm.sh/helm/v3
+    GOBIN="$out/bin" go install -trimpath \
+        -ldflags "-s -w -X $module/internal/version.version=$version -X $module/internal/version.gitTreeState=clean" \
+        "$module/cmd/helm@$version"
+}
+
 for component in ${1:-containerd etcd cri-tools kubernetes}; do
     case $component in
         kubernetes) build kubernetes "$KUBERNETES_VERSION" build_kubernetes ;;
@@ -158,6 +167,7 @@ for component in ${1:-containerd etcd cri-tools kubernetes}; do
         cri-tools) build cri-tools "$CRI_TOOLS_VERSION" build_cri_tools ;;
         koordinator) build koordinator "$KOORDINATOR_VERSION" build_koordinator bin/koord-scheduler ;;
         koordlet) build koordlet "$KOORDINATOR_VERSION" build_koordlet ;;
+        helm) build helm "$HELM_VERSION" build_helm ;;
         *) echo "k8s-bed: unknown component $component" >&2; exit 2 ;;
     esac
 done

@@ -12,7 +12,7 @@ fi
 
 bash scripts/install-deps.sh
 # The real-node test bed (kubelet, kube-apiserver, etcd, containerd 2.x, critest) from Go modules,
-# then Koordinator's koord-manager, then the core-scheduling test kernel; cached in /var/cache/koordnode-testbed by version, so only
+# then helm (the chart's tests), Koordinator's koord-manager, then the core-scheduling test kernel; cached in /var/cache/koordnode-testbed by version, so only
 # a machine's first run builds (~17 min on a quiet 2-core machine). Built in the background (nice)
 # while the tests that need neither run; those that need them run last and wait for it
 # (tests/testbed/background_build.py, tests/conftest.py).
@@ -28,6 +28,7 @@ build_step() {
 }
 (
     build_step k8s bash scripts/k8s-bed.sh
+    build_step helm bash scripts/k8s-bed.sh helm
     build_step koord bash scripts/k8s-bed.sh koordinator
     build_step kernel bash scripts/core-sched-kernel.sh
 ) > "$KOORDNODE_BED_BUILD_DIR/build.log" 2>&1 < /dev/null &

@@ -59,6 +59,7 @@ def _originals_kept_in_the_test(monkeypatch, tmp_path_factory):
 _NEEDS_THE_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test_k8s_", ("k8s",)),
     ("test_kube_", ("k8s",)),
+    ("test_helm_", ("k8s", "helm")),
     ("test_koord_", ("koord",)),
     ("test_koordlet_", ("k8s", "koord")),  # koordlet itself is built only for its benchmark
     ("test_core_sched_kernel", ("kernel",)),

@@ -221,7 +221,7 @@ def test_status_calls_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Config, bool]] = []
     module = types.ModuleType("koordnode.admin.client")
 
-    def status_command(config: Config, as_json: bool) -> int:
+    def status_command(config: Config, as_json: bool, ready: bool = False) -> int:
         calls.append((config, as_json))
         return 0
 
@@ -229,6 +229,29 @@ def test_status_calls_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "koordnode.admin.client", module)
     assert cli.main(["status", "--json"]) == 0
     assert calls == [(Config(), True)]
+
+
+def test_status_ready_answers_a_readiness_probe_from_the_daemons_own_state(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from koordnode.admin import client
+
+    nri = {"socket": "/var/run/nri/nri.sock", "connected": False, "synchronizations": 0,
+           "last_error": "connection refused"}
+    states: list[tuple[dict[str, Any], int, str]] = [
+        ({"mode": "nri", "nri": nri}, 1, "not connected to the runtime's NRI socket /var/run/nri/nri.sock: "
+                                         "connection refused"),
+        ({"mode": "nri", "nri": {**nri, "connected": True}}, 1, "connected to the runtime, not synchronized yet"),
+        ({"mode": "nri", "nri": {**nri, "connected": True, "synchronizations": 1}}, 0, "ready"),
+        ({"mode": "proxy", "backend": "/run/containerd/containerd.sock",
+          "backend_health": "ok (answering; state not rebuilt yet: in progress)"}, 1, "state not rebuilt yet"),
+        ({"mode": "proxy", "backend": "/run/containerd/containerd.sock", "backend_health": "ok"}, 0, "ready"),
+    ]
+    for status, code, said in states:
+        monkeypatch.setattr(client, "fetch_status", lambda path, status=status: status)
+        assert cli.main(["status", "--ready", "--socket", "/run/x.sock"]) == code
+        out = capsys.readouterr()
+        assert said in (out.out if code == 0 else out.err)
 
 
 def test_top_hands_the_configured_socket_and_roots_to_the_view(

@@ -659,8 +659,13 @@ def test_node_name_defaults_to_the_host_name_as_kubelet() -> None:
 
     from koordnode.kube.agent import node_name_of
 
-    assert node_name_of(KubernetesConfig()) == socket.gethostname().lower()
+    assert node_name_of(KubernetesConfig(), {}) == socket.gethostname().lower()
     assert node_name_of(KubernetesConfig(node_name="worker-7")) == "worker-7"
+    # a DaemonSet's pod: its host name is the pod's; the downward API gives $NODE_NAME
+    assert node_name_of(KubernetesConfig(), {"NODE_NAME": "worker-9"}) == "worker-9"
+    assert node_name_of(KubernetesConfig(node_name="worker-7"), {"NODE_NAME": "worker-9"}) == "worker-7"
+    with pytest.raises(ValueError, match=r"\$NODE_NAME: expected a node name"):
+        node_name_of(KubernetesConfig(), {"NODE_NAME": "Worker_9/../x"})
 
 
 def test_daemon_evicts_through_the_api_and_falls_back_to_cri_when_it_does_not_answer() -> None:

@@ -37,12 +37,12 @@ from testbed.containerd_bed import (
 )
 from testbed.images import (
     BUSYBOX_IMAGE_REF,
-    MEDIA_TYPE_LAYER,
     PAUSE_CMD,
     PAUSE_IMAGE_REF,
     ImageBuildError,
     build_image_archive,
     build_test_images,
+    oci,
 )
 
 # --------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_image_archive_is_a_valid_oci_layout(tmp_path: Path) -> None:
     config = json.loads(files["blobs/sha256/" + pause.config_digest.split(":")[1]])
     assert config["config"]["Cmd"] == PAUSE_CMD
     (layer_desc,) = manifest["layers"]
-    assert layer_desc["mediaType"] == MEDIA_TYPE_LAYER
+    assert layer_desc["mediaType"] == oci.MEDIA_TYPE_LAYER
     assert config["rootfs"]["diff_ids"] == [layer_desc["digest"]]
 
     layer_path = tmp_path / "layer.tar"

@@ -146,11 +146,26 @@ def render_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def status_command(config: Any, as_json: bool) -> int:
-    return status_command_for(config.admin.socket, as_json)
+def not_ready_because(status: dict[str, Any]) -> str | None:
+    """Why the daemon cannot do its work yet (None: it can): in NRI mode, until the runtime has
+    registered and synchronized it; in proxy mode, until the runtime answers and the pods are
+    rebuilt from it. A readiness probe's answer (``koordnode status --ready``)."""
+    if status.get("mode") == "nri":
+        nri = status.get("nri") or {}
+        if not nri.get("connected"):
+            return f"not connected to the runtime's NRI socket {nri.get('socket')}: {nri.get('last_error') or 'connecting'}"
+        if not nri.get("synchronizations"):
+            return "connected to the runtime, not synchronized yet"
+        return None
+    health = str(status.get("backend_health") or "unknown")
+    return None if health == "ok" else f"runtime {status.get('backend')}: {health}"
 
 
-def status_command_for(path: str, as_json: bool) -> int:
+def status_command(config: Any, as_json: bool, ready: bool = False) -> int:
+    return status_command_for(config.admin.socket, as_json, ready)
+
+
+def status_command_for(path: str, as_json: bool, ready: bool = False) -> int:
     try:
         status = fetch_status(path)
     except FileNotFoundError:
@@ -162,6 +177,10 @@ def status_command_for(path: str, as_json: bool) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"cannot get status from {path}: {exc}", file=sys.stderr)
         return 1
+    if ready:
+        why = not_ready_because(status)
+        print("ready" if why is None else f"not ready: {why}", file=sys.stdout if why is None else sys.stderr)
+        return 0 if why is None else 1
     if as_json:
         print(json.dumps(status, indent=2, sort_keys=True, default=str))
     else:

@@ -21,7 +21,7 @@ IN_CLUSTER_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
-def _check_node_name(value: str) -> str | None:
+def check_node_name(value: str) -> str | None:
     if value == "":
         return None
     if len(value) > 253 or not _NODE_NAME.match(value):
@@ -54,8 +54,9 @@ class KubernetesConfig:
         "change, so a rotated token is used at once)",
     )
     node_name: str = setting(
-        "", check=_check_node_name,
-        doc='this node\'s name in the API; "" = the host name in lower case, as kubelet names its node',
+        "", check=check_node_name,
+        doc='this node\'s name in the API; "" = $NODE_NAME if set (a DaemonSet pod\'s, from the downward '
+        'API), else the host name in lower case, as kubelet names its node',
     )
     request_timeout_s: float = setting(
         10.0, min=1, max=300, doc="longest wait for one API request (not a watch), seconds",

@@ -19,7 +19,12 @@ def check_kubernetes(report: Report, config: Any) -> None:
     from koordnode.kube.client import ApiError, KubeClient, Unreachable
     from koordnode.kube.credentials import CredentialsError
 
-    node = node_name_of(kube)
+    try:
+        node = node_name_of(kube)
+    except ValueError as exc:
+        report.feature("cluster (NodeSLO, pod facts, Eviction API, NodeMetric)", DEGRADED, str(exc))
+        report.add("kubernetes", FAIL, str(exc), "set [kubernetes] node_name, or a valid $NODE_NAME")
+        return
     report.facts["kubernetes_node_name"] = node
     try:
         client = KubeClient(credentials_of(kube), timeout_s=min(kube.request_timeout_s, 5.0))
@@ -37,7 +42,7 @@ def check_kubernetes(report: Report, config: Any) -> None:
             report.add("kubernetes", WARN, f"{server} answers, but there is no NodeSLO named {node}",
                        "check koord-manager runs, and that [kubernetes] node_name is the node's name in the API")
             return
-        fix = ("apply packaging/koordnode-rbac.yaml and bind koordnode's identity to it"
+        fix = ("apply /usr/share/doc/koordnode/koordnode-rbac.yaml (or install the Helm chart) and bind koordnode's identity to it"
                if exc.status in (401, 403) else "check the API server's log")
         report.feature("cluster (NodeSLO, pod facts, Eviction API, NodeMetric)", DEGRADED, f"{server}: {exc}")
         report.add("kubernetes", FAIL, f"{server} refuses reading NodeSLO {node}: {exc}", fix)

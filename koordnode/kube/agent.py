@@ -10,6 +10,7 @@ last good values; status says so.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -19,7 +20,7 @@ from urllib.parse import quote
 
 import structlog
 
-from koordnode.config.kubernetes import KubernetesConfig
+from koordnode.config.kubernetes import KubernetesConfig, check_node_name
 from koordnode.config.loader import ConfigError
 from koordnode.kube.client import ApiError, KubeClient
 from koordnode.kube.credentials import Credentials
@@ -45,9 +46,18 @@ RESERVATION_SOURCE = f"Node annotation {RESERVATION_ANNOTATION}"
 EVICTED_MEMORY_S = 600.0
 
 
-def node_name_of(config: KubernetesConfig) -> str:
-    """[kubernetes] node_name, else the host name in lower case (kubelet's default)."""
-    return config.node_name or socket.gethostname().lower()
+def node_name_of(config: KubernetesConfig, environ: Mapping[str, str] = os.environ) -> str:
+    """[kubernetes] node_name, else $NODE_NAME (a DaemonSet's pod gets it from the downward API:
+    its host name is the pod's), else the host name in lower case (kubelet's default)."""
+    if config.node_name:
+        return config.node_name
+    from_env = environ.get("NODE_NAME", "")
+    if from_env:
+        problem = check_node_name(from_env)
+        if problem:
+            raise ValueError(f"$NODE_NAME: {problem}")
+        return from_env
+    return socket.gethostname().lower()
 
 
 def credentials_of(config: KubernetesConfig) -> Credentials:

@@ -4,7 +4,8 @@ machine's first run (Go builds ~12 min, the core-scheduling kernel ~5 min, measu
 (tests/conftest.py) and wait here.
 
 ``$KOORDNODE_BED_BUILD_DIR`` holds ``build.log`` and, as each step ends, its exit code:
-``k8s.rc`` (scripts/k8s-bed.sh), then ``koord.rc`` (``scripts/k8s-bed.sh koordinator``: koord-manager),
+``k8s.rc`` (scripts/k8s-bed.sh), then ``helm.rc`` (``scripts/k8s-bed.sh helm``), then ``koord.rc``
+(``scripts/k8s-bed.sh koordinator``: koord-manager),
 then ``kernel.rc`` (scripts/core-sched-kernel.sh). Without the
 variable (pytest run by hand) nothing is waited for: the builds are whatever the cache holds.
 """
@@ -37,7 +38,7 @@ def _tail(log: Path, lines: int = 25) -> str:
 
 
 def wait_for(step: str, who: str, *, wait_s: float | None = None) -> int | None:
-    """Wait until the background build's `step` ("k8s", "koord" or "kernel") ended; its exit code, or
+    """Wait until the background build's `step` ("k8s", "helm", "koord", "kernel", ...) ended; its exit code, or
     None when no background build was started. Raises BackgroundBuildError after `wait_s`
     (default WAIT_S, the whole build's bound: once that ran out, later calls raise at once)."""
     bound = WAIT_S if wait_s is None else wait_s

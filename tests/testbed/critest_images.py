@@ -40,7 +40,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .images import DEFAULT_BUSYBOX, BuiltImage, ImageBuildError, _tar_info, build_image_archive, list_applets
+from .images import DEFAULT_BUSYBOX, BuiltImage, ImageBuildError, build_image_archive, list_applets, oci
 
 CRITEST_BUSYBOX = "docker.io/koordnode/critest-busybox:test"
 CRITEST_PAUSE = "docker.io/koordnode/critest-pause:test"
@@ -126,16 +126,16 @@ def build_critest_layer(busybox: Path = DEFAULT_BUSYBOX) -> bytes:
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name in sorted(dirs):
             mode = 0o1777 if name in ("tmp", "var/tmp") else 0o755
-            tar.addfile(_tar_info(name + "/", tarfile.DIRTYPE, mode))
-        tar.addfile(_tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
+            tar.addfile(oci.tar_info(name + "/", tarfile.DIRTYPE, mode))
+        tar.addfile(oci.tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
         for applet in [*applets, "bin/pause"]:
-            tar.addfile(_tar_info(applet, tarfile.LNKTYPE, 0o755, linkname="bin/busybox"))
+            tar.addfile(oci.tar_info(applet, tarfile.LNKTYPE, 0o755, linkname="bin/busybox"))
         for name, text in sorted(_FILES.items()):
             data = text.encode()
-            tar.addfile(_tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+            tar.addfile(oci.tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
         for name, text in sorted(_SCRIPTS.items()):
             data = text.encode()
-            tar.addfile(_tar_info(name, tarfile.REGTYPE, 0o755, len(data)), io.BytesIO(data))
+            tar.addfile(oci.tar_info(name, tarfile.REGTYPE, 0o755, len(data)), io.BytesIO(data))
     return buf.getvalue()
 
 

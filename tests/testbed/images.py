@@ -11,13 +11,27 @@ mtimes, owners and entry order), so the image digests are stable too.
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import io
-import json
 import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def _load_oci_archive():  # packaging/ is a directory of scripts, not a package (and "packaging" is PyPI's)
+    path = Path(__file__).resolve().parents[2] / "packaging" / "oci_archive.py"
+    if "oci_archive" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("oci_archive", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["oci_archive"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["oci_archive"]
+
+
+oci = _load_oci_archive()
 
 DEFAULT_BUSYBOX = Path("/bin/busybox")
 
@@ -35,17 +49,6 @@ PAUSE_CMD = [
 ]
 BUSYBOX_CMD = ["/bin/sh"]
 
-MEDIA_TYPE_INDEX = "application/vnd.oci.image.index.v1+json"
-MEDIA_TYPE_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_TYPE_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_TYPE_LAYER = "application/vnd.oci.image.layer.v1.tar"
-ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
-# containerd prefers this annotation for the full image name on import.
-ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
-
-_FIXED_MTIME = 1704067200  # 2024-01-01T00:00:00Z, keeps archives reproducible
-_FIXED_CREATED = "2024-01-01T00:00:00Z"
-_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Used when the busybox binary cannot list its own applets.
 _FALLBACK_APPLETS = (
@@ -86,26 +89,6 @@ class BuiltImage:
     config_digest: str  # containerd/CRI call this the image id
 
 
-def _sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _canonical_json(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _tar_info(name: str, kind: bytes, mode: int, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = mode
-    info.size = size
-    info.linkname = linkname
-    info.mtime = _FIXED_MTIME
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
-
-
 def list_applets(busybox: Path = DEFAULT_BUSYBOX) -> list[str]:
     """Install paths (relative, e.g. ``bin/sh``) of every applet busybox offers."""
     try:
@@ -138,13 +121,13 @@ def build_rootfs_layer(busybox: Path = DEFAULT_BUSYBOX) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name in sorted(dirs):
-            tar.addfile(_tar_info(name + "/", tarfile.DIRTYPE, dirs[name]))
-        tar.addfile(_tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
+            tar.addfile(oci.tar_info(name + "/", tarfile.DIRTYPE, dirs[name]))
+        tar.addfile(oci.tar_info("bin/busybox", tarfile.REGTYPE, 0o755, len(binary)), io.BytesIO(binary))
         for name in sorted(_ETC_FILES):
             data = _ETC_FILES[name].encode()
-            tar.addfile(_tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+            tar.addfile(oci.tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
         for applet in applets:
-            tar.addfile(_tar_info(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox"))
+            tar.addfile(oci.tar_info(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox"))
     return buf.getvalue()
 
 
@@ -159,72 +142,12 @@ def build_image_archive(
 
     ``layer`` may be passed to share one prebuilt rootfs layer between images.
     """
-    if ":" not in ref.rsplit("/", 1)[-1]:
-        raise ValueError(f"image ref must carry a tag, got {ref!r}")
     layer_bytes = layer if layer is not None else build_rootfs_layer(busybox)
-    layer_digest = _sha256(layer_bytes)
-
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": _FIXED_CREATED,
-        "config": {"Env": [_PATH_ENV], "Cmd": list(cmd), "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": _FIXED_CREATED, "created_by": "koordnode test bed image builder"}],
-    }
-    config_bytes = _canonical_json(config)
-    config_digest = _sha256(config_bytes)
-
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MEDIA_TYPE_MANIFEST,
-        "config": {"mediaType": MEDIA_TYPE_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-        "layers": [{"mediaType": MEDIA_TYPE_LAYER, "digest": layer_digest, "size": len(layer_bytes)}],
-    }
-    manifest_bytes = _canonical_json(manifest)
-    manifest_digest = _sha256(manifest_bytes)
-
-    index = {
-        "schemaVersion": 2,
-        "mediaType": MEDIA_TYPE_INDEX,
-        "manifests": [
-            {
-                "mediaType": MEDIA_TYPE_MANIFEST,
-                "digest": manifest_digest,
-                "size": len(manifest_bytes),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {ANNOTATION_CONTAINERD_NAME: ref, ANNOTATION_REF_NAME: ref},
-            }
-        ],
-    }
-    blobs = {
-        d.split(":", 1)[1]: data
-        for d, data in (
-            (layer_digest, layer_bytes),
-            (config_digest, config_bytes),
-            (manifest_digest, manifest_bytes),
-        )
-    }
-    files = {
-        "oci-layout": _canonical_json({"imageLayoutVersion": "1.0.0"}),
-        "index.json": _canonical_json(index),
-    }
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    with tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in ("blobs/", "blobs/sha256/"):
-            tar.addfile(_tar_info(name, tarfile.DIRTYPE, 0o755))
-        for hexdigest in sorted(blobs):
-            data = blobs[hexdigest]
-            tar.addfile(
-                _tar_info(f"blobs/sha256/{hexdigest}", tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data)
-            )
-        for name in sorted(files):
-            data = files[name]
-            tar.addfile(_tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
-    tmp.replace(dest)
-    return BuiltImage(ref=ref, archive=dest, manifest_digest=manifest_digest, config_digest=config_digest)
+    archive = oci.write_archive(dest, ref, [oci.plain_layer(layer_bytes)],
+                                {"Env": [oci.PATH_ENV], "Cmd": list(cmd), "WorkingDir": "/"},
+                                "koordnode test bed image builder")
+    return BuiltImage(ref=ref, archive=dest, manifest_digest=archive.manifest_digest,
+                      config_digest=archive.config_digest)
 
 
 def build_test_images(out_dir: Path, busybox: Path = DEFAULT_BUSYBOX) -> tuple[BuiltImage, BuiltImage]:

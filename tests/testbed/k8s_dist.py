@@ -28,9 +28,10 @@ _BINARIES = {
     "cri-tools": ("critest", "crictl"),
     "koordinator": ("koord-manager", "koord-scheduler"),  # and crd/, rbac/ beside bin/
     "koordlet": ("koordlet", "koord-runtime-proxy"),  # built only when named (the koordlet benchmark)
+    "helm": ("helm",),  # the chart's tests
 }
 # The background build step (scripts/test.sh) that makes each component.
-_STEPS = {"koordinator": "koord"}
+_STEPS = {"koordinator": "koord", "helm": "helm"}
 
 
 class K8sDistError(RuntimeError):
@@ -50,7 +51,7 @@ def versions() -> dict[str, str]:
 
 _VERSION_KEYS = {"kubernetes": "KUBERNETES_VERSION", "containerd": "CONTAINERD_VERSION", "etcd": "ETCD_VERSION",
                  "cri-tools": "CRI_TOOLS_VERSION", "koordinator": "KOORDINATOR_VERSION",
-                 "koordlet": "KOORDINATOR_VERSION"}
+                 "koordlet": "KOORDINATOR_VERSION", "helm": "HELM_VERSION"}
 
 
 def _built_without_go() -> dict[str, Path]:

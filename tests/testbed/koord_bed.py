@@ -85,7 +85,7 @@ def install_koordinator(plane: ControlPlane) -> None:
         bind("koord-scheduler", role)
 
 
-KOORDNODE_RBAC = Path(__file__).resolve().parents[2] / "packaging" / "koordnode-rbac.yaml"
+KOORDNODE_RBAC = Path(__file__).resolve().parents[2] / "packaging" / "helm" / "koordnode" / "files" / "koordnode-rbac.yaml"
 
 
 def install_koordnode_rbac(admin: Any) -> None:
