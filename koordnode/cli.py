@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import re
 import sys
@@ -240,7 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return int(args.handler(args))
+    if args.command == "run":  # the daemon: its own errors are its own to report
+        return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except BrokenPipeError:
+        # The reader of a command's output went away (`koordnode check-config | head`): no
+        # traceback; stdout is pointed at /dev/null so the interpreter's final flush is quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_FAILURE
 
 
 # ---------------------------------------------------------------------------------------------

@@ -231,6 +231,21 @@ def test_status_calls_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [(Config(), True)]
 
 
+def test_output_cut_short_by_its_reader_is_no_traceback() -> None:
+    """`koordnode check-config | head -1`: the reader goes away after a line."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "koordnode", "check-config", "--config", str(repo / "packaging" / "koordnode.toml")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write meets EPIPE
+    try:
+        done = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, cwd=repo, timeout=30)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr.decode()
+
+
 def test_status_ready_answers_a_readiness_probe_from_the_daemons_own_state(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
