@@ -445,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, started in start_pods(nodes, args.start_pods, run).items():
                     turn[mode]["pod start"] = started
             results["runs"].append(turn)
+            if args.json:  # each run kept as it ends: a node that fails later loses only its run
+                Path(args.json).write_text(json.dumps(results, indent=1))
         if args.load_pods:
             results["agent_load"] = agent_load(nodes, args.load_pods, args.window)
     results["load_after"] = os.getloadavg()
