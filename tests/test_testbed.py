@@ -433,7 +433,9 @@ def test_the_tests_that_need_a_build_wait_for_it_outside_their_timeout(tmp_path)
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(suite), str(suite)],
             cwd=suite, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "KOORDNODE_BED_BUILD_DIR": str(build)})
+            # this checkout's koordnode, whatever the interpreter has installed
+            env={**os.environ, "KOORDNODE_BED_BUILD_DIR": str(build),
+                 "PYTHONPATH": os.pathsep.join(filter(None, [str(tests.parent), os.environ.get("PYTHONPATH", "")]))})
     finally:
         writer.wait()
     assert result.returncode == 0, result.stdout + result.stderr
