@@ -73,7 +73,11 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
 
 
 def python_closure() -> list[str]:
-    """python3 and every package it depends on (no recommends), less LEFT_OUT."""
+    """python3 and every package it depends on (no recommends), less LEFT_OUT. Without package
+    lists (a machine image that cleared them) apt's lists are fetched first."""
+    if subprocess.run(["apt-cache", "show", "python3"], capture_output=True).returncode != 0:
+        log("apt has no package lists: apt-get update")
+        run(["apt-get", "update", "-qq"], stdout=subprocess.DEVNULL)
     out = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
                "--no-breaks", "--no-replaces", "--no-enhances", "python3"], capture_output=True).stdout
     names = {line.strip() for line in out.splitlines() if line and not line.startswith((" ", "<"))}
