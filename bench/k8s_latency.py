@@ -148,10 +148,11 @@ class NodeUnderTest:
         return parse_line(done.stdout)
 
     def measure(self, ls_cid: str, ip: str | None, be_cid: str | None) -> dict[str, Any]:
-        ls_cg = cgroup_of(self.pid_of(ls_cid), "cpuacct")
+        ls_pid = self.pid_of(ls_cid)
+        ls_cg = cgroup_of(ls_pid, "cpuacct")
         be_cg = cgroup_of(self.pid_of(be_cid), "cpuacct") if be_cid else None
         _, agent_pids = _agent(self.node)
-        out: dict[str, Any] = {"ls_cgroup": ls_cpu_values(self.pid_of(ls_cid))}
+        out: dict[str, Any] = {"ls_cgroup": ls_cpu_values(ls_pid)}
         for variant in self.args.variants:
             began, agent0, ticks0 = time.monotonic(), agent_cpu_seconds(agent_pids), self.ticks()
             out[variant] = with_cpu_use(functools.partial(self.variant, variant, ls_cid, ip), ls_cg, be_cg)

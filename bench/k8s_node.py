@@ -167,6 +167,11 @@ def timed_interleaved_starts(nodes: dict[str, Any], count: int) -> tuple[dict[st
 KOORDLET_MODES = ("koordlet", "koordlet-proxy")  # koordlet's hooks over NRI; through koord-runtime-proxy
 
 
+def with_koordlet(modes: list[str]) -> bool:
+    """A koordlet node among `modes`: koord-manager runs, and koordnode does its cluster part too."""
+    return any(mode in KOORDLET_MODES for mode in modes)
+
+
 def _agent(node) -> tuple[str, list[int]]:
     """The node agent's name and processes: koordnode; koordlet on a koordlet node, with
     koord-runtime-proxy when its hooks go through it (the agent is both); ("", []) on a direct
@@ -246,7 +251,7 @@ def koordinator(plane: ControlPlane, workdir: Path, modes: list[str], slo_config
     """With a koordlet node, or `slo_config` (the data of koord-manager's slo-controller-config):
     Koordinator's CRDs, koordlet's and koordnode's RBAC and koord-manager, whose NodeSLO every
     agent then takes (default: colocation on, the rest Koordinator's defaults)."""
-    if not set(KOORDLET_MODES) & set(modes) and slo_config is None:
+    if not with_koordlet(modes) and slo_config is None:
         yield None
         return
     install_koordinator(plane)
@@ -267,7 +272,7 @@ def _interleaved_run(workdir: Path, modes: list[str], builds: dict[str, Path], p
     with ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             koordinator(plane, workdir, modes), contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(bench_node(workdir, plane, (i + run_index) % len(modes), mode, builds,
-                                                 feature_gates, cluster=bool(set(KOORDLET_MODES) & set(modes))))
+                                                 feature_gates, cluster=with_koordlet(modes)))
                  for i, mode in enumerate(modes)}
         latencies, timed = timed_interleaved_starts(nodes, pods)
     run: dict[str, Any] = {mode: {"p50_s": round(statistics.median(v), 4), "all_s": [round(x, 4) for x in v],
@@ -416,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             koordinator(plane, workdir, modes):
         def node_of(i: int, mode: str):
             return bench_node(workdir, plane, i, mode, builds, feature_gates,
-                              cluster=bool(set(KOORDLET_MODES) & set(modes)))
+                              cluster=with_koordlet(modes))
 
         if args.interleave:
             with contextlib.ExitStack() as stack:
