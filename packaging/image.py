@@ -84,7 +84,7 @@ def python_closure() -> list[str]:
     return sorted(names - LEFT_OUT)
 
 
-def unpack_debian(root: Path, work: Path) -> list[str]:
+def unpack_debian(root: Path, work: Path) -> None:
     debs = work / "debs"
     debs.mkdir()
     packages = python_closure()
@@ -92,7 +92,6 @@ def unpack_debian(root: Path, work: Path) -> list[str]:
     run(["apt-get", "download", "-q", *packages], cwd=debs, stdout=subprocess.DEVNULL)
     for deb in sorted(debs.glob("*.deb")):
         run(["dpkg-deb", "-x", str(deb), str(root)])
-    return packages
 
 
 def trim(root: Path) -> None:
