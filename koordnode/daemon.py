@@ -28,6 +28,7 @@ from koordnode.hooks.cpu_pools import CPUS_OWNER_KOORDNODE
 from koordnode.hooks.chain import HookChain, RuntimeHook
 from koordnode.hooks.host_apps import HostApplications
 from koordnode.hooks.hw_qos import HardwareQoSHook
+from koordnode.hooks.be_start import BeStartWatch
 from koordnode.hooks.interceptor import ChainInterceptor
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
@@ -36,6 +37,7 @@ from koordnode.hooks.resized import ResizedResources
 from koordnode.hooks.state_recorder import StateRecorder
 from koordnode.metrics.recorder import METRICS, Metrics
 from koordnode.metrics.server import MetricsServer, MetricsStartError, start as start_metrics
+from koordnode.model.be_starts import BeStarts
 from koordnode.model.cpu_topology import read_numa_memory
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.model.state import NodeState
@@ -86,6 +88,10 @@ class Daemon:
         self.stats = ProxyStats()
         self._background: set[asyncio.Task[Any]] = set()
         self.backend = RuntimeBackend(config.proxy.backend)
+        # BE pods the runtime is starting: noted by the interceptor (proxy) or the NRI events,
+        # read by the QoS manager (its start allowance) and the engine (the group lifted for it).
+        self.be_starts = BeStarts(config.strategy.cpu_suppress.pod_start_max_s)
+        be_start_watch = BeStartWatch(self.state, self.be_starts)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).
         pool_updates = PoolUpdates() if config.runtime.mode == "nri" else None
@@ -102,7 +108,8 @@ class Daemon:
             self.layout = KubeletLayout(config.cgroup.driver, config.qos_manager.kubepods_cgroup,
                                         executor.cgroup_exists)
             engine = self.qos = QoSEngine(EngineSettings.of(config), self.state, executor=executor, resized=resized,
-                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates, layout=self.layout)
+                                          be_cpuset=self._be_cpuset, pool_updates=pool_updates, layout=self.layout,
+                                          be_starting=lambda: self.be_starts.in_flight() > 0)
             hooks.append(QoSHook(self.qos))
         except Exception as exc:  # the proxy must serve even where QoS cannot be applied
             self.qos_error = f"QoS hooks disabled: {exc}"
@@ -131,6 +138,7 @@ class Daemon:
                     memory_plan=engine.memory_fallback,
                     reserved_cpus=engine.reserved_cpus,
                     on_tick=TickMetrics(metrics),
+                    be_starts=self.be_starts,
                 )
             except Exception as exc:
                 log.error("qos_manager_disabled", error=str(exc))
@@ -140,7 +148,8 @@ class Daemon:
             timeout_s=config.proxy.hook_timeout_ms / 1000.0,
             failure_policy=config.proxy.failure_policy,
         )
-        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, metrics),
+        self.handler = InterceptingHandler(ChainInterceptor(self.chain, self.state.pod_labels_for, metrics,
+                                                            be_starts=be_start_watch),
                                            self.stats, on_completed=metrics.observe_cri_call)
         self.server = ProxyServer(config.proxy.listen, config.proxy.backend, self.handler)
         self.mode = config.runtime.mode
@@ -151,7 +160,7 @@ class Daemon:
             self.nri = NriPlugin(config.nri.socket, config.nri.plugin_name, config.nri.plugin_index,
                                  chain=self.chain, state=self.state, engine=self.qos,
                                  on_synchronized=self._adopted_from_nri, procfs_root=config.procfs.root,
-                                 pool_updates=pool_updates)
+                                 pool_updates=pool_updates, be_starts=be_start_watch)
         self.node_lock = NodeLock(lock_path(config.admin.socket))
         self.metrics_server: MetricsServer | None = None
         self.interference = PodInterferenceReader(self.state, config.cgroup, config.procfs.root)

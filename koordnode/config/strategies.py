@@ -72,6 +72,17 @@ class CpuSuppressConfig:
     min_change_percent: float = setting(
         1.0, min=0, max=50, doc="changes smaller than this (percent of the current value) are not written",
     )
+    pod_start_cpu_percent: float = setting(
+        25.0, min=0, max=400,
+        doc="while the runtime starts a BE pod's sandbox or container (proxy: its RunPodSandbox, "
+        "CreateContainer and StartContainer calls; NRI: from CreateContainer to the container's start), "
+        "the BE quota is at least this share of one CPU and koordnode's BE group leaves idle at the "
+        "kernel's default weight, so that a start beside busy LS pods does not outlast kubelet's runtime "
+        "request timeout; percent of one CPU, cfs_quota policy; 0 = off",
+    )
+    pod_start_max_s: float = setting(
+        30.0, min=1, max=600, doc="longest one BE start counts (a call whose answer never came ends here)",
+    )
 
 
 @dataclass(frozen=True)

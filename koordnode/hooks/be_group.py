@@ -273,8 +273,10 @@ class BeGroup:
     `slices`' worker."""
 
     def __init__(self, settings: EngineSettings, executor: CgroupExecutor, state: NodeState,
-                 layout: KubeletLayout, *, memory_nodes: str = "0") -> None:
+                 layout: KubeletLayout, *, memory_nodes: str = "0",
+                 starting: Callable[[], bool] | None = None) -> None:
         self.settings = settings
+        self.starting = starting  # a BE pod is starting: cpu_suppress may have lifted the group
         self.memory_nodes = memory_nodes  # AllowedMemoryNodes for kubelet's pod slices
         self.executor = executor
         self.state = state
@@ -387,8 +389,11 @@ class BeGroup:
 
     def gives_way(self, group: str) -> bool:
         """The group yields to LS: idle, or the lowest weight (v1 cpu.shares 2, v2 cpu.weight 1),
-        the state the QoS manager's cpu_suppress keeps it in while LS is quiet."""
+        the state the QoS manager's cpu_suppress keeps it in while LS is quiet; or, while a BE pod
+        is starting, whatever cpu_suppress's start allowance made it (it restores the group after)."""
         if self.executor.read(group, "cpu.idle") == "1":
+            return True
+        if self.starting is not None and self.starting():
             return True
         v2 = self.executor.version is CgroupVersion.V2
         return is_lowest_cpu_weight(self.executor.read(group, "cpu.shares"), v2) is True

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordnode.hooks.be_start import BeStartWatch
 from koordnode.hooks.chain import CallContext, HookChain, HookFailed, call_ids
 from koordnode.metrics.recorder import Metrics
 
@@ -27,13 +28,15 @@ class Interception:
 class ChainInterceptor:
     """Runs an intercepted call's Pre hooks before it is forwarded and schedules its Post hooks
     once the outcome is known. ``pod_labels_for(method, request)`` gives the labels of the pod a
-    call is about (the skip label), read from a snapshot of the node state."""
+    call is about (the skip label), read from a snapshot of the node state. ``be_starts`` notes
+the calls that start a BE pod's sandbox or container while they are with the runtime."""
 
     def __init__(self, chain: HookChain, pod_labels_for: Callable[[str, Any], dict[str, str]],
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, be_starts: BeStartWatch | None = None) -> None:
         self._chain = chain
         self._pod_labels_for = pod_labels_for
         self._metrics = metrics
+        self._be_starts = be_starts
 
     async def before(self, method: str, request: Any) -> Interception:
         call = CallContext(method=method, request=request, pod_labels=self._pod_labels_for(method, request))
@@ -43,11 +46,15 @@ class ChainInterceptor:
             return Interception(request=request, failure=str(exc), token=call, log_fields=call_ids(call))
         finally:
             self._metrics.observe_hook_delay(method, time.monotonic() - call.started)
+        if self._be_starts is not None:
+            self._be_starts.call_began(call)
         return Interception(request=call.request, token=call, log_fields=call_ids(call))
 
     def after(self, token: Any, sent_request: Any, response: Any, grpc_status: int | None,
               grpc_message: str) -> Mapping[str, Any]:
         call: CallContext = token
+        if self._be_starts is not None:
+            self._be_starts.call_ended(call)
         # The Post hooks (state recorder) see what the runtime really received.
         call.request = sent_request
         call.grpc_status = grpc_status

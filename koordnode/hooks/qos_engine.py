@@ -76,11 +76,14 @@ class QoSEngine:
                  topology: CpuTopology | None = None, resized: ResizedResources | None = None,
                  be_cpuset: Callable[[], frozenset[int] | None] | None = None,
                  pool_updates: PoolUpdates | None = None, core_sched: CoreScheduling | None = None,
-                 layout: KubeletLayout | None = None, slices: SchedSlices | None = None) -> None:
+                 layout: KubeletLayout | None = None, slices: SchedSlices | None = None,
+                 be_starting: Callable[[], bool] | None = None) -> None:
         """`be_cpuset()`: the CPUs the QoS manager confines BE to (its cpuset policy), None: the BE pool.
         `pool_updates` (NRI mode): where pool moves of running containers go instead of their cgroups.
         `core_sched`, `slices`: how cookies and slices are given (tests give a fake kernel). `layout`: kubelet's, as the
-        composition root resolved it (None: resolved here from `settings`, and followed on reload)."""
+        composition root resolved it (None: resolved here from `settings`, and followed on reload).
+        `be_starting()`: a BE pod is starting (model/be_starts.py), so the QoS manager may have
+        lifted the BE group for it: the group then counts as giving way."""
         self.state = state
         self.resized = resized if resized is not None else ResizedResources(None)
         self.lock = threading.RLock()
@@ -99,7 +102,8 @@ class QoSEngine:
         self.settings = settings
         self.pools = CpuPools(settings, topology, be_cpuset=be_cpuset, pool_updates=pool_updates)
         self.be_group = BeGroup(settings, self.executor, state, self.layout,
-                                memory_nodes=format_cpu_list(topology.numa_nodes.keys()) or "0")
+                                memory_nodes=format_cpu_list(topology.numa_nodes.keys()) or "0",
+                                starting=be_starting)
         self.records = EngineStatus()
         features = KernelFeatures(cgroup_version=self.executor.version.value, group_identity=False,
                                   node_memory_bytes=self._node_memory())

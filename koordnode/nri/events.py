@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from koordnode.cri import api_pb2 as cri
+from koordnode.hooks.be_start import BeStartWatch
 from koordnode.hooks.chain import CallContext, CallFacts, HookChain
 from koordnode.hooks.qos_engine import QoSEngine
 from koordnode.model.state import NodeState
@@ -24,8 +25,10 @@ log = structlog.get_logger("koordnode.nri")
 
 class NriEvents:
     def __init__(self, chain: HookChain, state: NodeState, engine: QoSEngine | None, updates: ContainerUpdates,
-                 oom: OomScoreAdj, spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
+                 oom: OomScoreAdj, spawn: Callable[[Coroutine[Any, Any, Any]], object],
+                 be_starts: BeStartWatch | None = None) -> None:
         self.chain = chain
+        self.be_starts = be_starts  # a BE container counts as starting until PostStartContainer
         self.spawn = spawn  # work that follows an answer (the plugin keeps and cancels it)
         self.state = state
         self.engine = engine
@@ -112,6 +115,8 @@ class NriEvents:
             call.response, call.grpc_status = cri.CreateContainerResponse(container_id=container.id), 0
             await self.chain.run_post_now(call)
             updates = self.updates.take()
+        if self.be_starts is not None:
+            self.be_starts.container_creating(pod.id, container.id)
         if call.hook_failures:
             log.warning("hooks_failed_container_unchanged", detail="container created without the hooks' changes",
                         container_id=container.id,
@@ -119,6 +124,8 @@ class NriEvents:
         return nri.CreateContainerResponse(adjust=adjust, update=self.updates.answered(updates))
 
     async def post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        if self.be_starts is not None:
+            self.be_starts.container_started(container.id)
         await self._hooks("StartContainer", cri.StartContainerRequest(container_id=container.id),
                           cri.StartContainerResponse(), dict(pod.labels), answer_first=True)
         # The process already runs with the runtime's value, and the runtime's StartContainer
@@ -162,6 +169,8 @@ class NriEvents:
         return nri.StopContainerResponse(update=self.updates.answered(updates))
 
     async def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        if self.be_starts is not None:
+            self.be_starts.container_started(container.id)  # created, never started
         await self._hooks("RemoveContainer", cri.RemoveContainerRequest(container_id=container.id),
                           cri.RemoveContainerResponse(), dict(pod.labels))
         self.updates.flush_soon()

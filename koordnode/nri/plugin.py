@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from koordnode.hooks.be_start import BeStartWatch
 from koordnode.hooks.chain import HookChain, HookFailed
 from koordnode.hooks.pool_updates import PoolUpdates
 from koordnode.hooks.qos_engine import QoSEngine
@@ -67,9 +68,10 @@ class NriPlugin:
     def __init__(self, socket_path: str, plugin_name: str, plugin_index: str, *, chain: HookChain,
                  state: NodeState, engine: QoSEngine | None,
                  on_synchronized: Callable[[], Coroutine[Any, Any, None]] | None = None, procfs_root: str = "/proc",
-                 pool_updates: PoolUpdates | None = None) -> None:
+                 pool_updates: PoolUpdates | None = None, be_starts: BeStartWatch | None = None) -> None:
         """`pool_updates`: the channel the engine publishes pool moves of running containers on
-        (the same one handed to the engine); the plugin delivers them to the runtime."""
+        (the same one handed to the engine); the plugin delivers them to the runtime.
+        `be_starts`: where BE containers starting are noted (the QoS manager lifts BE for them)."""
         self.socket_path = socket_path
         self.plugin_name = plugin_name
         self.plugin_index = plugin_index
@@ -82,7 +84,7 @@ class NriPlugin:
         self.updates = ContainerUpdates(state, engine, pool_updates if pool_updates is not None else PoolUpdates(),
                                         self.stats, self._spawn)
         self.oom = OomScoreAdj(state, engine, procfs_root)
-        self.events = NriEvents(chain, state, engine, self.updates, self.oom, self._spawn)
+        self.events = NriEvents(chain, state, engine, self.updates, self.oom, self._spawn, be_starts)
         self.synchronizer = Synchronizer(state, engine, self.updates, self.oom, self.stats, self._spawn,
                                          self._answered_late, on_synchronized)
         self._dry_run = False

@@ -25,6 +25,7 @@ any time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +40,7 @@ from koordnode.executor.procfs_executor import ProcfsExecutor
 
 from koordnode.executor.write_result import WriteStatus
 from koordnode.executor.originals import OriginalsJournal
+from koordnode.model.be_starts import BeStarts
 from koordnode.model.cpu_topology import CpuTopology
 from koordnode.model.kubelet_layout import KubeletLayout
 from koordnode.policy.strategies.base import Inventory, Strategy, TickSnapshot
@@ -89,6 +91,7 @@ class QoSManager:
         layout: KubeletLayout | None = None,
         strategies: Sequence[Strategy] = REGISTRY,
         on_tick: Callable[[TickReport], None] | None = None,
+        be_starts: BeStarts | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -108,6 +111,7 @@ class QoSManager:
             under [sysfs] root).
         strategies: the strategies to run (default: policy/strategies/registry.py).
         on_tick: called in the tick's thread after every tick (the daemon hands qos.metrics_feed.TickMetrics).
+        be_starts: the BE starts the hooks note; a start beginning or ending wakes a tick.
         """
         self._settings = settings.qos_manager
         self.state = state
@@ -129,6 +133,10 @@ class QoSManager:
         self.last_node: Any = None  # the NodeSample of the last tick
         self.last_snapshot: TickSnapshot | None = None
         self.on_tick = on_tick
+        self.be_starts = be_starts
+        if be_starts is not None:
+            be_starts.max_s = settings.strategy.cpu_suppress.pod_start_max_s
+            be_starts.subscribe(self._request_tick)
 
         # Loop side.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -232,6 +240,8 @@ class QoSManager:
             self._measure.configure(settings)
             self._inventory.set_driver(self._measure.driver)
             restores = self._runner.reconfigure(settings.strategy)
+            if self.be_starts is not None:
+                self.be_starts.max_s = settings.strategy.cpu_suppress.pod_start_max_s
             if (old_settings.psi_stall_us, old_settings.psi_window_us, old_settings.psi_poll_ms,
                     old_settings.psi_triggers) != (new_settings.psi_stall_us, new_settings.psi_window_us,
                                                    new_settings.psi_poll_ms, new_settings.psi_triggers):
@@ -291,6 +301,9 @@ class QoSManager:
             "pressure_watch": watch,
             "usage_watch": self._usage.status() if self._usage is not None else {"mode": "not running"},
             "be_tier": self.be_tier,
+            # BE sandboxes and containers being started now, and since the daemon started.
+            "be_starts": ({"in_flight": self.be_starts.in_flight(), "total": self.be_starts.total}
+                          if self.be_starts is not None else None),
             "cgroup_version": self.collector.version.value,
             "ticks": self._book.ticks_status(self._settings.tick_ms),
             "strategies": self._runner.status(),
@@ -509,6 +522,8 @@ class QoSManager:
     def _tick_locked(self, inventory: Inventory, woken_by: str | None) -> TickReport:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
+        if self.be_starts is not None:
+            measured.snapshot = dataclasses.replace(measured.snapshot, be_starting=self.be_starts.in_flight())
         self.last_node = report.node = measured.node
         self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies

@@ -116,6 +116,7 @@ class TickSnapshot:
     # kubelet's top cgroup of every pod, and both BE tiers (its besteffort tier, koordnode's BE group)
     kubepods: str = ""
     be_tiers: tuple[str, ...] = ()
+    be_starting: int = 0  # BE sandboxes and containers the runtime is starting (model/be_starts.py)
 
     def due(self, last: float | None) -> bool:
         """Whether a periodic (reconcile) pass last run at `last` is due again."""

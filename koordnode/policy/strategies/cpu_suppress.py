@@ -19,6 +19,13 @@ refill starts BE on a fresh, protected slice that a waking LS task waits behind
 (bench/wake_placement.py); the lowest weight alone keeps BE's CPU time off LS. When LS gets
 busy both apply at once; the quiet state returns once the quota has grown back to its target.
 
+While the runtime starts a BE pod's sandbox or container (model/be_starts.py) the cfs_quota
+policy lets BE have at least `pod_start_cpu_percent` of one CPU, and koordnode's BE group leaves
+idle at the kernel's default weight: an idle group (or the lowest weight) beside LS pods busy on
+every CPU gets a few thousandths of a CPU, and runc's work for the start ran past kubelet's
+runtime request timeout. The allowance is bounded (the quota) and lasts as long as the start
+(each at most `pod_start_max_s`); then the group is idle again at once.
+
 Policy "cfs_quota" turns the budget into the BE tier cgroup's CFS quota (floor
 `min_quota_us`); policy "cpuset" into a number of CPUs for BE (ceil(budget), at least
 `min_cpus`, never LSE/LSR/reserved ones). Either way a smaller budget applies at once (LS
@@ -39,7 +46,7 @@ from typing import Any
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.be_group import is_be_group
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US
+from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US, KUBELET_SHARES_PER_CPU
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import BeBudget, Explanation, StrategyResult, rounded
@@ -47,6 +54,8 @@ from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
 
 NAME = "cpu_suppress"
 UNLIMITED = -1
+# The BE group's weight while a BE pod starts: the kernel's default (v2 cpu.weight 100).
+START_SHARES = KUBELET_SHARES_PER_CPU
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,11 @@ class CpuSuppressInput:
     be_group: bool = False
     be_idle: bool = False  # the BE cgroup reads cpu.idle = 1 now
     be_lowest_weight: bool | None = None  # it reads cpu.shares 2 / cpu.weight 1; None = unknown
+    be_starting: int = 0  # BE sandboxes and containers the runtime is starting now
+    start_lifted: bool = False  # the previous decision left the group at START_SHARES for a start
+    # The quota the budget alone gave when the previous decision raised it to the allowance
+    # (None: it did not): growth goes on from there, not from the allowance, after the start.
+    budget_quota_us: int | None = None
 
 
 def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> float:
@@ -91,6 +105,15 @@ def pressure_ratio(pressure_percent: float | None, curve: PressureCurve) -> floa
 
 
 @dataclass(frozen=True)
+class StartLift:
+    """cpu_suppress's memory while a BE start has the allowance: the quota the budget alone gave,
+    and whether the BE group was lifted (its weight is then koordnode's, not someone else's)."""
+
+    budget_quota_us: int
+    group_lifted: bool
+
+
+@dataclass(frozen=True)
 class Budget:
     raw_cpus: float  # before the pressure ratio, may be negative
     ratio: float
@@ -102,7 +125,7 @@ def group_gives_way(inp: CpuSuppressInput) -> bool:
     lowest weight. At any other weight someone else set it (an operator's CPUWeight=, systemd
     re-applying one): the engine's reconcile pass restores it (through systemd, so the
     property is right too), the strategy leaves it alone and BE does not yield meanwhile."""
-    return inp.be_idle or (inp.be_group and inp.be_lowest_weight is True)
+    return inp.be_idle or (inp.be_group and (inp.be_lowest_weight is True or inp.start_lifted))
 
 
 def effective_threshold_percent(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> float:
@@ -151,6 +174,7 @@ def _inputs(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> di
         "budget_before_ratio_cpus": rounded(budget.raw_cpus),
         "be_budget_cpus": rounded(budget.cpus),
         "be_tier": inp.be_tier,
+        "be_starting": inp.be_starting,
     }
 
 
@@ -162,18 +186,25 @@ def decide_cpu_suppress(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Strate
     return _decide_quota(inp, cfg, budget, inputs)
 
 
-def _group_writes(inp: CpuSuppressInput, *, idle: bool, why: str) -> list[CgroupWrite]:
-    """The BE group's idle flag (and, when not idle, its lowest weight) where it differs;
-    nothing for kubelet's tier. The executor writes cpu.idle first: clearing it resets the
-    weight to the default, and an idle group refuses a weight."""
+def _group_writes(inp: CpuSuppressInput, *, idle: bool, why: str,
+                  shares: int = CPU_SHARES_MIN) -> list[CgroupWrite]:
+    """The BE group's idle flag (and, when not idle, its weight: the lowest, or START_SHARES
+    for a start) where it differs; nothing for kubelet's tier. The executor writes cpu.idle
+    first: clearing it resets the weight to the default, and an idle group refuses a weight."""
     if not (inp.be_group and group_gives_way(inp)):
         return []
     writes: list[CgroupWrite] = []
     if inp.be_idle != idle:
         writes.append(CgroupWrite(inp.be_tier, "cpu.idle", int(idle), f"cpu_suppress: {why}"))
-    if not idle and inp.be_idle:
-        writes.append(CgroupWrite(inp.be_tier, "cpu.shares", CPU_SHARES_MIN, f"cpu_suppress: {why}"))
+    at_lowest = inp.be_lowest_weight is True
+    if not idle and (inp.be_idle or at_lowest != (shares == CPU_SHARES_MIN)):
+        writes.append(CgroupWrite(inp.be_tier, "cpu.shares", shares, f"cpu_suppress: {why}"))
     return writes
+
+
+def starting(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> bool:
+    """A BE start is in flight and the allowance is on (cfs_quota policy)."""
+    return inp.be_starting > 0 and cfg.pod_start_cpu_percent > 0 and cfg.policy == "cfs_quota"
 
 
 def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
@@ -185,8 +216,12 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
     current = inp.current_quota_us
     unlimited = current == UNLIMITED or current > capacity
     effective = capacity if unlimited else current
+    if inp.budget_quota_us is not None:  # the allowance raised it: go on from the budget's own
+        effective = min(effective, inp.budget_quota_us)
     target = max(cfg.min_quota_us, round(budget.cpus * inp.period_us))
     quiet = ls_quiet(inp, cfg, budget)
+    start = starting(inp, cfg)
+    allowance = round(cfg.pod_start_cpu_percent / 100.0 * inp.period_us) if start else 0
     inputs.update(target_quota_us=target, ls_quiet=quiet)
     if target < effective:
         new, how = target, "shrink at once"
@@ -197,7 +232,17 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
     # Quiet, and BE already unthrottled or its quota grown back to the target: lift it all.
     if quiet and new >= target:
         return _lift(inp, cfg, inputs, current)
-    writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
+    lift: StartLift | None = None
+    if new < allowance:
+        lift = StartLift(new, group_lifted=False)
+        new, how = allowance, f"at least {cfg.pod_start_cpu_percent}% of a CPU while {inp.be_starting} BE start(s) run"
+    if start:
+        writes = _group_writes(inp, idle=False, shares=START_SHARES,
+                               why="a BE pod is starting: BE group at the default weight")
+    else:
+        writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
+    if start and inp.be_group and group_gives_way(inp):
+        lift = StartLift(lift.budget_quota_us if lift else new, group_lifted=True)
     reason = (
         f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {effective_threshold_percent(inp, cfg)}%"
         f"{' (BE group)' if inp.be_group else ''} - LS "
@@ -208,10 +253,11 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
         return StrategyResult(Explanation(
             NAME, inputs, f"keep quota {current}",
             f"{how} to {new} differs by less than {cfg.min_change_percent}%",
-        ), writes=tuple(writes))
+        ), writes=tuple(writes), state=lift)
     # The quota before the idle flag in the plan (the executor puts cpu.idle first anyway).
     writes.insert(0, CgroupWrite(inp.be_tier, "cpu.cfs_quota_us", new, f"cpu_suppress: {reason}"))
-    return StrategyResult(Explanation(NAME, inputs, f"quota {current} -> {new}", reason), writes=tuple(writes))
+    return StrategyResult(Explanation(NAME, inputs, f"quota {current} -> {new}", reason), writes=tuple(writes),
+                          state=lift)
 
 
 def _lift(inp: CpuSuppressInput, cfg: CpuSuppressConfig, inputs: dict[str, object], current: int) -> StrategyResult:
@@ -289,8 +335,9 @@ def restore_cpu_suppress(inp: CpuSuppressInput, policy: str) -> StrategyResult:
 # ---------------------------------------------------------------------- the plug-in
 
 
-def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
-    """The strategy's input from the tick's snapshot (reads the BE tier's quota or cpuset)."""
+def suppress_input(snap: TickSnapshot, policy: str, *, lift: StartLift | None = None) -> CpuSuppressInput:
+    """The strategy's input from the tick's snapshot (reads the BE tier's quota or cpuset);
+    `lift`: what the previous decision's start allowance left."""
     tier = snap.be_tier
     group = is_be_group(tier)
     idle = snap.probe.cpu_idle(tier) if group else None
@@ -328,6 +375,9 @@ def suppress_input(snap: TickSnapshot, policy: str) -> CpuSuppressInput:
         be_group=group and idle is not None,
         be_idle=group and idle is True,
         be_lowest_weight=snap.probe.cpu_lowest_weight(tier) if group and idle is False else None,
+        be_starting=snap.be_starting,
+        start_lifted=lift is not None and lift.group_lifted and group and idle is False,
+        budget_quota_us=lift.budget_quota_us if lift is not None else None,
     )
 
 
@@ -363,14 +413,16 @@ class CpuSuppress:
 
     def decide(self, snap: TickSnapshot, cfg: CpuSuppressConfig, state: Any,
                earlier: Mapping[str, StrategyResult]) -> StrategyResult:
-        inp = suppress_input(snap, cfg.policy)
+        inp = suppress_input(snap, cfg.policy, lift=state if isinstance(state, StartLift) else None)
         if not snap.rates_ready:
-            return StrategyResult(Explanation(NAME, {}, "no change", "warming up: usage rates need two samples"))
+            return StrategyResult(Explanation(NAME, {}, "no change", "warming up: usage rates need two samples"),
+                                  state=state)
         result = decide_cpu_suppress(inp, cfg)
         return StrategyResult(
             result.explanation, writes=result.writes,
             facts=(budget_fact(inp, cfg, result),),
             saturated=at_minimum(inp, cfg, result),
+            state=result.state,
         )
 
     def restore_config(self, old: CpuSuppressConfig | None, new: CpuSuppressConfig) -> CpuSuppressConfig | None:
@@ -383,7 +435,8 @@ class CpuSuppress:
         return None
 
     def restore(self, snap: TickSnapshot, cfg: CpuSuppressConfig, state: Any) -> StrategyResult:
-        return restore_cpu_suppress(suppress_input(snap, cfg.policy), cfg.policy)
+        lift = state if isinstance(state, StartLift) else None
+        return restore_cpu_suppress(suppress_input(snap, cfg.policy, lift=lift), cfg.policy)
 
     def status(self, cfg: CpuSuppressConfig, state: Any) -> dict[str, Any]:
         return {"policy": cfg.policy}

@@ -1,0 +1,82 @@
+"""A BE pod created while BE is suppressed to its floor, beside an LS pod busy on every CPU,
+starts through the real kubelet with koordnode's shipped settings ([strategy.cpu_suppress]
+pod_start_cpu_percent): the BE group is lifted for the start and idle at its floor again after.
+
+Before the allowance (2026-12-02, this host, proxy mode) the same start took 22.5 s (NRI mode
+6.7 s, kubelet alone 13.8 s: its besteffort tier's weight 2 starves a start as well); under the
+VM lane's TCG, 5-10x slower, that is past kubelet's 2-minute runtime request timeout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from k8s_support import cg_read, control_plane, require_component, runtime_errors  # noqa: F401
+from testbed.images import BUSYBOX_IMAGE_REF
+from testbed.real_node import NODE_NAMES, RealNode, real_node
+
+pytestmark = pytest.mark.e2e
+
+BUSY_EVERY_CPU = "for i in 1 2; do (while :; do :; done) & done; wait"
+FLOOR_US = 2000  # [strategy.cpu_suppress] min_quota_us, shipped
+ALLOWANCE_US = 25_000  # pod_start_cpu_percent 25 of a 100 ms period, shipped
+RUNTIME_REQUEST_TIMEOUT_S = 120  # the bed's kubelet (runtimeRequestTimeout 2m, its default)
+
+
+def _pod(name: str, cls: str, command: str, cpu: str | None = None) -> dict:
+    resources = {"requests": {"cpu": cpu, "memory": "32Mi"}} if cpu else {}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"koordinator.sh/qosClass": cls}},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "app", "image": BUSYBOX_IMAGE_REF, "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", command], "resources": resources}]}}
+
+
+def _suppress(node: RealNode) -> dict:
+    return node.koordnode.status()["qos_manager"]["strategies"]["cpu_suppress"]
+
+
+@pytest.mark.parametrize("mode", ["proxy", "nri"])
+def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(control_plane, tmp_path, mode):  # noqa: F811
+    require_component("containerd")
+    with real_node(tmp_path, mode=mode, control_plane=control_plane, node_name=NODE_NAMES[1]) as node:
+        node.create_pod(_pod("ls-busy", "LS", BUSY_EVERY_CPU, cpu="1"))
+        node.create_pod(_pod("be-busy", "BE", BUSY_EVERY_CPU))
+        node.wait_running("ls-busy")
+        node.wait_running("be-busy")
+        group = node.kubepods + "/koordnode_be"
+
+        def at_floor() -> bool:
+            inputs = (_suppress(node).get("decision") or {}).get("inputs", {})
+            return (cg_read("cpu", group, "cpu.cfs_quota_us") == str(FLOOR_US)
+                    and cg_read("cpu", group, "cpu.idle") == "1" and inputs.get("ls_used_cpus", 0) >= 1.8)
+        node.client().wait_for("BE at its floor beside LS busy on both CPUs", at_floor, timeout=60)
+        starts_before = node.koordnode.status()["qos_manager"]["be_starts"]["total"]
+        log_mark = node.koordnode.log_path.stat().st_size
+        kubelet_mark = len(node.kubelet.log_text())
+
+        node.create_pod(_pod("be-new", "BE", "sleep 3600"))
+        pod = node.wait_running("be-new", timeout=RUNTIME_REQUEST_TIMEOUT_S)
+        status = pod["status"]["containerStatuses"][0]
+        assert status["restartCount"] == 0
+        # kubelet made one sandbox for it: no call ran out of its time and was tried again.
+        sandboxes = [s for s in node.containerd_pods() if s["uid"] == pod["metadata"]["uid"]]
+        assert len(sandboxes) == 1, sandboxes
+        assert not [e for e in runtime_errors(node.kubelet.log_text()[kubelet_mark:]) if "deadline" in e.lower()]
+
+        # koordnode saw the start (proxy: sandbox, create and start calls; NRI: the container)
+        # and lifted the group for it: out of idle, at the default weight, the allowance's quota.
+        manager = node.koordnode.status()["qos_manager"]
+        assert manager["be_starts"]["total"] - starts_before >= (3 if mode == "proxy" else 1)
+        with node.koordnode.log_path.open() as log:
+            log.seek(log_mark)
+            lines = [json.loads(line) for line in log if line.startswith("{")]
+        lifts = [(e["resource"], str(e["new"])) for e in lines if e.get("event") == "cgroup_write"
+                 and e.get("cgroup", "").endswith("/koordnode_be")]
+        assert ("cpu.idle", "0") in lifts, lifts  # the weight is then 1024 (written only if it was not)
+        assert ("cpu.cfs_quota_us", str(ALLOWANCE_US)) in lifts, lifts
+        # And once the start is over: idle at the floor again, nothing in flight.
+        node.client().wait_for("the BE group idle at its floor again", at_floor, timeout=30)
+        assert node.koordnode.status()["qos_manager"]["be_starts"]["in_flight"] == 0
