@@ -58,6 +58,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -300,11 +301,13 @@ def figures(turn: dict[str, Any]) -> dict[str, float | None]:
     return flat
 
 
-def over_runs(runs: list[dict[str, dict[str, Any]]], modes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per mode and figure: each run's value, their median, min and max."""
+def over_runs(runs: list[dict[str, dict[str, Any]]], modes: list[str],
+              flatten: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per mode and figure (`flatten` makes a turn's figures; default this bench's): each run's
+    value, their median, min and max."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for mode in modes:
-        flats = [figures(run[mode]) for run in runs]
+        flats = [(flatten or figures)(run[mode]) for run in runs]
         out[mode] = {}
         for key in flats[0]:
             values = [v for f in flats if (v := f.get(key)) is not None]

@@ -138,10 +138,12 @@ def test_be_pods_run_in_the_idle_group_and_kubelets_writes_succeed(containerd_be
         assert cpu_cgroup_of(cri, second) == f"{group}/pod{uid}/{second}"
         kubelets_writes(bed, be_kubelet, ls_kubelet)
 
-        # Someone resets the group (cpu.idle 0: the kernel puts the weight back to 1024): after a
-        # restart it gives way again (idle from the reconcile pass, or the lowest weight of
-        # cpu_suppress's quiet state, whichever comes first).
+        # Someone resets the group to the defaults (cpu.idle 0, the kernel's weight; clearing the
+        # flag alone puts back the weight before it, the lowest if cpu_suppress's quiet state was
+        # the last): after a restart it gives way again (idle from the reconcile pass, or the
+        # lowest weight of the quiet state, whichever comes first).
         (CG / "cpu" / group.lstrip("/") / "cpu.idle").write_text("0")
+        (CG / "cpu" / group.lstrip("/") / "cpu.shares").write_text("1024")
         assert not gives_way(group)
         kn.stop()
         kn.start()

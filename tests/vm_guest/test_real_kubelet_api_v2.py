@@ -582,3 +582,61 @@ def test_kubelets_memory_qos_reservations_and_koordnodes_protection_coexist(api_
     # the stop) or, failing that, with koordnode's sweep of empty slices a minute old.
     wait_for(lambda: not list(BE_GROUP.glob("kubepods-koordnode_be-pod*.slice")), 60,  # x TIME_SCALE
              "the deleted BE pod's slice gone from koordnode's group", interval=5)
+
+
+# The LS load of the start test: a loop on every CPU of the guest, in the background of an exec.
+BUSY_EVERY_CPU = 'for i in $(seq "$(nproc)"); do (while :; do :; done) </dev/null >/dev/null 2>&1 & done'
+BE_FLOOR = "2000 100000"  # [strategy.cpu_suppress] min_quota_us, shipped, on the group's cpu.max
+RUNTIME_REQUEST_TIMEOUT_S = 120  # kubelet's runtimeRequestTimeout (2m, its default, the bed's)
+
+
+def _busy_pod(name: str, cls: str, cpu: str | None, command: str = BUSY_EVERY_CPU + "; exec sleep 3600",
+              ) -> dict[str, Any]:
+    resources = {"requests": {"cpu": cpu, "memory": "32Mi"}} if cpu else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"koordinator.sh/qosClass": cls}},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "app", "imagePullPolicy": "Never", "resources": resources,
+                                     "command": ["/bin/sh", "-c", command]}]}}
+
+
+@pytest.mark.timeout(1200)
+def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(api_node):
+    """Issue #40: the shipped cpu_suppress on the systemd driver. An LS pod (1 CPU requested,
+    no limit: the LSE example's place, deleted first) busy on every CPU and a busy BE pod hold the
+    BE group idle at its quota floor; a BE pod created then reaches Running within kubelet's
+    runtime request timeout, in one sandbox, because koordnode lifts the group while it starts
+    ([strategy.cpu_suppress] pod_start_cpu_percent) and makes it idle at the floor again after.
+    Before the allowance this node ran with cpu_suppress off: the start outlasted the timeout."""
+    node = api_node
+    lse = _names()["LSE"]
+    node.client.delete(node.pod_path(lse), grace_seconds=0)
+    wait_for(lambda: not node.client.exists(node.pod_path(lse)), 120, f"{lse} gone", interval=3)
+    node.create(_busy_pod("ls-busy", "LS", "1"))
+    node.create(_busy_pod("be-busy", "BE", None))
+    node.wait_running(["ls-busy", "be-busy"], 600)
+
+    def at_floor() -> bool:
+        return read(BE_GROUP, "cpu.max") == BE_FLOOR and read(BE_GROUP, "cpu.idle") == "1"
+    wait_for(at_floor, 120, "the BE group idle at its quota floor beside the busy LS pod", interval=2)
+    before = node.status()["qos_manager"]["be_starts"]["total"]
+    log_mark = node.koordnode.log_path.stat().st_size
+    kubelet_mark = len(node.kubelet.log_text())
+    began = time.monotonic()
+    node.create(_busy_pod("be-new", "BE", None, command="exec sleep 3600"))
+    node.wait_running(["be-new"], RUNTIME_REQUEST_TIMEOUT_S)
+    took = time.monotonic() - began
+    api = node.client.pod("be-new", NAMESPACE)
+    print(f"BE pod Running {took:.1f} s after its creation (LS busy on every CPU, BE at its floor)")
+    assert api["status"]["containerStatuses"][0]["restartCount"] == 0
+    tail = node.kubelet.log_text()[kubelet_mark:]
+    assert "DeadlineExceeded" not in tail and "context deadline exceeded" not in tail, tail[-3000:]
+    assert node.status()["qos_manager"]["be_starts"]["total"] - before >= 3  # sandbox, create, start
+    with node.koordnode.log_path.open() as log:
+        log.seek(log_mark)
+        # (v2: cpu.max's text, "25000 100000")
+        group_writes = [(e["resource"], str(e["new"]).split()[0]) for e in map(json.loads, (ln for ln in log if ln.startswith("{")))
+                        if e.get("event") == "cgroup_write" and e.get("cgroup", "").endswith("kubepods-koordnode_be.slice")]
+    assert ("cpu.idle", "0") in group_writes and ("cpu.cfs_quota_us", "25000") in group_writes, group_writes
+    wait_for(at_floor, 60, "the BE group idle at its floor again after the start", interval=2)
+    for name in ("be-new", "be-busy", "ls-busy"):
+        node.client.delete(node.pod_path(name), grace_seconds=0)
