@@ -81,7 +81,9 @@ class CpuSuppressConfig:
         "request timeout; percent of one CPU, cfs_quota policy; 0 = off",
     )
     pod_start_max_s: float = setting(
-        30.0, min=1, max=600, doc="longest one BE start counts (a call whose answer never came ends here)",
+        120.0, min=1, max=600,
+        doc="longest one BE start counts, seconds: kubelet's runtime request timeout (2 min by default), "
+        "after which kubelet gives the call up (bounds a start whose answer never came)",
     )
 
 

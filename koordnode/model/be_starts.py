@@ -19,7 +19,7 @@ MAX_STARTS = 4096
 
 
 class BeStarts:
-    def __init__(self, max_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_s = max_s
         self._clock = clock
         self._lock = threading.Lock()

@@ -95,13 +95,19 @@ def stop_kubelets_slices() -> None:
 _APPLIED = re.compile(r"^(?P<resource>[^=]+)=(?P<value>.*) on (?P<cgroup>/\S*) \((?P<status>[^),]+)")
 
 
+def be_group_gives_way() -> bool:
+    """The BE group yields to LS: idle, or at the lowest weight (cpu_suppress's quiet state, which
+    the shipped settings keep while LS is quiet)."""
+    return read(BE_GROUP, "cpu.idle") == "1" or read(BE_GROUP, "cpu.weight") == "1"
+
+
 def wait_for_the_be_group(timeout_s: float = 60) -> float:
     """koordnode makes its BE group slice idle as soon as kubelet has made kubepods.slice, with no
     BE pod yet (hooks/be_group.py: prepare_once_kubelet_is_up), so that kubelet's first BE pod
     needs no systemd call in its RunPodSandbox (one took 4 s under TCG, past the hook's bound,
     and left that pod in kubelet's tier). Seconds it took from the call."""
     began = time.monotonic()
-    wait_for(lambda: (BE_GROUP / "cpu.idle").is_file() and read(BE_GROUP, "cpu.idle") == "1", timeout_s,
+    wait_for(lambda: (BE_GROUP / "cpu.idle").is_file() and be_group_gives_way(), timeout_s,
              f"{BE_GROUP} made idle by koordnode once kubelet is up")
     return time.monotonic() - began
 
