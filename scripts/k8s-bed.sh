@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real-node test bed's components from their Go modules (versions: tests/testbed/k8s-versions.env):
-#   kubelet and kube-apiserver  (k8s.io/kubernetes, through a wrapper module, see build_kubernetes)
+#   kubelet, kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes, through a
+#                               wrapper module, see build_kubernetes)
 #   etcd                        (go.etcd.io/etcd/server/v3, a wrapper calling etcdmain.Main)
 #   containerd, ctr, the runc shim (github.com/containerd/containerd/v2, build tag no_btrfs)
 #   critest and crictl          (sigs.k8s.io/cri-tools)
@@ -85,12 +86,16 @@ build_kubernetes() {
         grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" | awk -v v="$staging" '{print "\t"$1" => "$1" "v}'
         printf ')\n'
     } >go.mod
-    printf '//go:build tools\n\npackage k8sbed\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n)\n' >tools.go
+    printf '//go:build tools\n\npackage k8sbed\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n)\n' >tools.go
     go mod tidy
     local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1"
     ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
     go build -trimpath -ldflags "$ldflags" -o "$out/bin/kubelet" k8s.io/kubernetes/cmd/kubelet
     go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+    # The DaemonSet, ServiceAccount and root CA controllers and the scheduler that binds a
+    # DaemonSet's pods, for the chart's pod on a real node.
+    go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
+    go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler
 }
 
 build_etcd() {
@@ -161,7 +166,7 @@ build_helm() {
 
 for component in ${1:-containerd etcd cri-tools kubernetes}; do
     case $component in
-        kubernetes) build kubernetes "$KUBERNETES_VERSION" build_kubernetes ;;
+        kubernetes) build kubernetes "$KUBERNETES_VERSION" build_kubernetes bin/kube-scheduler ;;
         containerd) build containerd "$CONTAINERD_VERSION" build_containerd ;;
         etcd) build etcd "$ETCD_VERSION" build_etcd ;;
         cri-tools) build cri-tools "$CRI_TOOLS_VERSION" build_cri_tools ;;

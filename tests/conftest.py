@@ -60,6 +60,7 @@ _NEEDS_THE_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test_k8s_", ("k8s",)),
     ("test_kube_", ("k8s",)),
     ("test_helm_", ("k8s", "helm")),
+    ("test_helm_node", ("k8s", "helm", "koord")),  # Koordinator's CRDs for the pod's cluster mode
     ("test_koord_", ("koord",)),
     ("test_koordlet_", ("k8s", "koord")),  # koordlet itself is built only for its benchmark
     ("test_core_sched_kernel", ("kernel",)),

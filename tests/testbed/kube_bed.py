@@ -84,11 +84,16 @@ class ControlPlane:
     """etcd + kube-apiserver on loopback, private to ``workdir``.
 
     ``start_timeout_s``: how long etcd, then kube-apiserver, may take to answer ready (the VM
-    lane's guest, under TCG, needs several times the default)."""
+    lane's guest, under TCG, needs several times the default). ``service_accounts``: the
+    ServiceAccount admission plugin on, so pods get their account's token mounted as in a real
+    cluster (it needs the ServiceAccount and root CA controllers: ControllerManager); off by
+    default, where pods are made before any controller runs."""
 
-    def __init__(self, workdir: Path, node_names: tuple[str, ...] = (), start_timeout_s: float = 120.0) -> None:
+    def __init__(self, workdir: Path, node_names: tuple[str, ...] = (), start_timeout_s: float = 120.0,
+                 service_accounts: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.start_timeout_s = start_timeout_s
+        self.service_accounts = service_accounts
         self.id = secrets.token_hex(3)
         self.host = "127.0.0.1"
         self.port = 0
@@ -214,7 +219,7 @@ class ControlPlane:
              f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--service-cluster-ip-range={_SERVICE_CIDR}",
-             "--disable-admission-plugins=ServiceAccount",
+             *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
              "--enable-priority-and-fairness=false", "--v=1",
              # Never resolve node names through DNS: this bed's nodes exist on loopback only.
              "--kubelet-preferred-address-types=InternalIP"],
@@ -242,6 +247,94 @@ class ControlPlane:
         path.write_text(json.dumps(config, indent=1))
         path.chmod(0o600)
         return path
+
+
+class ControllerManager:
+    """kube-controller-manager with the controllers a DaemonSet's pods need on the bed: the
+    DaemonSet controller, ServiceAccount (each namespace's "default"), the root CA publisher
+    (kube-root-ca.crt, which every mounted account token carries) and the garbage collector (a
+    deleted DaemonSet's pods), as the bed's admin."""
+
+    CONTROLLERS = ("daemonset-controller", "serviceaccount-controller", "root-ca-certificate-publisher-controller",
+                   "garbage-collector-controller")
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        self.plane = plane
+        self.workdir = Path(workdir).resolve()
+        self.log_path = self.workdir / "kube-controller-manager.log"
+        self._process: subprocess.Popen | None = None
+        self._log: Any = None
+
+    def start(self) -> ControllerManager:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "admin.kubeconfig", self.plane.tokens["admin"])
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._process = subprocess.Popen(
+            [str(component_bin("kubernetes") / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+             f"--controllers={','.join(self.CONTROLLERS)}", f"--root-ca-file={self.plane.ca_file}",
+             "--leader-elect=false", "--use-service-account-credentials=false", "--secure-port=0", "--v=1"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        client = self.plane.client()
+
+        def default_account() -> bool:  # the ServiceAccount controller is at work
+            return client.exists("/api/v1/namespaces/default/serviceaccounts/default")
+        _wait("kube-controller-manager", default_account, self.plane.start_timeout_s, self._process, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+        self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> ControllerManager:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class KubeScheduler:
+    """kube-scheduler (the default scheduler's profile), as the bed's admin: it binds a
+    DaemonSet's pods (the DaemonSet controller only creates them, with the node's affinity)."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        self.plane = plane
+        self.workdir = Path(workdir).resolve()
+        self.log_path = self.workdir / "kube-scheduler.log"
+        self._process: subprocess.Popen | None = None
+        self._log: Any = None
+
+    def start(self) -> KubeScheduler:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "admin.kubeconfig", self.plane.tokens["admin"])
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        port = free_port()
+        self._process = subprocess.Popen(
+            [str(component_bin("kubernetes") / "kube-scheduler"), f"--kubeconfig={kubeconfig}",
+             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}", "--v=1"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        unverified = ssl._create_unverified_context()  # its own self-signed serving certificate
+
+        def ready() -> bool:  # /readyz needs no credentials (the scheduler's always-allowed paths)
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=2, context=unverified) as answer:
+                return answer.read() == b"ok"
+        _wait("kube-scheduler", ready, self.plane.start_timeout_s, self._process, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+        self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> KubeScheduler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class Kubelet:
