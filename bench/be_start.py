@@ -4,17 +4,20 @@ what the start allowance ([strategy.cpu_suppress] pod_start_cpu_percent) costs L
 
 Real nodes side by side (one API server; containerd and kubelet each), koordnode in proxy mode:
 
-* ``allowance``: koordnode's shipped settings (the allowance at 25 % of one CPU);
-* ``off``: the same with ``pod_start_cpu_percent = 0`` (BE idle at its floor throughout);
+* ``allowance``: koordnode's shipped settings (the allowance: 25 % of one CPU, the BE group
+  at cpu.shares 64 while a BE pod starts);
+* ``weight-1024``: the same with ``pod_start_shares = 1024`` (the kernel's default weight);
+* ``off``: ``pod_start_cpu_percent = 0`` (BE idle at its floor throughout);
 * ``direct``: kubelet's own values, no koordnode (its besteffort tier, weight 2, no quota).
 
 Each run, the nodes take turns in the balanced order of ``bench.k8s_node.turn_orders``. In a turn:
 an LS pod (Burstable, 1 CPU requested) runs ls_probe's duty loop at ``--ls-busy`` percent on
 every CPU and a BE pod spins on every CPU; once koordnode holds BE at its floor, two windows in
-alternating order: **quiet** (nothing starts) and **starts** (BE pods created one after another
-through the API, each deleted once Running). In each window ls_probe's probe runs in the LS
-container (sleep 1 ms, 100 us of work, ``--rounds`` times): p50 / p99 / p99.9, and the LS pod's
-CPU use. The starts window also gives each BE pod's time from creation to Running.
+alternating order: **quiet** (nothing starts) and **starts** (a BE pod created through the API
+every ``--start-every`` seconds, whatever the earlier ones do, each deleted once Running). In
+each window ls_probe's probe runs in the LS container (sleep 1 ms, 100 us of work, ``--rounds``
+times): p50 / p99 / p99.9, and the LS pod's CPU use. The starts window also gives each BE pod's
+time from creation to Running.
 
     sudo setsid python3 -m bench.be_start [--runs 4] [--rounds 8000] [--ls-busy 90] [--json out.json]
 
@@ -41,7 +44,10 @@ from bench.ls_latency import CPUS, PROBE_IN_CONTAINER, IdleLatencyHold, build_pr
 from tests.testbed.kube_bed import ControlPlane
 from tests.testbed.real_node import NODE_NAMES
 
-SETUPS = {"allowance": "", "off": "[strategy.cpu_suppress]\npod_start_cpu_percent = 0\n", "direct": None}
+REPO = Path(__file__).resolve().parents[1]
+_SUPPRESS = "[strategy.cpu_suppress]\n"
+SETUPS = {"allowance": "", "weight-1024": _SUPPRESS + "pod_start_shares = 1024\n",
+          "off": _SUPPRESS + "pod_start_cpu_percent = 0\n", "direct": None}
 FLOOR_WAIT_S = 60.0
 
 
@@ -59,32 +65,46 @@ def at_floor(node: Any) -> bool:
 
 
 class Starter(threading.Thread):
-    """BE pods created one after another until stopped; each deleted once Running."""
+    """BE pods created at a fixed pace (one every `every_s`, whatever the earlier ones do, so
+    that every setup has kubelet and containerd start as many), each deleted once Running."""
 
-    def __init__(self, unit: NodeUnderTest, prefix: str) -> None:
+    def __init__(self, unit: NodeUnderTest, prefix: str, every_s: float) -> None:
         super().__init__(daemon=True)
-        self.unit, self.prefix = unit, prefix
+        self.unit, self.prefix, self.every_s = unit, prefix, every_s
         self.stop = threading.Event()
         self.seconds: list[float] = []
         self.names: list[str] = []
-        self.error: str | None = None
+        self.errors: list[str] = []
+        self._starts: list[threading.Thread] = []
 
     def run(self) -> None:
-        from bench.k8s_latency import _pod
-
-        node = self.unit.node
         while not self.stop.is_set():
             name = f"{self.prefix}-{len(self.names)}"
             self.names.append(name)
-            began = time.monotonic()
-            try:
-                node.create_pod(_pod(name, "BE", "exec sleep 3600", self.unit.probe))
-                node.wait_running(name, timeout=300)
-            except Exception as err:  # noqa: BLE001 - reported with the turn's figures
-                self.error = repr(err)
-                return
-            self.seconds.append(time.monotonic() - began)
-            node.client().delete(node.pod_path(name), grace_seconds=0)
+            start = threading.Thread(target=self._one, args=(name,), daemon=True)
+            start.start()
+            self._starts.append(start)
+            self.stop.wait(self.every_s)
+
+    def _one(self, name: str) -> None:
+        from bench.k8s_latency import _pod
+
+        node = self.unit.node
+        began = time.monotonic()
+        try:
+            node.create_pod(_pod(name, "BE", "exec sleep 3600", self.unit.probe))
+            node.wait_running(name, timeout=300)
+        except Exception as err:  # noqa: BLE001 - reported with the turn's figures
+            self.errors.append(repr(err))
+            return
+        self.seconds.append(time.monotonic() - began)
+        node.client().delete(node.pod_path(name), grace_seconds=0)
+
+    def finish(self, timeout_s: float = 400) -> None:
+        self.stop.set()
+        self.join(timeout_s)
+        for start in self._starts:
+            start.join(timeout_s)
 
 
 def probe_window(unit: NodeUnderTest, ls_cid: str, be_cid: str, starter: Starter | None) -> dict[str, Any]:
@@ -96,15 +116,14 @@ def probe_window(unit: NodeUnderTest, ls_cid: str, be_cid: str, starter: Starter
         out = with_cpu_use(functools.partial(unit.variant, "probe", ls_cid, None), ls_cg, be_cg)
     finally:
         if starter is not None:
-            starter.stop.set()
-            starter.join(400)
+            starter.finish()
     if starter is not None:
         out["starts"] = len(starter.seconds)
         if starter.seconds:
             out["start_p50_s"] = round(statistics.median(starter.seconds), 3)
             out["start_max_s"] = round(max(starter.seconds), 3)
-        if starter.error:
-            out["start_error"] = starter.error
+        if starter.errors:
+            out["start_errors"] = starter.errors
     return out
 
 
@@ -122,7 +141,7 @@ def measure_turn(unit: NodeUnderTest, run: int, args: argparse.Namespace) -> dic
         out: dict[str, Any] = {"floor_after_s": round(time.monotonic() - began, 1), "at_floor": at_floor(unit.node)}
         time.sleep(args.settle)
         for window in (("quiet", "starts") if run % 2 == 0 else ("starts", "quiet")):
-            starter = Starter(unit, f"bes-{run}") if window == "starts" else None
+            starter = Starter(unit, f"bes-{run}", args.start_every) if window == "starts" else None
             out[window] = probe_window(unit, ls_cid, be_cid, starter)
         return out
     finally:
@@ -152,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--ls-busy", type=int, default=90, help="LS duty cycle on every CPU, percent (90)")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds at the floor before measuring (3)")
+    parser.add_argument("--start-every", type=float, default=2.0, help="seconds between BE pod creations (2)")
     parser.add_argument("--json", help="also write the results there")
     args = parser.parse_args(argv)
     setups = args.setups.split(",")
@@ -168,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = ["probe"]
     with IdleLatencyHold(), ControlPlane(workdir / "control-plane", node_names=NODE_NAMES) as plane, \
             contextlib.ExitStack() as stack:
+        # Each koordnode setup a proxy node of its own (its own directory and namespace), run
+        # from this checkout.
+        builds = {setup: REPO for setup, toml in SETUPS.items() if toml is not None}
         nodes = {setup: stack.enter_context(bench_node(
-                     workdir, plane, i, "direct" if SETUPS[setup] is None else "proxy", {},
-                     {"PodAndContainerStatsFromCRI": True}, extra_toml=SETUPS[setup] or ""))
+                     workdir, plane, i, setup, builds, {"PodAndContainerStatsFromCRI": True},
+                     extra_toml=SETUPS[setup] or ""))
                  for i, setup in enumerate(setups)}
         units = {setup: NodeUnderTest(setup, node, probe, args) for setup, node in nodes.items()}
         for unit in units.values():

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from koordnode.config.loader import ConfigError, parse_config
 from koordnode.config.strategies import CpuSuppressConfig
 from koordnode.cri import api_pb2 as pb
 from koordnode.hooks.be_start import BeStartWatch
@@ -12,9 +15,10 @@ from koordnode.hooks.chain import SKIP_LABEL, CallContext, PodClassified
 from koordnode.model.be_starts import MAX_STARTS, BeStarts
 from koordnode.model.state import ContainerRecord, NodeState, PodRecord
 from koordnode.policy.strategies import CpuSuppressInput, decide_cpu_suppress, restore_cpu_suppress
-from koordnode.policy.strategies.cpu_suppress import START_SHARES, StartLift, group_gives_way
+from koordnode.policy.strategies.cpu_suppress import StartLift, group_gives_way
 
 GROUP = "/kubepods/koordnode_be"
+START_SHARES = CpuSuppressConfig().pod_start_shares
 # LS busy on both CPUs of a 2-CPU node: the budget is negative, BE at the quota's floor.
 BUSY = dict(node_cpus=2, ls_used_cpus=2.0, be_used_cpus=0.02, system_used_cpus=0.1, reserved_cpus=0.0,
             ls_pressure_percent=0.0, be_tier=GROUP, current_quota_us=2000, period_us=100_000,
@@ -199,3 +203,10 @@ def test_quiet_ls_goes_from_the_lift_to_the_lowest_weight():
 def test_restore_makes_a_lifted_group_idle():
     lifted = busy(current_quota_us=25_000, be_idle=False, be_lowest_weight=False, start_lifted=True)
     assert writes(restore_cpu_suppress(lifted, "cfs_quota")) == {"cpu.cfs_quota_us": -1, "cpu.idle": 1}
+
+
+def test_the_start_weight_is_configurable_above_the_lowest():
+    result = decide_cpu_suppress(busy(be_starting=1), CpuSuppressConfig(pod_start_shares=64))
+    assert writes(result) == {"cpu.cfs_quota_us": 25_000, "cpu.idle": 0, "cpu.shares": 64}
+    with pytest.raises(ConfigError, match="pod_start_shares"):  # the quiet state's weight
+        parse_config("[strategy.cpu_suppress]\npod_start_shares = 2\n")

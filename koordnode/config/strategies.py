@@ -76,9 +76,15 @@ class CpuSuppressConfig:
         25.0, min=0, max=400,
         doc="while the runtime starts a BE pod's sandbox or container (proxy: its RunPodSandbox, "
         "CreateContainer and StartContainer calls; NRI: from CreateContainer to the container's start), "
-        "the BE quota is at least this share of one CPU and koordnode's BE group leaves idle at the "
-        "kernel's default weight, so that a start beside busy LS pods does not outlast kubelet's runtime "
+        "the BE quota is at least this share of one CPU and koordnode's BE group leaves idle at "
+        "pod_start_shares, so that a start beside busy LS pods does not outlast kubelet's runtime "
         "request timeout; percent of one CPU, cfs_quota policy; 0 = off",
+    )
+    pod_start_shares: int = setting(
+        64, min=32, max=262144,
+        doc="koordnode's BE group's cpu.shares while a BE pod starts (v2: the cpu.weight of it; 32 is v2's "
+        "weight 2, above the lowest weight of the quiet state); its share of a CPU that LS keeps busy, so "
+        "the start's speed, against LS's wake-up latency meanwhile",
     )
     pod_start_max_s: float = setting(
         120.0, min=1, max=600,

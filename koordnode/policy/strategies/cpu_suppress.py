@@ -21,7 +21,7 @@ busy both apply at once; the quiet state returns once the quota has grown back t
 
 While the runtime starts a BE pod's sandbox or container (model/be_starts.py) the cfs_quota
 policy lets BE have at least `pod_start_cpu_percent` of one CPU, and koordnode's BE group leaves
-idle at the kernel's default weight: an idle group (or the lowest weight) beside LS pods busy on
+idle at `pod_start_shares`: an idle group (or the lowest weight) beside LS pods busy on
 every CPU gets a few thousandths of a CPU, and runc's work for the start ran past kubelet's
 runtime request timeout. The allowance is bounded (the quota) and lasts as long as the start
 (each at most `pod_start_max_s`); then the group is idle again at once.
@@ -46,7 +46,7 @@ from typing import Any
 from koordnode.policy.plan import CgroupWrite
 from koordnode.model.be_group import is_be_group
 from koordnode.model.cpulist import format_cpu_list, parse_cpu_list
-from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US, KUBELET_SHARES_PER_CPU
+from koordnode.model.kernel import CPU_SHARES_MIN, DEFAULT_CFS_PERIOD_US
 from koordnode.model.qos_class import QoSClass
 from koordnode.policy.strategies.base import TickSnapshot
 from koordnode.policy.strategies.common import BeBudget, Explanation, StrategyResult, rounded
@@ -54,8 +54,6 @@ from koordnode.config.strategies import CpuSuppressConfig, PressureCurve
 
 NAME = "cpu_suppress"
 UNLIMITED = -1
-# The BE group's weight while a BE pod starts: the kernel's default (v2 cpu.weight 100).
-START_SHARES = KUBELET_SHARES_PER_CPU
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class CpuSuppressInput:
     be_idle: bool = False  # the BE cgroup reads cpu.idle = 1 now
     be_lowest_weight: bool | None = None  # it reads cpu.shares 2 / cpu.weight 1; None = unknown
     be_starting: int = 0  # BE sandboxes and containers the runtime is starting now
-    start_lifted: bool = False  # the previous decision left the group at START_SHARES for a start
+    start_lifted: bool = False  # the previous decision left the group at pod_start_shares for a start
     # The quota the budget alone gave when the previous decision raised it to the allowance
     # (None: it did not): growth goes on from there, not from the allowance, after the start.
     budget_quota_us: int | None = None
@@ -188,7 +186,7 @@ def decide_cpu_suppress(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> Strate
 
 def _group_writes(inp: CpuSuppressInput, *, idle: bool, why: str,
                   shares: int = CPU_SHARES_MIN) -> list[CgroupWrite]:
-    """The BE group's idle flag (and, when not idle, its weight: the lowest, or START_SHARES
+    """The BE group's idle flag (and, when not idle, its weight: the lowest, or pod_start_shares
     for a start) where it differs; nothing for kubelet's tier. The executor writes cpu.idle
     first: clearing it resets the weight to the default, and an idle group refuses a weight."""
     if not (inp.be_group and group_gives_way(inp)):
@@ -237,8 +235,8 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
         lift = StartLift(new, group_lifted=False)
         new, how = allowance, f"at least {cfg.pod_start_cpu_percent}% of a CPU while {inp.be_starting} BE start(s) run"
     if start:
-        writes = _group_writes(inp, idle=False, shares=START_SHARES,
-                               why="a BE pod is starting: BE group at the default weight")
+        writes = _group_writes(inp, idle=False, shares=cfg.pod_start_shares,
+                               why=f"a BE pod is starting: BE group not idle at cpu.shares {cfg.pod_start_shares}")
     else:
         writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
     if start and inp.be_group and group_gives_way(inp):
