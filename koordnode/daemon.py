@@ -90,7 +90,7 @@ class Daemon:
         self.backend = RuntimeBackend(config.proxy.backend)
         # BE pods the runtime is starting: noted by the interceptor (proxy) or the NRI events,
         # read by the QoS manager (its start allowance) and the engine (the group lifted for it).
-        self.be_starts = BeStarts(config.strategy.cpu_suppress.pod_start_max_s)
+        self.be_starts = BeStarts(lambda: self.config.strategy.cpu_suppress.pod_start_max_s)
         be_start_watch = BeStartWatch(self.state, self.be_starts)
         hooks: list[RuntimeHook] = [StateRecorder(self.state)]
         # NRI mode: the engine's pool moves go to the runtime through the plugin (the one channel).

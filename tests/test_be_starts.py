@@ -46,7 +46,7 @@ class Clock:
 
 def test_starts_count_until_they_end_and_wake_the_listener_each_time():
     woken: list[str] = []
-    starts = BeStarts(max_s=30)
+    starts = BeStarts(max_s=lambda: 30)
     starts.subscribe(woken.append)
     starts.begin("a")
     starts.begin("a")  # the same start noted twice counts once
@@ -61,7 +61,7 @@ def test_starts_count_until_they_end_and_wake_the_listener_each_time():
 
 def test_a_start_whose_end_never_came_stops_counting_after_max_s():
     clock = Clock()
-    starts = BeStarts(max_s=30, clock=clock)
+    starts = BeStarts(max_s=lambda: 30, clock=clock)
     starts.begin("lost answer")
     clock.now += 29
     assert starts.in_flight() == 1

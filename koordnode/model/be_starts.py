@@ -19,7 +19,9 @@ MAX_STARTS = 4096
 
 
 class BeStarts:
-    def __init__(self, max_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_s: Callable[[], float] = lambda: 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`max_s()`: [strategy.cpu_suppress] pod_start_max_s as configured now (it reloads)."""
         self.max_s = max_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -53,7 +55,10 @@ class BeStarts:
             return len(self._began)
 
     def _expire(self, now: float) -> None:
-        for key in [k for k, began in self._began.items() if now - began > self.max_s]:
+        if not self._began:
+            return
+        max_s = self.max_s()
+        for key in [k for k, began in self._began.items() if now - began > max_s]:
             del self._began[key]
 
     def _notify(self, why: str) -> None:

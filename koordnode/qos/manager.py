@@ -135,7 +135,6 @@ class QoSManager:
         self.on_tick = on_tick
         self.be_starts = be_starts
         if be_starts is not None:
-            be_starts.max_s = settings.strategy.cpu_suppress.pod_start_max_s
             be_starts.subscribe(self._request_tick)
 
         # Loop side.
@@ -240,8 +239,6 @@ class QoSManager:
             self._measure.configure(settings)
             self._inventory.set_driver(self._measure.driver)
             restores = self._runner.reconfigure(settings.strategy)
-            if self.be_starts is not None:
-                self.be_starts.max_s = settings.strategy.cpu_suppress.pod_start_max_s
             if (old_settings.psi_stall_us, old_settings.psi_window_us, old_settings.psi_poll_ms,
                     old_settings.psi_triggers) != (new_settings.psi_stall_us, new_settings.psi_window_us,
                                                    new_settings.psi_poll_ms, new_settings.psi_triggers):
