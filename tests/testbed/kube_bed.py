@@ -249,92 +249,83 @@ class ControlPlane:
         return path
 
 
-class ControllerManager:
+class _AdminProcess:
+    """One of Kubernetes' control-plane programs run as the bed's admin, with its log: start()
+    gives it the admin kubeconfig and waits for `ready()`."""
+
+    binary = ""
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        self.plane = plane
+        self.workdir = Path(workdir).resolve()
+        self.log_path = self.workdir / f"{self.binary}.log"
+        self._process: subprocess.Popen | None = None
+        self._log: Any = None
+
+    def arguments(self, kubeconfig: Path) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> _AdminProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.kubeconfig(self.workdir / "admin.kubeconfig", self.plane.tokens["admin"])
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._process = subprocess.Popen(
+            [str(component_bin("kubernetes") / self.binary), *self.arguments(kubeconfig)],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(self.binary, self.ready, self.plane.start_timeout_s, self._process, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+        self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> _AdminProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ControllerManager(_AdminProcess):
     """kube-controller-manager with the controllers a DaemonSet's pods need on the bed: the
     DaemonSet controller, ServiceAccount (each namespace's "default"), the root CA publisher
     (kube-root-ca.crt, which every mounted account token carries) and the garbage collector (a
-    deleted DaemonSet's pods), as the bed's admin."""
+    deleted DaemonSet's pods)."""
 
+    binary = "kube-controller-manager"
     CONTROLLERS = ("daemonset-controller", "serviceaccount-controller", "root-ca-certificate-publisher-controller",
                    "garbage-collector-controller")
 
-    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
-        self.plane = plane
-        self.workdir = Path(workdir).resolve()
-        self.log_path = self.workdir / "kube-controller-manager.log"
-        self._process: subprocess.Popen | None = None
-        self._log: Any = None
+    def arguments(self, kubeconfig: Path) -> list[str]:
+        return [f"--kubeconfig={kubeconfig}", f"--controllers={','.join(self.CONTROLLERS)}",
+                f"--root-ca-file={self.plane.ca_file}", "--leader-elect=false",
+                "--use-service-account-credentials=false", "--secure-port=0", "--v=1"]
 
-    def start(self) -> ControllerManager:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self.plane.kubeconfig(self.workdir / "admin.kubeconfig", self.plane.tokens["admin"])
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self._process = subprocess.Popen(
-            [str(component_bin("kubernetes") / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
-             f"--controllers={','.join(self.CONTROLLERS)}", f"--root-ca-file={self.plane.ca_file}",
-             "--leader-elect=false", "--use-service-account-credentials=false", "--secure-port=0", "--v=1"],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        client = self.plane.client()
-
-        def default_account() -> bool:  # the ServiceAccount controller is at work
-            return client.exists("/api/v1/namespaces/default/serviceaccounts/default")
-        _wait("kube-controller-manager", default_account, self.plane.start_timeout_s, self._process, self.log_path)
-        return self
-
-    def stop(self) -> None:
-        _stop_process(self._process)
-        self._process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> ControllerManager:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def ready(self) -> bool:  # the ServiceAccount controller is at work
+        return self.plane.client().exists("/api/v1/namespaces/default/serviceaccounts/default")
 
 
-class KubeScheduler:
-    """kube-scheduler (the default scheduler's profile), as the bed's admin: it binds a
-    DaemonSet's pods (the DaemonSet controller only creates them, with the node's affinity)."""
+class KubeScheduler(_AdminProcess):
+    """kube-scheduler (the default scheduler's profile): it binds a DaemonSet's pods (the
+    DaemonSet controller only creates them, with the node's affinity)."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
-        self.plane = plane
-        self.workdir = Path(workdir).resolve()
-        self.log_path = self.workdir / "kube-scheduler.log"
-        self._process: subprocess.Popen | None = None
-        self._log: Any = None
+    binary = "kube-scheduler"
 
-    def start(self) -> KubeScheduler:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self.plane.kubeconfig(self.workdir / "admin.kubeconfig", self.plane.tokens["admin"])
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        port = free_port()
-        self._process = subprocess.Popen(
-            [str(component_bin("kubernetes") / "kube-scheduler"), f"--kubeconfig={kubeconfig}",
-             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}", "--v=1"],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+    def arguments(self, kubeconfig: Path) -> list[str]:
+        self.port = free_port()
+        return [f"--kubeconfig={kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
+                f"--secure-port={self.port}", "--v=1"]
+
+    def ready(self) -> bool:  # /readyz needs no credentials (the scheduler's always-allowed paths)
         unverified = ssl._create_unverified_context()  # its own self-signed serving certificate
-
-        def ready() -> bool:  # /readyz needs no credentials (the scheduler's always-allowed paths)
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=2, context=unverified) as answer:
-                return answer.read() == b"ok"
-        _wait("kube-scheduler", ready, self.plane.start_timeout_s, self._process, self.log_path)
-        return self
-
-    def stop(self) -> None:
-        _stop_process(self._process)
-        self._process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> KubeScheduler:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/readyz", timeout=2, context=unverified) as answer:
+            return answer.read() == b"ok"
 
 
 class Kubelet:
