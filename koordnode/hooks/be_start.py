@@ -29,9 +29,12 @@ class BeStartWatch:
             classified = call.facts.pod_class
             return classified is not None and classified.qos_class == BE
         if call.method == "CreateContainer":
-            pod = self.state.pods.get(call.request.pod_sandbox_id)
-        else:
-            pod = self.state.pod_of_container(call.request.container_id)
+            return self._is_be_pod(call.request.pod_sandbox_id)
+        pod = self.state.pod_of_container(call.request.container_id)
+        return pod is not None and pod.qos_class == BE
+
+    def _is_be_pod(self, sandbox_id: str) -> bool:
+        pod = self.state.pods.get(sandbox_id)
         return pod is not None and pod.qos_class == BE
 
     def call_began(self, call: CallContext) -> None:
@@ -46,8 +49,7 @@ class BeStartWatch:
 
     def container_creating(self, sandbox_id: str, container_id: str) -> None:
         """NRI: CreateContainer of a container of a recorded pod."""
-        pod = self.state.pods.get(sandbox_id)
-        if pod is not None and pod.qos_class == BE:
+        if self._is_be_pod(sandbox_id):
             self.starts.begin(f"container:{container_id}")
 
     def container_started(self, container_id: str) -> None:

@@ -29,7 +29,7 @@ class ChainInterceptor:
     """Runs an intercepted call's Pre hooks before it is forwarded and schedules its Post hooks
     once the outcome is known. ``pod_labels_for(method, request)`` gives the labels of the pod a
     call is about (the skip label), read from a snapshot of the node state. ``be_starts`` notes
-the calls that start a BE pod's sandbox or container while they are with the runtime."""
+    the calls that start a BE pod's sandbox or container while they are with the runtime."""
 
     def __init__(self, chain: HookChain, pod_labels_for: Callable[[str, Any], dict[str, str]],
                  metrics: Metrics, be_starts: BeStartWatch | None = None) -> None:

@@ -27,7 +27,7 @@ class BeStarts:
         self._lock = threading.Lock()
         self._began: dict[str, float] = {}
         self._listeners: list[Callable[[str], None]] = []
-        self.total = 0  # starts noted since the daemon started (status, metrics)
+        self.total = 0  # starts noted since the daemon started (koordnode status)
 
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """`listener(why)` after a start begins or ends ("be_start", "be_start_end")."""
@@ -35,10 +35,11 @@ class BeStarts:
 
     def begin(self, key: str) -> None:
         with self._lock:
-            self._expire(self._clock())
+            now = self._clock()
+            self._expire(now)
             if key in self._began or len(self._began) >= MAX_STARTS:
                 return
-            self._began[key] = self._clock()
+            self._began[key] = now
             self.total += 1
         self._notify("be_start")
 

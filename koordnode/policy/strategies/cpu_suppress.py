@@ -230,17 +230,16 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
     # Quiet, and BE already unthrottled or its quota grown back to the target: lift it all.
     if quiet and new >= target:
         return _lift(inp, cfg, inputs, current)
-    lift: StartLift | None = None
+    budget_quota = new
     if new < allowance:
-        lift = StartLift(new, group_lifted=False)
         new, how = allowance, f"at least {cfg.pod_start_cpu_percent}% of a CPU while {inp.be_starting} BE start(s) run"
     if start:
         writes = _group_writes(inp, idle=False, shares=cfg.pod_start_shares,
                                why=f"a BE pod is starting: BE group not idle at cpu.shares {cfg.pod_start_shares}")
     else:
         writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
-    if start and inp.be_group and group_gives_way(inp):
-        lift = StartLift(lift.budget_quota_us if lift else new, group_lifted=True)
+    group_lifted = start and inp.be_group and group_gives_way(inp)
+    lift = StartLift(budget_quota, group_lifted) if budget_quota < new or group_lifted else None
     reason = (
         f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {effective_threshold_percent(inp, cfg)}%"
         f"{' (BE group)' if inp.be_group else ''} - LS "
