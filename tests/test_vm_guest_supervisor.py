@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support.junit import outcomes
+
 GUEST = Path(__file__).resolve().parent / "vm" / "guest"
 sys.path.insert(0, str(GUEST))
 
@@ -43,14 +45,6 @@ def test_f_skipped():
 '''
 
 
-def _outcomes(junit: Path) -> dict[str, str]:
-    found = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        kind = next((k for k in ("failure", "error", "skipped") if case.find(k) is not None), "passed")
-        found[case.get("name", "")] = kind
-    return found
-
-
 @pytest.mark.timeout(120)
 def test_a_crash_and_a_hang_fail_alone_and_the_other_tests_still_run(tmp_path: Path) -> None:
     tests = tmp_path / "suite"
@@ -74,7 +68,7 @@ def test_a_crash_and_a_hang_fail_alone_and_the_other_tests_still_run(tmp_path: P
     assert "SIGSEGV" in outcome.runs[0].cause and "killed" in outcome.runs[1].cause
     assert len(diagnosed) == 1  # the hang: process states and kernel stacks before the kill
     assert "test_d_hangs_where_the_timeout_cannot_reach" in text and "Python stacks (SIGUSR1)" in text, text
-    assert _outcomes(results / "junit.xml") == {
+    assert outcomes(results / "junit.xml") == {
         "test_a_passes": "passed", "test_b_crashes": "failure", "test_c_passes": "passed",
         "test_d_hangs_where_the_timeout_cannot_reach": "failure", "test_e_fails": "failure",
         "test_f_skipped": "skipped"}
@@ -98,4 +92,4 @@ def test_a_run_that_ends_normally_is_its_own_junit(tmp_path: Path) -> None:
             [str(tests)], results, cwd=tests, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(GUEST)}, bound_s=60,
             log=log, diagnose=lambda pid, _log: None)
     assert outcome.exit_code == 0 and len(outcome.runs) == 1
-    assert _outcomes(results / "junit.xml") == {"test_one": "passed"}
+    assert outcomes(results / "junit.xml") == {"test_one": "passed"}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from testbed.fixtures import running_in_ci, skip_or_fail_in_ci
+from vm import reboot
 from vm.lane import LaneError, LaneResult, guest_shards, missing_tools, run_lane
 
 GUEST_TESTS = Path(__file__).resolve().parent / "vm_guest"
@@ -96,9 +97,12 @@ def test_guest_ran_and_reported(vm_lanes: list[LaneResult]) -> None:
         runs = vm_lane.results_dir / "runs.json"  # more than one: a guest pytest died (supervise.py)
         if runs.is_file():
             print(f"guest pytest runs: {runs.read_text()}")
+        for crash in vm_lane.crashes:  # an earlier boot's; its unfinished tests ran in a new one (vm/reboot.py)
+            print(f"GUEST KERNEL CRASHED in an earlier boot (its tests without a result ran again):\n{crash}")
     for vm_lane in vm_lanes:
         which = f"the guest running {list(vm_lane.files) or 'every file'}"
-        assert not vm_lane.kernel_panic, f"{which}: the guest kernel crashed:\n{vm_lane.kernel_panic}"
+        assert not vm_lane.kernel_panic, (
+            f"{which}: the guest kernel crashed:\n{reboot.crash_report(vm_lane.console_log)}")
         assert vm_lane.exit_code is not None, (
             f"{which} never reported (console: {vm_lane.console_log}):\n{_tail(vm_lane.console_log)}"
         )

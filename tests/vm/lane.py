@@ -43,6 +43,8 @@ for _path in (REPO, TESTS):  # run as a script: make tests/ (and koordnode, whic
 
 from testbed.background_build import BackgroundBuildError, require  # noqa: E402
 from testbed.containerd_dist import DistError, containerd_bin_dir, debian_mirror  # noqa: E402
+from vm import reboot  # noqa: E402
+from vm.packages import stage_for_guest  # noqa: E402
 
 SUITE = "trixie"
 GUEST_PYTHON = "3.13"  # trixie's python3
@@ -319,6 +321,7 @@ class LaneResult:
     seconds: float
     facts: dict = field(default_factory=dict)
     files: tuple[str, ...] = ()  # the guest test files this VM ran; () for all of them
+    crashes: list[str] = field(default_factory=list)  # earlier boots' kernel crashes (tests/vm/reboot.py)
 
     def ran(self, file_name: str) -> bool:
         return not self.files or file_name in self.files
@@ -326,11 +329,7 @@ class LaneResult:
     @property
     def kernel_panic(self) -> str:
         """The guest kernel's Oops/panic lines from the serial console, '' when none."""
-        try:
-            lines = self.console_log.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(line for line in lines if "Oops" in line or "Kernel panic" in line or "RIP:" in line)[:2000]
+        return reboot.kernel_panic(self.console_log)
 
     @property
     def summary(self) -> str:
@@ -389,31 +388,6 @@ def _qemu_command(image: Image, accel: str, workdir: Path, shares: dict[str, tup
     return cmd
 
 
-def _stage_packages(directory: Path) -> None:
-    """The .deb tests/vm_guest/test_package_systemd.py upgrades to, and in ``wheelhouse/`` beside
-    them what packaging/build.sh downloads, for the guest's own (offline) build. A failure is
-    left as ERROR.txt in that directory for the guest test to report (the others run regardless)."""
-    from vm.packages import stage_packages, stage_wheelhouse
-
-    began = time.monotonic()
-    try:
-        built = stage_packages(directory)
-        _log(f"packages for the guest: {', '.join(p.name for p in built)} ({time.monotonic() - began:.0f} s)")
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "ERROR.txt").write_text(f"{err}\n")
-        _log(f"packages for the guest not built: {err}")
-    wheels = directory.parent / "wheelhouse"
-    try:
-        staged = stage_wheelhouse(wheels, cache_root())
-        _log(f"wheelhouse for the guest's packaging/build.sh: {len(staged)} wheels")
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        wheels.mkdir(parents=True, exist_ok=True)
-        detail = getattr(err, "stderr", "") or ""
-        (wheels / "ERROR.txt").write_text(f"{err}\n{detail[-3000:]}\n")
-        _log(f"wheelhouse for the guest not made: {err}")
-
-
 # The guest tests in two VMs side by side. TCG runs each guest on one host thread, and the lane
 # runs last in the test command, when nothing else does: two guests use both cores of the 2-core
 # CI machine and halve the lane (one guest took 2846-3480 s; CI's whole bound is 90 min). The
@@ -450,7 +424,7 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
     workdir.mkdir(parents=True, exist_ok=True)
     staged = workdir / "staged"
     shutil.rmtree(staged, ignore_errors=True)
-    _stage_packages(staged / "packages")
+    stage_for_guest(staged / "packages", cache_root(), _log)
     dist_cache = Path(os.environ.get("KOORDNODE_TEST_CACHE") or "/var/cache/koordnode-test")
     dist_cache.mkdir(parents=True, exist_ok=True)
     for suite in GUEST_CONTAINERD_SUITES:  # the guest has no network: fetch on the host
@@ -492,7 +466,30 @@ def run_lane(workdir: Path, *, pytest_args: list[str] | None = None, timeout_s: 
 def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] | None, image: Image, accel: str,
                 staged: Path, common_shares: dict[str, tuple[Path, bool]], pydeps_disk: Path, memory_mb: int,
                 smp: str, timeout_s: float, began: float) -> LaneResult:
-    """One VM: its own results share, scratch disk and console; the guest runs `files` (all when empty)."""
+    """One VM running `files` (all when empty); booted once more on the tests that had not
+    finished when its kernel crashed and time is left (tests/vm/reboot.py)."""
+    boot_began = time.monotonic()
+    args = (pytest_args, image, accel, staged, common_shares, pydeps_disk, memory_mb, smp)
+    first = _boot_once(directory, files, None, *args, timeout_s, began)
+    left_s = timeout_s - (time.monotonic() - boot_began)
+    nodeids, panic = reboot.unfinished(first.results_dir), first.kernel_panic
+    if not panic or first.exit_code is not None or nodeids == [] or left_s < reboot.MIN_REBOOT_S:
+        return first
+    crash = reboot.crash_report(first.console_log)
+    kept = reboot.set_aside(directory)
+    _log(f"guest {directory.name}: kernel crashed ({panic.splitlines()[0]}); booting it again on "
+         f"{'every' if nodeids is None else len(nodeids)} unfinished test(s); first boot kept in {kept}")
+    second = _boot_once(directory, files, nodeids, *args, left_s, began)
+    second.crashes = [crash]
+    second.junit = reboot.merge(kept / "results", second.results_dir)
+    return second
+
+
+def _boot_once(directory: Path, files: tuple[str, ...], nodeids: list[str] | None, pytest_args: list[str] | None,
+               image: Image, accel: str, staged: Path, common_shares: dict[str, tuple[Path, bool]],
+               pydeps_disk: Path, memory_mb: int, smp: str, timeout_s: float, began: float) -> LaneResult:
+    """One boot: its own results share, scratch disk and console; the guest runs `nodeids` when
+    given (guest pytest node ids), else `files` (all when empty)."""
     name = f"guest {directory.name} ({len(files)} files)" if files else "guest"
     directory.mkdir(parents=True, exist_ok=True)
     results = directory / "results"
@@ -500,6 +497,7 @@ def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] 
     shutil.copytree(staged, results)
     (results / "request.json").write_text(json.dumps({
         "files": list(files),
+        "nodeids": nodeids,
         "pytest_args": pytest_args or [],
         "timeout_s": max(60, int(timeout_s) - 120),  # leave the guest time to power off
     }))
@@ -523,8 +521,8 @@ def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] 
     qemu_err = (directory / "qemu.stderr").read_text(errors="replace")
     if accel == "kvm" and ("emulation failure" in qemu_err.lower() or "KVM internal error" in qemu_err):
         _log(f"KVM failed inside the {name} (emulation failure): running it again under TCG")
-        return _boot_guest(directory, files, pytest_args, image, "tcg", staged, common_shares, pydeps_disk,
-                           memory_mb, smp, timeout_s, began)
+        return _boot_once(directory, files, nodeids, pytest_args, image, "tcg", staged, common_shares, pydeps_disk,
+                          memory_mb, smp, timeout_s, began)
     exit_file = results / "exit_code"
     exit_code = int(exit_file.read_text().strip()) if exit_file.is_file() else None
     junit = results / "junit.xml"

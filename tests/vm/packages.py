@@ -22,8 +22,10 @@ import subprocess
 import tarfile
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 600
@@ -138,3 +140,26 @@ def stage_wheelhouse(directory: Path, cache: Path) -> list[Path]:
     source = wheelhouse(cache)
     directory.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copy(archive, directory)) for archive in _archives(source)]
+
+
+def stage_for_guest(directory: Path, cache: Path, log: Callable[[str], None]) -> None:
+    """The .deb tests/vm_guest/test_package_systemd.py upgrades to, and in ``wheelhouse/`` beside
+    them what packaging/build.sh downloads, for the guest's own (offline) build. A failure is
+    left as ERROR.txt in that directory for the guest test to report (the others run regardless)."""
+    began = time.monotonic()
+    try:
+        built = stage_packages(directory)
+        log(f"packages for the guest: {', '.join(p.name for p in built)} ({time.monotonic() - began:.0f} s)")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ERROR.txt").write_text(f"{err}\n")
+        log(f"packages for the guest not built: {err}")
+    wheels = directory.parent / "wheelhouse"
+    try:
+        staged = stage_wheelhouse(wheels, cache)
+        log(f"wheelhouse for the guest's packaging/build.sh: {len(staged)} wheels")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        wheels.mkdir(parents=True, exist_ok=True)
+        detail = getattr(err, "stderr", "") or ""
+        (wheels / "ERROR.txt").write_text(f"{err}\n{detail[-3000:]}\n")
+        log(f"wheelhouse for the guest not made: {err}")

@@ -132,7 +132,9 @@ def main() -> int:
     })
     env["PYTHONPATH"] += f":{Path(__file__).resolve().parent}"  # progress_plugin
     guest_tests = PROJECT / "tests" / "vm_guest"
-    paths = [str(guest_tests / name) for name in request.get("files", [])] or [str(guest_tests)]
+    # The node ids are a second boot's, after the first one's kernel crashed (tests/vm/reboot.py).
+    paths = ([str(PROJECT / nodeid) for nodeid in request.get("nodeids") or []]
+             or [str(guest_tests / name) for name in request.get("files", [])] or [str(guest_tests)])
     pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "progress_plugin", "-rA", "-v",
                   "-o", "junit_logging=system-out",
                   "-o", "timeout=300",  # one stuck guest test must not eat the lane's whole budget

@@ -127,7 +127,7 @@ def _case(nodeid: str) -> ET.Element:
     return ET.Element("testcase", classname=classname, name=name)
 
 
-def _cases_from_progress(entries: list[dict], nodeids: set[str]) -> list[ET.Element]:
+def cases_from_progress(entries: list[dict], nodeids: set[str]) -> list[ET.Element]:
     """junit test cases for the tests of a run that wrote no junit, from what it logged."""
     cases = []
     in_order = dict.fromkeys(e["nodeid"] for e in entries if e["nodeid"] in nodeids)  # first seen first
@@ -149,13 +149,19 @@ def _cases_from_progress(entries: list[dict], nodeids: set[str]) -> list[ET.Elem
 
 
 def merge_junit(runs: list[Run], entries_by_run: list[list[dict]], target: Path) -> None:
-    suite = ET.Element("testsuite", name="pytest")
+    cases: list[ET.Element] = []
     for run, entries in zip(runs, entries_by_run, strict=True):
         if run.died_in is None and run.junit.is_file():
-            suite.extend(ET.parse(run.junit).getroot().iter("testcase"))
+            cases += ET.parse(run.junit).getroot().iter("testcase")
         else:
-            suite.extend(_cases_from_progress(entries, reported(entries)))
-    cases = list(suite)
+            cases += cases_from_progress(entries, reported(entries))
+    write_junit(cases, target)
+
+
+def write_junit(cases: list[ET.Element], target: Path) -> None:
+    """One junit suite of `cases`, with its counts."""
+    suite = ET.Element("testsuite", name="pytest")
+    suite.extend(cases)
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
     suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
