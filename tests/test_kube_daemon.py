@@ -74,6 +74,8 @@ def _container_notes(proc: KoordnodeProcess, sandbox_id: str) -> str:
 
 def test_cluster_mode_end_to_end(plane: ControlPlane, containerd_bed, cluster_koordnode: KoordnodeProcess,
                                  tmp_path: Path) -> None:
+    # A pod no API server knows keeps prodReclaimableMetric unpublished (asserted below).
+    assert not containerd_bed.list_pod_ids(), "pods left in the session's containerd by an earlier test"
     admin = plane.client()
     ls = _api_pod(plane, "e2e-ls", {"koordinator.sh/qosClass": "LS"}, "256Mi")
     be = _api_pod(plane, "e2e-be", {"koordinator.sh/qosClass": "BE"}, None)
