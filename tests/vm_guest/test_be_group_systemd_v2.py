@@ -38,11 +38,13 @@ HOOK_TIMEOUT_MS = 3000
 def be_group_koordnode(systemd_bed, tmp_path_factory):
     # The default config with the systemd driver: the idle BE group is on by default there.
     # cpu_suppress without its quiet state (BE always suppressed, the group always idle) but
-    # in the last test, which turns it on.
+    # in the last test, which turns it on; and without the start allowance, which lifts the
+    # group out of idle while a BE pod starts (a cold CI run read cpu.idle 0 right after a start:
+    # the allowance's own guest test is test_real_kubelet_api_v2.py's).
     port = free_port()
     kn = GuestKoordnode(tmp_path_factory.mktemp("kn-be-group"), str(systemd_bed.socket),
                         extra_toml='[cgroup]\ndriver = "systemd"\nreconcile_interval_s = 3.0\n'
-                                   '[strategy.cpu_suppress]\nls_quiet_percent = 0\n',
+                                   '[strategy.cpu_suppress]\nls_quiet_percent = 0\npod_start_cpu_percent = 0\n',
                         metrics_listen=f"127.0.0.1:{port}", kubepods="/" + KUBEPODS_SLICE)
     # The hooks' 200 ms bound is for real machines: under TCG (host load 10-25) a RunPodSandbox
     # pre took 287 ms and, fail-open as designed, the BE pod stayed in kubelet's slice (the
