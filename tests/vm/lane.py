@@ -472,8 +472,11 @@ def _boot_guest(directory: Path, files: tuple[str, ...], pytest_args: list[str] 
     args = (pytest_args, image, accel, staged, common_shares, pydeps_disk, memory_mb, smp)
     first = _boot_once(directory, files, None, *args, timeout_s, began)
     left_s = timeout_s - (time.monotonic() - boot_began)
-    nodeids, panic = reboot.unfinished(first.results_dir), first.kernel_panic
-    if not panic or first.exit_code is not None or nodeids == [] or left_s < reboot.MIN_REBOOT_S:
+    panic = first.kernel_panic
+    if not panic or first.exit_code is not None or left_s < reboot.MIN_REBOOT_S:
+        return first
+    nodeids = reboot.unfinished(first.results_dir)
+    if nodeids == []:
         return first
     crash = reboot.crash_report(first.console_log)
     kept = reboot.set_aside(directory)

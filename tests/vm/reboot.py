@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "guest"))
-from supervise import cases_from_progress, read_progress, write_junit  # noqa: E402
+from supervise import cases_from_progress, ended, read_progress, write_junit  # noqa: E402
 
 FIRST_BOOT = "boot-1"
 # A second boot needs its own boot and set-up (~4 min under TCG) and time to run something.
@@ -46,8 +46,8 @@ def crash_report(console: Path, lines: int = 80) -> str:
 
 
 def finished(results: Path) -> set[str]:
-    """The tests that ran to their teardown (progress_plugin logs every teardown)."""
-    return {e["nodeid"] for e in read_progress(results / "progress.jsonl") if e.get("when") == "teardown"}
+    """The tests of a boot that ran to their teardown."""
+    return ended(read_progress(results / "progress.jsonl"))
 
 
 def unfinished(results: Path) -> list[str] | None:

@@ -76,8 +76,12 @@ def running_test(entries: list[dict]) -> dict | None:
     starts = [e for e in entries if e.get("when") == "start"]
     if not starts:
         return None
-    ended = {e["nodeid"] for e in entries if e.get("when") == "teardown"}
-    return None if starts[-1]["nodeid"] in ended else starts[-1]
+    return None if starts[-1]["nodeid"] in ended(entries) else starts[-1]
+
+
+def ended(entries: list[dict]) -> set[str]:
+    """The tests that reached their teardown (progress_plugin logs every one, passed or not)."""
+    return {e["nodeid"] for e in entries if e.get("when") == "teardown"}
 
 
 def reported(entries: list[dict]) -> set[str]:
