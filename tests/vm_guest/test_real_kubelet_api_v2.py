@@ -38,10 +38,12 @@ from support.koordinator_formulas import koordinator_memory_high
 from kubelet_v2 import (
     BE_GROUP,
     BURSTABLE_LS,
+    KUBELET_CONFIG,
     KUBEPODS,
     MIB,
     OOM_SCORE_ADJ,
     PAGE,
+    RUNTIME_REQUEST_TIMEOUT_S,
     applied_values,
     be_group_gives_way,
     cpus,
@@ -248,7 +250,8 @@ def api_node(tmp_path_factory):
             tmp_path_factory.mktemp("api-kubelet"), f"unix://{kn.listen}", "/", node_name=NODE,
             cgroup_driver="systemd", control_plane=plane, binary=kubelet_binary(tmp_path_factory.mktemp("api-bin")),
             feature_gates={"MemoryQoS": True},
-            config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port()})
+            config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port(),
+                    **KUBELET_CONFIG})
         kubelet.start(timeout=300)
         group_s = wait_for_the_be_group()
         client = KubeClient(plane.host, plane.port, plane.tokens["admin"], str(plane.ca_file), timeout=API_TIMEOUT_S)
@@ -588,7 +591,6 @@ def test_kubelets_memory_qos_reservations_and_koordnodes_protection_coexist(api_
 # The LS load of the start test: a loop on every CPU of the guest, in the background of an exec.
 BUSY_EVERY_CPU = 'for i in $(seq "$(nproc)"); do (while :; do :; done) </dev/null >/dev/null 2>&1 & done'
 BE_FLOOR = "2000 100000"  # [strategy.cpu_suppress] min_quota_us, shipped, on the group's cpu.max
-RUNTIME_REQUEST_TIMEOUT_S = 120  # kubelet's runtimeRequestTimeout (2m, its default, the bed's)
 
 
 def _busy_pod(name: str, cls: str, cpu: str | None, command: str = BUSY_EVERY_CPU + "; exec sleep 3600",
@@ -607,7 +609,8 @@ def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(api_node):
     BE group idle at its quota floor; a BE pod created then reaches Running within kubelet's
     runtime request timeout, in one sandbox, because koordnode lifts the group while it starts
     ([strategy.cpu_suppress] pod_start_cpu_percent) and makes it idle at the floor again after.
-    Before the allowance this node ran with cpu_suppress off: the start outlasted the timeout."""
+    Before the allowance this node ran with cpu_suppress off: the start outlasted the timeout.
+    (kubelet's timeout here is its 2 min times TIME_SCALE: kubelet_v2.RUNTIME_REQUEST_TIMEOUT_S.)"""
     node = api_node
     lse = _names()["LSE"]
     node.client.delete(node.pod_path(lse), grace_seconds=0)
@@ -623,6 +626,21 @@ def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(api_node):
         set_properties("system.slice", {"CPUWeight": ("t", 100)})
 
 
+def _be_group_events(log_path: Path, mark: int) -> list[dict[str, Any]]:
+    """koordnode's writes to its BE group's own files logged after byte `mark`."""
+    with log_path.open() as log:
+        log.seek(mark)
+        events = [json.loads(line) for line in log if line.startswith("{")]
+    return [{k: e.get(k) for k in ("timestamp", "resource", "new", "status")} for e in events
+            if e.get("event") == "cgroup_write" and e.get("cgroup", "").endswith("kubepods-koordnode_be.slice")]
+
+
+def _start_lines(kubelet_tail: str) -> list[str]:
+    """kubelet's lines on the starting pod or on a runtime call's deadline, the first 60."""
+    keys = ("be-new", "DeadlineExceeded", "deadline exceeded")
+    return [line[:400] for line in kubelet_tail.splitlines() if any(k in line for k in keys)][:60]
+
+
 def _start_beside_busy_ls(node: ApiNode) -> None:
     node.create(_busy_pod("ls-busy", "LS", "500m"))
     node.create(_busy_pod("be-busy", "BE", None))
@@ -636,19 +654,21 @@ def _start_beside_busy_ls(node: ApiNode) -> None:
     kubelet_mark = len(node.kubelet.log_text())
     began = time.monotonic()
     node.create(_busy_pod("be-new", "BE", None, command="exec sleep 3600"))
-    node.wait_running(["be-new"], RUNTIME_REQUEST_TIMEOUT_S)
-    took = time.monotonic() - began
+    try:
+        node.wait_running(["be-new"], RUNTIME_REQUEST_TIMEOUT_S)
+    finally:
+        took = time.monotonic() - began
+        tail = node.kubelet.log_text()[kubelet_mark:]
+        group_events = _be_group_events(node.koordnode.log_path, log_mark)
+        print(f"BE pod started for {took:.1f} s (LS busy on every CPU, BE at its floor)")
+        print("koordnode, the BE group's writes meanwhile:", *group_events, sep="\n  ")
+        print("kubelet, lines on the pod:", *_start_lines(tail), sep="\n  ")
     api = node.client.pod("be-new", NAMESPACE)
-    print(f"BE pod Running {took:.1f} s after its creation (LS busy on every CPU, BE at its floor)")
     assert api["status"]["containerStatuses"][0]["restartCount"] == 0
-    tail = node.kubelet.log_text()[kubelet_mark:]
     assert "DeadlineExceeded" not in tail and "context deadline exceeded" not in tail, tail[-3000:]
     assert node.status()["qos_manager"]["be_starts"]["total"] - before >= 3  # sandbox, create, start
-    with node.koordnode.log_path.open() as log:
-        log.seek(log_mark)
-        # (v2: cpu.max's text, "25000 100000")
-        group_writes = [(e["resource"], str(e["new"]).split()[0]) for e in map(json.loads, (ln for ln in log if ln.startswith("{")))
-                        if e.get("event") == "cgroup_write" and e.get("cgroup", "").endswith("kubepods-koordnode_be.slice")]
+    # (v2: cpu.max's text, "25000 100000")
+    group_writes = [(e["resource"], str(e["new"]).split()[0]) for e in group_events]
     assert ("cpu.idle", "0") in group_writes and ("cpu.cfs_quota_us", "25000") in group_writes, group_writes
     wait_for(at_floor, 60, "the BE group idle at its floor again after the start", interval=2)
     for name in ("be-new", "be-busy", "ls-busy"):

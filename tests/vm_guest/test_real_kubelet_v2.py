@@ -48,6 +48,7 @@ from support.koordinator_formulas import koordinator_memory_high
 from kubelet_v2 import (
     BE_GROUP,
     BURSTABLE_LS,
+    KUBELET_CONFIG,
     KUBEPODS,
     MIB,
     OOM_SCORE_ADJ,
@@ -222,7 +223,8 @@ def node(tmp_path_factory):
             tmp_path_factory.mktemp("kubelet"), f"unix://{kn.listen}", "/", node_name=NODE, cgroup_driver="systemd",
             binary=kubelet_bin,
             feature_gates={"MemoryQoS": True},
-            config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port()})
+            config={"memoryReservationPolicy": "TieredReservation", "readOnlyPort": free_port(),
+                    **KUBELET_CONFIG})
         kubelet.start(timeout=300)
         group_s = wait_for_the_be_group()
         print(f"node up in {time.monotonic() - began:.0f} s: containerd {bed.version().runtime_version}, "
