@@ -35,7 +35,8 @@ HOOK_TIMEOUT_MS = 15000
 # 37-70 s on a quieter host). The nodes' kubelets get it times TIME_SCALE, as wait_for() scales
 # the tests' bounds, and koordnode's pod_start_max_s, which follows kubelet's timeout, the same.
 RUNTIME_REQUEST_TIMEOUT_S = 120
-KUBELET_CONFIG = {"runtimeRequestTimeout": f"{RUNTIME_REQUEST_TIMEOUT_S * TIME_SCALE:.0f}s"}
+KUBELET_TIMEOUT_S = RUNTIME_REQUEST_TIMEOUT_S * TIME_SCALE  # what the guest's kubelets are given
+KUBELET_CONFIG = {"runtimeRequestTimeout": f"{KUBELET_TIMEOUT_S:.0f}s"}
 # What kubelet gives the classes' containers through CRI, koordnode replaces (oom_score_adj:
 # kubelet's -997 for Guaranteed pods, 1000 for BestEffort ones).
 OOM_SCORE_ADJ = {"SYSTEM": -1000, "LSE": -900, "LSR": -700, "LS": -300, "BE": 1000}
@@ -69,12 +70,12 @@ def start_koordnode(bed: SystemdBed, workdir: Path) -> GuestKoordnode:
         # hooks' 200 ms bound is for real machines and under TCG, with kubelet starting several
         # pods at once, a RunPodSandbox pre ran over it (fail-open, as designed: the BE pod stayed
         # in kubelet's slice); reconcile_interval_s shorter, so that the tests wait less for it;
-        # pod_start_max_s as kubelet's scaled timeout (RUNTIME_REQUEST_TIMEOUT_S; 600 s at most).
+        # pod_start_max_s as kubelet's scaled timeout (KUBELET_TIMEOUT_S; 600 s at most).
         # cpu_suppress as shipped otherwise: until its start allowance (pod_start_cpu_percent) it
         # was off here, since under TCG the BE budget sits at the quota's floor and a BE pod's
         # sandbox and container, starting in the throttled group, outlasted kubelet's timeout.
         extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n'
-                   f'[strategy.cpu_suppress]\npod_start_max_s = {min(RUNTIME_REQUEST_TIMEOUT_S * TIME_SCALE, 600):.0f}\n')
+                   f'[strategy.cpu_suppress]\npod_start_max_s = {min(KUBELET_TIMEOUT_S, 600):.0f}\n')
     kn.config_path.write_text(kn.config_path.read_text().replace(
         "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
     kn.metrics_port = port
@@ -121,7 +122,7 @@ def wait_for_the_be_group(timeout_s: float = 60) -> float:
     needs no systemd call in its RunPodSandbox (one took 4 s under TCG, past the hook's bound,
     and left that pod in kubelet's tier). Seconds it took from the call."""
     began = time.monotonic()
-    wait_for(lambda: (BE_GROUP / "cpu.idle").is_file() and be_group_gives_way(), timeout_s,
+    wait_for(be_group_gives_way, timeout_s,
              f"{BE_GROUP} made idle by koordnode once kubelet is up")
     return time.monotonic() - began
 
