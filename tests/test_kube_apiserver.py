@@ -127,9 +127,10 @@ def test_a_nodeslo_field_koordnode_cannot_take_is_left_out_and_the_rest_applied(
             # A contradiction between two fields: the one that contradicts is left out.
             bad = admin.get(f"{NODESLOS}/{NODES[0]}")
             bad["spec"]["cpuBurstStrategy"] = {}
-            bad["spec"]["resourceUsedThresholdWithBE"].update(memoryEvictThresholdPercent=70, memoryEvictLowerPercent=75)
+            # 72, not the default 70, so the wait below cannot pass before this version applies.
+            bad["spec"]["resourceUsedThresholdWithBE"].update(memoryEvictThresholdPercent=72, memoryEvictLowerPercent=75)
             await asyncio.to_thread(admin.request, "PUT", f"{NODESLOS}/{NODES[0]}", bad)
-            await node.wait("second version", lambda: node.config.strategy.be_evict.memory_threshold_percent == 70)
+            await node.wait("second version", lambda: node.config.strategy.be_evict.memory_threshold_percent == 72)
         finally:
             await _stop(stop, tasks)
 
@@ -138,7 +139,7 @@ def test_a_nodeslo_field_koordnode_cannot_take_is_left_out_and_the_rest_applied(
     assert node.config.qos.LS.memory_min_percent == 20 and not node.config.strategy.cpu_burst.enable
     status = node.link.nodeslo_status
     assert status["not_applied"] == ["spec.resourceUsedThresholdWithBE.memoryEvictLowerPercent: must be below "
-                                     "memoryEvictThresholdPercent (75 >= 70)"]
+                                     "memoryEvictThresholdPercent (75 >= 72)"]
     assert node.observed.count(("nodeslo", "refused")) == 0
 
 
