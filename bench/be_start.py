@@ -4,9 +4,11 @@ what the start allowance ([strategy.cpu_suppress] pod_start_cpu_percent) costs L
 
 Real nodes side by side (one API server; containerd and kubelet each), koordnode in proxy mode:
 
-* ``allowance``: koordnode's shipped settings (the allowance: 25 % of one CPU, the BE group
-  at cpu.shares 64 while a BE pod starts);
-* ``weight-1024``: the same with ``pod_start_shares = 1024`` (the kernel's default weight);
+* ``allowance``: koordnode's shipped settings (the allowance: 25 % of one CPU while a BE pod
+  starts, the BE group still idle; once a start has run 5 s, the group out of idle at
+  cpu.shares 64);
+* ``at-once``: the same with ``pod_start_lift_after_s = 0`` (the group out of idle as soon as a
+  start begins: the shipped settings until 2026-12-03);
 * ``off``: ``pod_start_cpu_percent = 0`` (BE idle at its floor throughout);
 * ``direct``: kubelet's own values, no koordnode (its besteffort tier, weight 2, no quota).
 
@@ -46,7 +48,7 @@ from tests.testbed.real_node import NODE_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 _SUPPRESS = "[strategy.cpu_suppress]\n"
-SETUPS = {"allowance": "", "weight-1024": _SUPPRESS + "pod_start_shares = 1024\n",
+SETUPS = {"allowance": "", "at-once": _SUPPRESS + "pod_start_lift_after_s = 0\n",
           "off": _SUPPRESS + "pod_start_cpu_percent = 0\n", "direct": None}
 FLOOR_WAIT_S = 60.0
 

@@ -19,6 +19,7 @@ from koordnode.policy.strategies.cpu_suppress import StartLift, group_gives_way
 
 GROUP = "/kubepods/koordnode_be"
 START_SHARES = CpuSuppressConfig().pod_start_shares
+LIFT_AFTER_S = CpuSuppressConfig().pod_start_lift_after_s
 # LS busy on both CPUs of a 2-CPU node: the budget is negative, BE at the quota's floor.
 BUSY = dict(node_cpus=2, ls_used_cpus=2.0, be_used_cpus=0.02, system_used_cpus=0.1, reserved_cpus=0.0,
             ls_pressure_percent=0.0, be_tier=GROUP, current_quota_us=2000, period_us=100_000,
@@ -67,6 +68,19 @@ def test_a_start_whose_end_never_came_stops_counting_after_max_s():
     assert starts.in_flight() == 1
     clock.now += 2
     assert starts.in_flight() == 0
+
+
+def test_the_oldest_start_in_flight_gives_the_age():
+    clock = Clock()
+    starts = BeStarts(max_s=lambda: 30, clock=clock)
+    assert starts.oldest_age_s() == 0.0
+    starts.begin("sandbox")
+    clock.now += 4
+    starts.begin("container")
+    clock.now += 2
+    assert starts.oldest_age_s() == 6.0
+    starts.end("sandbox")
+    assert starts.oldest_age_s() == 2.0
 
 
 def test_the_table_is_bounded():
@@ -132,12 +146,25 @@ def test_nri_counts_a_be_container_from_create_to_start():
 # ------------------------------------------------------------------------ the allowance
 
 
-def test_a_start_lifts_the_idle_group_to_the_allowance_at_once():
-    result = decide_cpu_suppress(busy(be_starting=1), CpuSuppressConfig())
+def test_a_start_first_gets_the_quota_with_the_group_still_idle():
+    """Its first pod_start_lift_after_s: what LS leaves over, up to the allowance; LS runs first."""
+    result = decide_cpu_suppress(busy(be_starting=1, be_start_age_s=LIFT_AFTER_S - 0.5), CpuSuppressConfig())
+    assert writes(result) == {"cpu.cfs_quota_us": 25_000}
+    assert result.state == StartLift(budget_quota_us=2000, group_lifted=False)
+    assert "BE start" in result.explanation.reason
+
+
+def test_a_start_that_lasts_lifts_the_idle_group_too():
+    result = decide_cpu_suppress(busy(be_starting=1, be_start_age_s=LIFT_AFTER_S), CpuSuppressConfig())
     assert writes(result) == {"cpu.cfs_quota_us": 25_000, "cpu.idle": 0, "cpu.shares": START_SHARES}
     # Remembered: the next decision knows the weight is its own, and the budget's quota.
     assert result.state == StartLift(budget_quota_us=2000, group_lifted=True)
     assert "BE start" in result.explanation.reason
+    # Once the quota is there, the lift comes alone; with 0 s it comes with the quota.
+    later = busy(be_starting=1, be_start_age_s=LIFT_AFTER_S + 1, current_quota_us=25_000)
+    assert writes(decide_cpu_suppress(later, CpuSuppressConfig())) == {"cpu.idle": 0, "cpu.shares": START_SHARES}
+    at_once = decide_cpu_suppress(busy(be_starting=1), CpuSuppressConfig(pod_start_lift_after_s=0))
+    assert writes(at_once) == {"cpu.cfs_quota_us": 25_000, "cpu.idle": 0, "cpu.shares": START_SHARES}
 
 
 def test_after_the_start_the_group_is_idle_at_the_floor_again():
@@ -159,7 +186,8 @@ def test_after_the_start_growth_goes_on_from_the_budgets_quota_not_the_allowance
 
 
 def test_while_lifted_the_next_decision_keeps_the_lift_without_writes():
-    lifted = busy(current_quota_us=25_000, be_idle=False, be_lowest_weight=False, start_lifted=True, be_starting=2)
+    lifted = busy(current_quota_us=25_000, be_idle=False, be_lowest_weight=False, start_lifted=True, be_starting=2,
+                  be_start_age_s=LIFT_AFTER_S + 3)
     result = decide_cpu_suppress(lifted, CpuSuppressConfig())
     assert writes(result) == {}
     assert result.state == StartLift(budget_quota_us=2000, group_lifted=True)
@@ -168,7 +196,7 @@ def test_while_lifted_the_next_decision_keeps_the_lift_without_writes():
 def test_a_weight_someone_else_set_is_not_taken_for_the_lift():
     """Not idle, not the lowest weight, and not lifted by koordnode: the group is left to the
     engine's reconcile pass; only the quota follows the start."""
-    other = busy(be_idle=False, be_lowest_weight=False, be_starting=1)
+    other = busy(be_idle=False, be_lowest_weight=False, be_starting=1, be_start_age_s=LIFT_AFTER_S)
     assert not group_gives_way(other)
     result = decide_cpu_suppress(other, CpuSuppressConfig())
     assert writes(result) == {"cpu.cfs_quota_us": 25_000}
@@ -189,7 +217,7 @@ def test_no_allowance_when_off_or_for_the_cpuset_policy():
 
 def test_a_larger_budget_than_the_allowance_is_kept():
     # 2 x 95% - LS 0.9 - system 0.1 = 0.9 CPUs: the budget, not the 25 % allowance
-    roomy = busy(ls_used_cpus=0.9, current_quota_us=80_000, be_starting=1)
+    roomy = busy(ls_used_cpus=0.9, current_quota_us=80_000, be_starting=1, be_start_age_s=LIFT_AFTER_S)
     result = decide_cpu_suppress(roomy, CpuSuppressConfig(ls_quiet_percent=0))
     assert writes(result) == {"cpu.cfs_quota_us": 90_000, "cpu.idle": 0, "cpu.shares": START_SHARES}
 
@@ -206,7 +234,7 @@ def test_restore_makes_a_lifted_group_idle():
 
 
 def test_the_start_weight_is_configurable_above_the_lowest():
-    result = decide_cpu_suppress(busy(be_starting=1), CpuSuppressConfig(pod_start_shares=64))
+    result = decide_cpu_suppress(busy(be_starting=1, be_start_age_s=LIFT_AFTER_S), CpuSuppressConfig(pod_start_shares=64))
     assert writes(result) == {"cpu.cfs_quota_us": 25_000, "cpu.idle": 0, "cpu.shares": 64}
     with pytest.raises(ConfigError, match="pod_start_shares"):  # the quiet state's weight
         parse_config("[strategy.cpu_suppress]\npod_start_shares = 2\n")

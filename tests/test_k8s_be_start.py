@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 
 import pytest
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.e2e
 BUSY_EVERY_CPU = "for i in 1 2; do (while :; do :; done) & done; wait"
 FLOOR_US = 2000  # [strategy.cpu_suppress] min_quota_us, shipped
 ALLOWANCE_US = 25_000  # pod_start_cpu_percent 25 of a 100 ms period, shipped
+LIFT_AFTER_S = 5.0  # pod_start_lift_after_s, shipped
 RUNTIME_REQUEST_TIMEOUT_S = 120  # the bed's kubelet (runtimeRequestTimeout 2m, its default)
 
 
@@ -59,10 +61,11 @@ def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(control_plane, 
         log_mark = node.koordnode.log_path.stat().st_size
         kubelet_mark = len(node.kubelet.log_text())
 
-        began = time.monotonic()
+        began, began_wall = time.monotonic(), time.time()
         node.create_pod(_pod("be-new", "BE", "sleep 3600"))
         pod = node.wait_running("be-new", timeout=RUNTIME_REQUEST_TIMEOUT_S)
-        print(f"{mode}: BE pod Running {time.monotonic() - began:.1f} s after its creation")
+        took = time.monotonic() - began
+        print(f"{mode}: BE pod Running {took:.1f} s after its creation")
         status = pod["status"]["containerStatuses"][0]
         assert status["restartCount"] == 0
         # kubelet made one sandbox for it: no call ran out of its time and was tried again.
@@ -71,16 +74,27 @@ def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(control_plane, 
         assert not [e for e in runtime_errors(node.kubelet.log_text()[kubelet_mark:]) if "deadline" in e.lower()]
 
         # koordnode saw the start (proxy: sandbox, create and start calls; NRI: the container)
-        # and lifted the group for it: out of idle, at pod_start_shares, the allowance's quota.
+        # and gave BE the allowance's quota for it, the group still idle; a start still running
+        # after pod_start_lift_after_s (LS busy on both CPUs leaves an idle group next to
+        # nothing) lifted the group out of idle at pod_start_shares, not before.
         manager = node.koordnode.status()["qos_manager"]
         assert manager["be_starts"]["total"] - starts_before >= (3 if mode == "proxy" else 1)
         with node.koordnode.log_path.open() as log:
             log.seek(log_mark)
             lines = [json.loads(line) for line in log if line.startswith("{")]
-        lifts = [(e["resource"], str(e["new"])) for e in lines if e.get("event") == "cgroup_write"
-                 and e.get("cgroup", "").endswith("/koordnode_be")]
-        assert ("cpu.idle", "0") in lifts and ("cpu.shares", "64") in lifts, lifts  # pod_start_shares
-        assert ("cpu.cfs_quota_us", str(ALLOWANCE_US)) in lifts, lifts
+        group_writes = [(datetime.fromisoformat(e["timestamp"]).timestamp(), e["resource"], str(e["new"]))
+                        for e in lines if e.get("event") == "cgroup_write" and e.get("cgroup", "").endswith("/koordnode_be")]
+        print(f"{mode}: the BE group's writes:", [(round(t - began_wall, 1), r, v) for t, r, v in group_writes])
+        quota_at = next((t for t, r, v in group_writes if (r, v) == ("cpu.cfs_quota_us", str(ALLOWANCE_US))), None)
+        lift_at = next((t for t, r, v in group_writes if (r, v) == ("cpu.idle", "0")), None)
+        assert quota_at is not None, group_writes
+        if lift_at is not None:
+            assert lift_at - quota_at >= LIFT_AFTER_S - 1.0, group_writes  # a tick's lateness
+            assert ("cpu.shares", "64") in [(r, v) for _, r, v in group_writes], group_writes  # pod_start_shares
+        if took > LIFT_AFTER_S + 3.0:
+            assert lift_at is not None, group_writes
+        if took < LIFT_AFTER_S - 1.0:
+            assert lift_at is None, group_writes
         # And once the start is over: idle at the floor again, nothing in flight.
         node.client().wait_for("the BE group idle at its floor again", at_floor, timeout=30)
         assert node.koordnode.status()["qos_manager"]["be_starts"]["in_flight"] == 0

@@ -76,9 +76,15 @@ class CpuSuppressConfig:
         25.0, min=0, max=400,
         doc="while the runtime starts a BE pod's sandbox or container (proxy: its RunPodSandbox, "
         "CreateContainer and StartContainer calls; NRI: from CreateContainer to the container's start), "
-        "the BE quota is at least this share of one CPU and koordnode's BE group leaves idle at "
-        "pod_start_shares, so that a start beside busy LS pods does not outlast kubelet's runtime "
-        "request timeout; percent of one CPU, cfs_quota policy; 0 = off",
+        "the BE quota is at least this share of one CPU, and once a start has run pod_start_lift_after_s "
+        "koordnode's BE group leaves idle at pod_start_shares, so that a start beside busy LS pods does "
+        "not outlast kubelet's runtime request timeout; percent of one CPU, cfs_quota policy; 0 = off",
+    )
+    pod_start_lift_after_s: float = setting(
+        5.0, min=0, max=600,
+        doc="how long a BE start runs with the allowance's quota alone, koordnode's BE group still idle "
+        "(LS still runs first; the start uses what LS leaves), before the group leaves idle at "
+        "pod_start_shares as well; seconds, 0 = at once",
     )
     pod_start_shares: int = setting(
         64, min=32, max=262144,

@@ -55,6 +55,13 @@ class BeStarts:
             self._expire(self._clock())
             return len(self._began)
 
+    def oldest_age_s(self) -> float:
+        """How long the oldest start in flight has run, seconds (0 with none)."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            return now - min(self._began.values()) if self._began else 0.0
+
     def _expire(self, now: float) -> None:
         if not self._began:
             return

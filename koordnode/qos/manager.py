@@ -299,7 +299,8 @@ class QoSManager:
             "usage_watch": self._usage.status() if self._usage is not None else {"mode": "not running"},
             "be_tier": self.be_tier,
             # BE sandboxes and containers being started now, and since the daemon started.
-            "be_starts": ({"in_flight": self.be_starts.in_flight(), "total": self.be_starts.total}
+            "be_starts": ({"in_flight": self.be_starts.in_flight(), "total": self.be_starts.total,
+                           "oldest_s": round(self.be_starts.oldest_age_s(), 1)}
                           if self.be_starts is not None else None),
             "cgroup_version": self.collector.version.value,
             "ticks": self._book.ticks_status(self._settings.tick_ms),
@@ -520,7 +521,8 @@ class QoSManager:
         report = TickReport(at=self._wall(), duration_s=0.0, woken_by=woken_by)
         measured = self._measure.measure(inventory, woken_by)
         if self.be_starts is not None:
-            measured.snapshot = dataclasses.replace(measured.snapshot, be_starting=self.be_starts.in_flight())
+            measured.snapshot = dataclasses.replace(measured.snapshot, be_starting=self.be_starts.in_flight(),
+                                                    be_start_age_s=self.be_starts.oldest_age_s())
         self.last_node = report.node = measured.node
         self.last_snapshot = measured.snapshot  # the NodeMetric report and the batch allocatable read it
         if self._runner.early_enabled():  # pressure and usage wake-ups only serve early strategies

@@ -608,8 +608,10 @@ def test_a_be_pod_starts_beside_busy_ls_while_be_is_at_its_floor(api_node):
     """Issue #40: the shipped cpu_suppress on the systemd driver. An LS pod (no limit; the LSE
     example deleted first to make room) busy on every CPU and a busy BE pod hold the
     BE group idle at its quota floor; a BE pod created then reaches Running within kubelet's
-    runtime request timeout, in one sandbox, because koordnode lifts the group while it starts
-    ([strategy.cpu_suppress] pod_start_cpu_percent) and makes it idle at the floor again after.
+    runtime request timeout, in one sandbox, because koordnode gives BE the allowance's quota while
+    it starts ([strategy.cpu_suppress] pod_start_cpu_percent) and lifts the group out of idle once
+    a start has run pod_start_lift_after_s (every start does here), and makes it idle at the floor
+    again after.
     Before the allowance this node ran with cpu_suppress off: the start outlasted the timeout.
     (kubelet's timeout here is its 2 min times TIME_SCALE: kubelet_v2.RUNTIME_REQUEST_TIMEOUT_S.)"""
     node = api_node

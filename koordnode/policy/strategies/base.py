@@ -117,6 +117,7 @@ class TickSnapshot:
     kubepods: str = ""
     be_tiers: tuple[str, ...] = ()
     be_starting: int = 0  # BE sandboxes and containers the runtime is starting (model/be_starts.py)
+    be_start_age_s: float = 0.0  # how long the oldest of them has been starting
 
     def due(self, last: float | None) -> bool:
         """Whether a periodic (reconcile) pass last run at `last` is due again."""

@@ -20,11 +20,14 @@ refill starts BE on a fresh, protected slice that a waking LS task waits behind
 busy both apply at once; the quiet state returns once the quota has grown back to its target.
 
 While the runtime starts a BE pod's sandbox or container (model/be_starts.py) the cfs_quota
-policy lets BE have at least `pod_start_cpu_percent` of one CPU, and koordnode's BE group leaves
-idle at `pod_start_shares`: an idle group (or the lowest weight) beside LS pods busy on
-every CPU gets a few thousandths of a CPU, and runc's work for the start ran past kubelet's
-runtime request timeout. The allowance is bounded (the quota) and lasts as long as the start
-(each at most `pod_start_max_s`); then the group is idle again at once.
+policy lets BE have at least `pod_start_cpu_percent` of one CPU, first with the group still idle
+(the start gets what LS leaves over, and LS still runs first), then, once a start has run for
+`pod_start_lift_after_s`, with koordnode's BE group out of idle at `pod_start_shares`: an idle
+group (or the lowest weight) beside LS pods busy on every CPU gets a few thousandths of a CPU,
+and runc's work for the start ran past kubelet's runtime request timeout, while a group out of
+idle costs LS its wake-up latency for as long as it lasts. The allowance is bounded (the quota)
+and lasts as long as the start (each at most `pod_start_max_s`); then the group is idle again
+at once.
 
 Policy "cfs_quota" turns the budget into the BE tier cgroup's CFS quota (floor
 `min_quota_us`); policy "cpuset" into a number of CPUs for BE (ceil(budget), at least
@@ -83,6 +86,7 @@ class CpuSuppressInput:
     be_idle: bool = False  # the BE cgroup reads cpu.idle = 1 now
     be_lowest_weight: bool | None = None  # it reads cpu.shares 2 / cpu.weight 1; None = unknown
     be_starting: int = 0  # BE sandboxes and containers the runtime is starting now
+    be_start_age_s: float = 0.0  # how long the oldest of them has been starting
     start_lifted: bool = False  # the previous decision left the group at pod_start_shares for a start
     # The quota the budget alone gave when the previous decision raised it to the allowance
     # (None: it did not): growth goes on from there, not from the allowance, after the start.
@@ -173,6 +177,7 @@ def _inputs(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget) -> di
         "be_budget_cpus": rounded(budget.cpus),
         "be_tier": inp.be_tier,
         "be_starting": inp.be_starting,
+        "be_start_age_s": rounded(inp.be_start_age_s),
     }
 
 
@@ -205,6 +210,11 @@ def starting(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> bool:
     return inp.be_starting > 0 and cfg.pod_start_cpu_percent > 0 and cfg.policy == "cfs_quota"
 
 
+def lifting_group(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> bool:
+    """The allowance's second step: a start has run `pod_start_lift_after_s` on the quota alone."""
+    return starting(inp, cfg) and inp.be_start_age_s >= cfg.pod_start_lift_after_s
+
+
 def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
                   inputs: dict[str, object]) -> StrategyResult:
     inputs.update(current_quota_us=inp.current_quota_us, period_us=inp.period_us)
@@ -233,12 +243,14 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
     budget_quota = new
     if new < allowance:
         new, how = allowance, f"at least {cfg.pod_start_cpu_percent}% of a CPU while {inp.be_starting} BE start(s) run"
-    if start:
+    lift_group = lifting_group(inp, cfg)
+    if lift_group:
         writes = _group_writes(inp, idle=False, shares=cfg.pod_start_shares,
-                               why=f"a BE pod is starting: BE group not idle at cpu.shares {cfg.pod_start_shares}")
+                               why=f"a BE pod has been starting {inp.be_start_age_s:.0f} s: BE group not idle "
+                                   f"at cpu.shares {cfg.pod_start_shares}")
     else:
         writes = _group_writes(inp, idle=True, why="LS busy: BE group idle while suppressed")
-    group_lifted = start and inp.be_group and group_gives_way(inp)
+    group_lifted = lift_group and inp.be_group and group_gives_way(inp)
     lift = StartLift(budget_quota, group_lifted) if budget_quota < new or group_lifted else None
     reason = (
         f"BE budget {budget.cpus:.2f} CPUs = {inp.node_cpus} x {effective_threshold_percent(inp, cfg)}%"
@@ -373,6 +385,7 @@ def suppress_input(snap: TickSnapshot, policy: str, *, lift: StartLift | None = 
         be_idle=group and idle is True,
         be_lowest_weight=snap.probe.cpu_lowest_weight(tier) if group and idle is False else None,
         be_starting=snap.be_starting,
+        be_start_age_s=snap.be_start_age_s,
         start_lifted=lift is not None and lift.group_lifted and group and idle is False,
         budget_quota_us=lift.budget_quota_us if lift is not None else None,
     )
