@@ -308,9 +308,13 @@ def test_the_idle_group_gets_the_idle_threshold_and_an_ls_step_wakes_the_manager
         print(f"after the LS step: usage watch {status['usage_watch']}; ticks {status['ticks']}")
         assert status["usage_watch"]["wakeups"] > wakeups, status["usage_watch"]
         # The wakes reached the tick thread: a tick they woke, or (under TCG a regular tick can
-        # react to the step first) wakes skipped because BE was already at its floor.
-        assert (status["ticks"]["woken_by_usage"] > usage_ticks
-                or status["ticks"]["pressure_wakes_skipped"] > skipped), status["ticks"]
+        # react to the step first) wakes skipped because BE was already at its floor. Not when
+        # the guest's own system use had the quota at its floor before the step (a loaded CI
+        # host: system 1.64 of 2 vCPUs seen): then a wake that lands during a running tick
+        # leaves nothing to do and neither count moves.
+        if quota != MIN_QUOTA_US:
+            assert (status["ticks"]["woken_by_usage"] > usage_ticks
+                    or status["ticks"]["pressure_wakes_skipped"] > skipped), status["ticks"]
         decision = suppress_decision(kn)
         assert idle_threshold(decision["inputs"]), decision
         # ncpu + 1 loops, but under TCG the guest's own system use (koordnode, containerd, this
