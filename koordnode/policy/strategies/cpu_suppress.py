@@ -210,11 +210,6 @@ def starting(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> bool:
     return inp.be_starting > 0 and cfg.pod_start_cpu_percent > 0 and cfg.policy == "cfs_quota"
 
 
-def lifting_group(inp: CpuSuppressInput, cfg: CpuSuppressConfig) -> bool:
-    """The allowance's second step: a start has run `pod_start_lift_after_s` on the quota alone."""
-    return starting(inp, cfg) and inp.be_start_age_s >= cfg.pod_start_lift_after_s
-
-
 def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
                   inputs: dict[str, object]) -> StrategyResult:
     inputs.update(current_quota_us=inp.current_quota_us, period_us=inp.period_us)
@@ -243,7 +238,8 @@ def _decide_quota(inp: CpuSuppressInput, cfg: CpuSuppressConfig, budget: Budget,
     budget_quota = new
     if new < allowance:
         new, how = allowance, f"at least {cfg.pod_start_cpu_percent}% of a CPU while {inp.be_starting} BE start(s) run"
-    lift_group = lifting_group(inp, cfg)
+    # The allowance's second step: a start has run `pod_start_lift_after_s` on the quota alone.
+    lift_group = start and inp.be_start_age_s >= cfg.pod_start_lift_after_s
     if lift_group:
         writes = _group_writes(inp, idle=False, shares=cfg.pod_start_shares,
                                why=f"a BE pod has been starting {inp.be_start_age_s:.0f} s: BE group not idle "
