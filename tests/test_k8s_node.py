@@ -275,8 +275,42 @@ def without_gc_races(kubelet_log: str) -> str:
                              and any(cid in line for cid in raced)))
 
 
+_KUBELET_STARTED = "===== koordnode test bed: starting kubelet"
+_KLOG_TIME = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+) ")
+_SHUTDOWN_WINDOW_S = 2.0
+
+
+def _klog_seconds(line: str) -> float | None:
+    match = _KLOG_TIME.match(line)
+    return None if match is None else int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
+
+
+def without_shutdown_cancels(kubelet_log: str) -> str:
+    """The log without the CRI calls kubelet itself cancelled as it stopped for a restart: its
+    PLEG relist in flight at the signal ends "code = Canceled desc = context canceled" (a call that
+    ran too long ends DeadlineExceeded instead, and stays). Only the lines within
+    _SHUTDOWN_WINDOW_S of the last line a stopped kubelet wrote are dropped; the kubelet still
+    running keeps all of its lines. Seen on a proxy node in CI on 2026-12-03, where a relist
+    through koordnode was in flight at the restart; a direct node meets it when the timing falls
+    that way."""
+    runs = kubelet_log.split(_KUBELET_STARTED)
+    kept = []
+    for index, run in enumerate(runs):
+        lines = run.splitlines(keepends=True)
+        stopped = index < len(runs) - 1
+        times = [t for t in map(_klog_seconds, lines) if t is not None]
+        if stopped and times:
+            end = times[-1]
+            lines = [line for line in lines
+                     if not ("code = Canceled desc = context canceled" in line
+                             and (t := _klog_seconds(line)) is not None and 0 <= end - t <= _SHUTDOWN_WINDOW_S)]
+        kept.append("".join(lines))
+    return _KUBELET_STARTED.join(kept)
+
+
 def test_kubelet_log_has_no_runtime_errors_that_direct_lacks(node, direct_runtime_errors):
-    errors = [e for e in runtime_errors(without_gc_races(node.kubelet.log_text())) if e not in direct_runtime_errors]
+    log = without_shutdown_cancels(without_gc_races(node.kubelet.log_text()))
+    errors = [e for e in runtime_errors(log) if e not in direct_runtime_errors]
     assert not errors, "\n".join(errors[:20])
     conditions = node.client().get(f"/api/v1/nodes/{node.name}")["status"]["conditions"]
     assert all("PLEG" not in c.get("message", "") for c in conditions), conditions
