@@ -483,6 +483,33 @@ def test_kubelet_not_ready_lines_compare_by_reason() -> None:
         "kubelet.go:2697] Skipping pod synchronization: container runtime is down"]
 
 
+
+def test_only_the_calls_a_stopping_kubelet_cancelled_are_dropped() -> None:
+    """A relist kubelet cancelled at its own stop is not an error koordnode caused; the same
+    message from the kubelet still running, or long before a stop, is kept, and so is a
+    deadline (a call that ran too long)."""
+    from k8s_support import without_shutdown_cancels
+    from testbed.kube_bed import KUBELET_START_MARK
+
+    def klog(time_of_day: str, message: str) -> str:
+        return f'E1203 {time_of_day}   27494 remote_runtime.go:435] "ListPodSandbox failed" err="rpc error: {message}"'
+
+    canceled = "code = Canceled desc = context canceled"
+    log = "\n".join([
+        f"{KUBELET_START_MARK} Thu Dec  3 08:00:00 2026",
+        klog("08:03:20.000000", canceled + " (early)"),
+        klog("08:03:33.900000", canceled + " (at the stop)"),
+        klog("08:03:34.000000", "code = DeadlineExceeded desc = context deadline exceeded"),
+        'I1203 08:03:34.466457   27494 eviction_manager.go:224] "Eviction manager: monitoring loop exiting"',
+        f"{KUBELET_START_MARK} Thu Dec  3 08:03:35 2026",
+        klog("08:05:00.000000", canceled + " (running)"),
+        "",
+    ])
+    kept = without_shutdown_cancels(log)
+    assert "(at the stop)" not in kept
+    assert "(early)" in kept and "(running)" in kept and "DeadlineExceeded" in kept
+    assert kept.count(KUBELET_START_MARK) == 2 and len(kept.splitlines()) == len(log.splitlines()) - 1
+
 @pytest.mark.parametrize("server", ["silent", "trickle"])
 def test_the_test_clients_api_call_is_bounded_whole_tls_handshake_included(server: str) -> None:
     """A server that accepts and never finishes the TLS handshake, or trickles a byte at a time

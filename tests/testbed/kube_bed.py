@@ -80,6 +80,10 @@ def _stop_process(process: subprocess.Popen | None, timeout: float = 15.0) -> No
         process.wait(10)
 
 
+# The line the bed writes into kubelet's log before each start: it splits the log by run.
+KUBELET_START_MARK = "===== koordnode test bed: starting kubelet"
+
+
 class ControlPlane:
     """etcd + kube-apiserver on loopback, private to ``workdir``.
 
@@ -422,7 +426,7 @@ class Kubelet:
             args.append(f"--kubeconfig={kubeconfig}")
         if self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the kubelet
-        self._log.write(f"\n===== koordnode test bed: starting kubelet {time.ctime()}\n".encode())
+        self._log.write(f"\n{KUBELET_START_MARK} {time.ctime()}\n".encode())
         self._log.flush()
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
