@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from guestlib import CG, TIME_SCALE, GuestKoordnode, free_port, wait_for
+from guestlib import CG, TIME_SCALE, GuestKoordnode, free_port, set_hook_timeout, wait_for
 from koordnode.model.kernel import shares_to_weight
 from testbed.k8s_dist import K8sDistError, component_bin
 from testbed.systemd_bed import SystemdBed
@@ -76,8 +76,7 @@ def start_koordnode(bed: SystemdBed, workdir: Path) -> GuestKoordnode:
         # sandbox and container, starting in the throttled group, outlasted kubelet's timeout.
         extra_toml=f'[cgroup]\ndriver = "systemd"\nreconcile_interval_s = {RECONCILE_S}\n'
                    f'[strategy.cpu_suppress]\npod_start_max_s = {min(KUBELET_TIMEOUT_S, 600):.0f}\n')
-    kn.config_path.write_text(kn.config_path.read_text().replace(
-        "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
+    set_hook_timeout(kn, HOOK_TIMEOUT_MS)
     kn.metrics_port = port
     return kn.start()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from guestlib import CG, GuestKoordnode, Pod, free_port, make_pod, wait_for
+from guestlib import CG, GuestKoordnode, Pod, free_port, make_pod, set_hook_timeout, wait_for
 from koordnode.config.strategies import CpuSuppressConfig
 from koordnode.cri import api_pb2 as pb
 from support.cri import Cri, container_config, remove_pod, run_pod, sandbox_config, start_container
@@ -49,8 +49,7 @@ def be_group_koordnode(systemd_bed, tmp_path_factory):
     # The hooks' 200 ms bound is for real machines: under TCG (host load 10-25) a RunPodSandbox
     # pre took 287 ms and, fail-open as designed, the BE pod stayed in kubelet's slice (the
     # "first BE pod missed the group" failures of the lane). These tests are about the group.
-    kn.config_path.write_text(kn.config_path.read_text().replace(
-        "[proxy]\n", f"[proxy]\nhook_timeout_ms = {HOOK_TIMEOUT_MS}\n", 1))  # the runner writes [proxy] itself
+    set_hook_timeout(kn, HOOK_TIMEOUT_MS)
     kn.metrics_port = port
     kn.start()
     yield kn
