@@ -148,10 +148,9 @@ def without_shutdown_cancels(kubelet_log: str) -> str:
     kept = []
     for index, run in enumerate(runs):
         lines = run.splitlines(keepends=True)
-        stopped = index < len(runs) - 1
-        times = [t for t in map(_klog_seconds, lines) if t is not None]
-        if stopped and times:
-            end = times[-1]
+        still_running = index == len(runs) - 1
+        end = None if still_running else next((t for t in map(_klog_seconds, reversed(lines)) if t is not None), None)
+        if end is not None:
             lines = [line for line in lines
                      if not ("code = Canceled desc = context canceled" in line
                              and (t := _klog_seconds(line)) is not None and 0 <= end - t <= _SHUTDOWN_WINDOW_S)]

@@ -483,7 +483,6 @@ def test_kubelet_not_ready_lines_compare_by_reason() -> None:
         "kubelet.go:2697] Skipping pod synchronization: container runtime is down"]
 
 
-
 def test_only_the_calls_a_stopping_kubelet_cancelled_are_dropped() -> None:
     """A relist kubelet cancelled at its own stop is not an error koordnode caused; the same
     message from the kubelet still running, or long before a stop, is kept, and so is a
@@ -509,6 +508,7 @@ def test_only_the_calls_a_stopping_kubelet_cancelled_are_dropped() -> None:
     assert "(at the stop)" not in kept
     assert "(early)" in kept and "(running)" in kept and "DeadlineExceeded" in kept
     assert kept.count(KUBELET_START_MARK) == 2 and len(kept.splitlines()) == len(log.splitlines()) - 1
+
 
 @pytest.mark.parametrize("server", ["silent", "trickle"])
 def test_the_test_clients_api_call_is_bounded_whole_tls_handshake_included(server: str) -> None:

@@ -52,10 +52,6 @@ def pytest_collection_modifyitems(items):
         items.sort(key=lambda item: "containerd_release" in getattr(item, "fixturenames", ()))
 
 
-# The hooks' time bound for guest_koordnode (set_hook_timeout says why).
-HOOK_TIMEOUT_MS = 3000
-
-
 @pytest.fixture(scope="session")
 def containerd_release(request) -> str:
     return request.param
@@ -97,7 +93,7 @@ def guest_koordnode(systemd_bed, tmp_path_factory):
                         metrics_listen=f"127.0.0.1:{port}", kubepods="/" + KUBEPODS_SLICE)
     # A CI run's LSE container stayed on the share pool: its CreateContainer pre took 223 ms
     # under TCG (2026-12-03). These tests are about the values the hooks give.
-    set_hook_timeout(kn, HOOK_TIMEOUT_MS)
+    set_hook_timeout(kn)
     kn.metrics_port = port
     kn.start()
     yield kn

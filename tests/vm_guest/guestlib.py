@@ -112,7 +112,11 @@ class GuestKoordnode(KoordnodeProcess):
 RECONCILE_S = 3.0
 
 
-def set_hook_timeout(kn: KoordnodeProcess, ms: int) -> None:
+# The hooks' time bound of the guest tests' koordnode without a kubelet (set_hook_timeout says why).
+GUEST_HOOK_TIMEOUT_MS = 3000
+
+
+def set_hook_timeout(kn: KoordnodeProcess, ms: int = GUEST_HOOK_TIMEOUT_MS) -> None:
     """Bound the guest koordnode's hooks by ``ms`` before it starts. The shipped 200 ms is for
     real machines; under TCG a hook runs over it when the guest is busy, and fail-open as
     designed the call goes on without koordnode's values (a BE pod in kubelet's slice, an LSE

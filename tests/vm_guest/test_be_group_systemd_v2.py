@@ -30,8 +30,6 @@ from testbed.systemd_bed import (
 
 GROUP_SLICE = "kubepods-koordnode_be.slice"
 GROUP_DIR = CG / KUBEPODS_SLICE / GROUP_SLICE
-# The hooks' time bound for this module's koordnode (be_group_koordnode says why).
-HOOK_TIMEOUT_MS = 3000
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +47,7 @@ def be_group_koordnode(systemd_bed, tmp_path_factory):
     # The hooks' 200 ms bound is for real machines: under TCG (host load 10-25) a RunPodSandbox
     # pre took 287 ms and, fail-open as designed, the BE pod stayed in kubelet's slice (the
     # "first BE pod missed the group" failures of the lane). These tests are about the group.
-    set_hook_timeout(kn, HOOK_TIMEOUT_MS)
+    set_hook_timeout(kn)
     kn.metrics_port = port
     kn.start()
     yield kn
